@@ -1,0 +1,79 @@
+"""The step contract between the scheduler (torch-free) and the model runner (all device code).
+
+The scheduler decides, each step, which sequences run and which tokens they feed; it hands the
+runner a list of `RowWork` and gets back one `RowResult` per row that samples. Nothing here
+imports torch, so the scheduler and its tests stay on plain Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Resolved sampling parameters of one sequence (defaults already applied)."""
+
+    temperature: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    # Keyed noise (design 3.7): the same (seed, step, logits, params) gives the same token at
+    # any batch position. None: unseeded draws.
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class RowWork:
+    """One sequence's share of a step.
+
+    `token_ids` are fed at positions `start_pos .. start_pos + len(token_ids) - 1` into the KV
+    slot `slot`. A decode row feeds one token; a prefill row feeds a (possibly chunked) slice
+    of the prompt. Only rows with `sample=True` produce a result (the last prefill chunk and
+    every decode row).
+    """
+
+    slot: int
+    token_ids: list[int]
+    start_pos: int
+    sample: bool
+    params: SamplingParams = field(default_factory=SamplingParams)
+    want_mask: bool = False
+    bounded: bool = False  # design 3.10 bounded mode; exact mode otherwise
+    step: int = 0  # index of the output token being sampled (keys the seeded noise)
+
+
+@dataclass(slots=True)
+class RowResult:
+    token: int
+    logprob: float  # under the truncated, renormalised distribution (design 3.8)
+    mask: list[int] | None = None  # ids in design-3.9 order; None when not asked or overflow
+    mask_status: int = 0  # 0 ok, 1 overflow (exact mode; nothing to commit), 2 truncated
+    support_size: int = 0  # |S| before any cap (0 when no mask was asked)
+    nan: bool = False  # NaN in the row's logits: fail the request, never commit the token
+
+
+@dataclass(slots=True)
+class StepStats:
+    num_rows: int = 0
+    num_tokens: int = 0
+    mask_seconds: float = 0.0  # time in the sampler for this step (mask kernel time)
+    num_fallback_rows: int = 0
+
+
+class Runner(Protocol):
+    """What the engine needs from the model runner."""
+
+    vocab_size: int
+    max_num_slots: int  # KV slots preallocated from the memory budget
+    max_model_len: int  # tokens per slot (prompt + output)
+    eos_token_ids: frozenset[int]
+
+    def run(self, rows: list[RowWork]) -> tuple[list[RowResult | None], StepStats]:
+        """Run one forward step; one entry per row, None for rows with sample=False."""
+        ...
+
+    def release(self, slot: int) -> None:
+        """The slot's sequence finished or was aborted; its KV entries may be reused."""
+        ...
