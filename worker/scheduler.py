@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from gateway.errors import ApiError
 from worker.batch import RowResult, RowWork, Runner
-from worker.sequence import Sequence, SeqStatus
+from worker.sequence import SeqStatus, Sequence
 
 OVERFLOW = 1  # RowResult.mask_status values (worker/batch.py)
 TRUNCATED = 2
@@ -193,16 +193,15 @@ class Scheduler:
 
     def _check_finish(self, seq: Sequence, token: int) -> None:
         rule = seq.rule
-        if not rule.ignore_eos and token in self.eos_token_ids:
-            seq.finish("stop", token)
-        elif token in rule.stop_token_ids:
+        is_eos = not rule.ignore_eos and token in self.eos_token_ids
+        if is_eos or token in rule.stop_token_ids:
             seq.finish("stop", token)
         elif rule.stop and self._match_stop(seq):
             pass
         elif seq.num_output_tokens >= rule.max_new_tokens:
             seq.finish("length")
         elif seq.num_prompt_tokens + seq.num_output_tokens >= self.max_model_len:
-            seq.finish("length")
+            seq.finish("length")  # the slot is full
 
     def _match_stop(self, seq: Sequence) -> bool:
         assert self.decode is not None, "stop strings need a decode function"

@@ -12,7 +12,7 @@ import pytest
 
 from worker.batch import RowResult, RowWork, SamplingParams, StepStats
 from worker.scheduler import Scheduler
-from worker.sequence import Sequence, SeqStatus, StopRule
+from worker.sequence import SeqStatus, Sequence, StopRule
 
 EOS = 0
 
