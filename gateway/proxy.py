@@ -1,0 +1,432 @@
+"""The proxy handler: classify, apply the policy, admit, forward with retries, relay.
+
+General requests get the minimum: rule 1 on the three inference routes (their bodies are
+parsed once, only to classify), then the original bytes go upstream. Mask requests are
+checked (rules 2-10), rewritten with their resolved sampling parameters and sent only to the
+mask pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from gateway import policy
+from gateway.auth import authenticate, check_mask_allowed
+from gateway.errors import ApiError, ServerError, error_event
+from gateway.logs import log_access
+from gateway.maskcheck import check_mask_response
+from gateway.pool import Endpoint, Pool
+from gateway.state import STATE, GatewayState
+
+# RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_DROP_REQUEST = HOP_BY_HOP | {"host", "content-length", "expect"}
+_DROP_RESPONSE = HOP_BY_HOP | {"content-length", "date", "server"}
+
+# (method, path) -> (route label, policy route). Anything else: ("other", None).
+ROUTES: dict[tuple[str, str], tuple[str, policy.Route | None]] = {
+    ("POST", "/v1/chat/completions"): ("chat", policy.Route.CHAT),
+    ("POST", "/v1/completions"): ("completions", policy.Route.COMPLETIONS),
+    ("POST", "/generate"): ("generate", policy.Route.GENERATE),
+    ("GET", "/v1/models"): ("models", None),
+}
+_OTHER: tuple[str, policy.Route | None] = ("other", None)
+_RETRY_STATUSES = frozenset({502, 503, 504})
+_MAX_RID = 128
+
+
+class _Ctx:
+    """Per-request bookkeeping for metrics and the access log."""
+
+    __slots__ = ("attempts", "pool", "rid", "status", "upstream", "waited")
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.pool = "none"  # label until the request is routed
+        self.upstream: str | None = None
+        self.status = 0
+        self.waited = 0.0  # seconds spent queued or waiting on upstreams
+        self.attempts = 0
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    started = time.perf_counter()
+    state = request.app[STATE]
+    rid = request.headers.get("X-Request-Id")
+    if not rid or len(rid) > _MAX_RID or not rid.isprintable():
+        rid = uuid.uuid4().hex
+    ctx = _Ctx(rid)
+    route_label, route = ROUTES.get((request.method, request.path), _OTHER)
+    try:
+        resp = await _proxy(request, state, ctx, route_label, route, started)
+        ctx.status = resp.status
+        return resp
+    except ApiError as e:
+        ctx.status = e.status
+        e.headers["X-Request-Id"] = rid
+        raise
+    except asyncio.CancelledError:
+        ctx.status = ctx.status or 499  # the client went away (nginx's convention)
+        raise
+    finally:
+        elapsed = time.perf_counter() - started
+        state.metrics.observe_request(
+            route_label, ctx.pool, ctx.status, elapsed, max(0.0, elapsed - ctx.waited)
+        )
+        log_access(
+            rid,
+            request.method,
+            request.path,
+            route_label,
+            ctx.pool,
+            ctx.upstream,
+            ctx.status,
+            started,
+            ctx.attempts,
+        )
+
+
+async def _proxy(
+    request: web.Request,
+    state: GatewayState,
+    ctx: _Ctx,
+    route_label: str,
+    route: policy.Route | None,
+    started: float,
+) -> web.StreamResponse:
+    key = authenticate(request.headers, state.api_keys)
+    raw = await _read_body(request, state.config.max_body_bytes)
+    pool = state.pools["general"]
+    mask = False
+    if route is not None:
+        body = policy.parse_body(raw, state.config.max_body_bytes)  # rule 1
+        if policy.is_mask_request(route, body):
+            mask = True
+            pool = state.pools["mask"]
+            ctx.pool = pool.name
+            check_mask_allowed(key, state.mask_allow_keys)  # rule 2
+            body = policy.check_mask_request(route, body, state.policy, vocab_size=pool.vocab_size)
+            if route is policy.Route.GENERATE:
+                _set_rid(body, ctx.rid)
+            raw = orjson.dumps(body)
+        elif route is policy.Route.GENERATE and "rid" not in body:
+            _set_rid(body, ctx.rid)
+            raw = orjson.dumps(body)
+    ctx.pool = pool.name
+    if not pool.has_usable():
+        raise _unavailable(pool)
+    ctx.waited += await pool.admission.acquire()  # rule 10
+    try:
+        return await _forward(request, state, ctx, pool, raw, route_label, mask, started)
+    finally:
+        pool.admission.release()
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large(request.content_length, limit)
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge as e:
+        raise _too_large(None, limit) from e
+
+
+def _too_large(size: int | None, limit: int) -> ApiError:
+    got = f"{size} bytes" if size is not None else "over the limit"
+    return policy.PolicyError(
+        "body_too_large", f"request body is {got}; the limit is {limit}", status=413
+    )
+
+
+def _set_rid(body: dict[str, Any], rid: str) -> None:
+    """SGLang's `rid`: a string, or one per item of a batch. A client's own rid is kept."""
+    if "rid" in body:
+        return
+    text, ids = body.get("text"), body.get("input_ids")
+    size = None
+    if isinstance(text, list):
+        size = len(text)
+    elif isinstance(ids, list) and ids and isinstance(ids[0], list):
+        size = len(ids)
+    body["rid"] = rid if size is None else [f"{rid}-{i}" for i in range(size)]
+
+
+def _unavailable(pool: Pool) -> ApiError:
+    code = "mask_pool_unavailable" if pool.name == "mask" else "no_healthy_upstream"
+    return ServerError(
+        code,
+        f"the {pool.name} pool has no healthy endpoint; retry later",
+        status=503,
+        headers={"Retry-After": "5"},
+    )
+
+
+def _upstream_headers(request: web.Request, state: GatewayState, rid: str) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    drop_auth = state.config.upstream_api_key is not None or bool(state.api_keys)
+    for name, value in request.headers.items():
+        lname = name.lower()
+        if lname in _DROP_REQUEST or (drop_auth and lname == "authorization"):
+            continue
+        headers.add(name, value)
+    if state.config.upstream_api_key is not None:
+        headers["Authorization"] = f"Bearer {state.config.upstream_api_key}"
+    headers["X-Request-Id"] = rid
+    return headers
+
+
+def _response_headers(upstream: aiohttp.ClientResponse, rid: str) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.headers.items():
+        if name.lower() not in _DROP_RESPONSE:
+            headers.add(name, value)
+    headers["X-Request-Id"] = rid
+    return headers
+
+
+async def _forward(
+    request: web.Request,
+    state: GatewayState,
+    ctx: _Ctx,
+    pool: Pool,
+    raw: bytes,
+    route_label: str,
+    mask: bool,
+    started: float,
+) -> web.StreamResponse:
+    cfg = state.config
+    headers = _upstream_headers(request, state, ctx.rid)
+    if mask:
+        headers.popall("Accept-Encoding", None)  # the mask check reads the body
+    session = state.client()
+    tried: list[Endpoint] = []
+    failure: ApiError | None = None
+    for attempt in range(cfg.retries.max_attempts):
+        ep = pool.pick(tried)
+        if ep is None:
+            break
+        if attempt:
+            state.metrics.retries.labels(pool.name).inc()
+            await asyncio.sleep(
+                _backoff(attempt, cfg.retries.backoff_base_s, cfg.retries.backoff_max_s)
+            )
+        tried.append(ep)
+        ctx.attempts += 1
+        ctx.upstream = ep.url
+        ep.circuit.acquire()
+        ep.outstanding += 1
+        t_sent = time.perf_counter()
+        try:
+            upstream = await session.request(
+                request.method,
+                URL(ep.url + request.raw_path, encoded=True),
+                data=raw,
+                headers=headers,
+                allow_redirects=False,
+            )
+        except BaseException as e:
+            ep.outstanding -= 1
+            ctx.waited += time.perf_counter() - t_sent
+            failure = _connect_failure(state, pool, ep, e)
+            if failure is None:
+                raise
+            if failure.code == "upstream_unreachable":
+                continue  # retryable
+            raise failure from e
+        ctx.waited += time.perf_counter() - t_sent
+        status = upstream.status
+        retry_left = attempt + 1 < cfg.retries.max_attempts
+        if status in _RETRY_STATUSES and retry_left and pool.pick([*tried]) is not None:
+            _record_status(state, pool, ep, status)
+            upstream.release()
+            ep.outstanding -= 1
+            continue
+        try:
+            return await _relay(request, state, ctx, pool, ep, upstream, route_label, mask, started)
+        finally:
+            ep.outstanding -= 1
+    if failure is not None:
+        raise failure
+    raise _unavailable(pool)
+
+
+def _backoff(attempt: int, base: float, cap: float) -> float:
+    """Capped exponential backoff with equal jitter: in [d/2, d], d = min(cap, base*2^(n-1))."""
+    delay = min(cap, base * (2 ** (attempt - 1)))
+    return delay * (0.5 + random.random() / 2)
+
+
+def _connect_failure(
+    state: GatewayState, pool: Pool, ep: Endpoint, e: BaseException
+) -> ApiError | None:
+    """Map an exception raised before the response headers to an error; None: re-raise."""
+    errors = state.metrics.upstream_errors
+    if isinstance(e, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError):
+        errors.labels(pool.name, ep.url, "connect").inc()
+        ep.circuit.record_failure()
+        _eject(pool, ep)
+        return ServerError("upstream_unreachable", f"could not connect to {pool.name} upstream")
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        # Usually a keep-alive connection the server had just closed: retry, no ejection.
+        errors.labels(pool.name, ep.url, "disconnect").inc()
+        return ServerError("upstream_unreachable", "the upstream closed the connection")
+    if isinstance(e, TimeoutError):
+        errors.labels(pool.name, ep.url, "timeout").inc()
+        ep.circuit.record_failure()
+        return ServerError(
+            "upstream_timeout",
+            f"the {pool.name} upstream sent no response within {state.config.timeouts.ttfb_s:g} s",
+            status=504,
+        )
+    if isinstance(e, aiohttp.ClientError):
+        errors.labels(pool.name, ep.url, "protocol").inc()
+        ep.circuit.record_failure()
+        return ServerError("upstream_error", f"the {pool.name} upstream failed: {type(e).__name__}")
+    ep.circuit.record_neutral()
+    return None
+
+
+def _eject(pool: Pool, ep: Endpoint) -> None:
+    """Passive ejection: out of rotation until active health checks pass again."""
+    if pool.cfg.health_path is None:
+        return
+    ep.healthy = False
+    ep.health_oks = 0
+
+
+def _record_status(state: GatewayState, pool: Pool, ep: Endpoint, status: int) -> None:
+    if status >= 500 and status != 503:
+        state.metrics.upstream_errors.labels(pool.name, ep.url, "status_5xx").inc()
+        ep.circuit.record_failure()
+    elif status in (429, 503):
+        ep.circuit.record_neutral()
+    else:
+        ep.circuit.record_success()
+
+
+async def _relay(
+    request: web.Request,
+    state: GatewayState,
+    ctx: _Ctx,
+    pool: Pool,
+    ep: Endpoint,
+    upstream: aiohttp.ClientResponse,
+    route_label: str,
+    mask: bool,
+    started: float,
+) -> web.StreamResponse:
+    """Send the upstream's answer to the client. Closing `upstream` early (client gone,
+    cancellation, failure) drops the connection, which is how the upstream learns to abort."""
+    done = False
+    try:
+        ctx.status = upstream.status
+        if upstream.content_type == "text/event-stream" or (
+            upstream.content_length is None and "Transfer-Encoding" in upstream.headers
+        ):
+            out = await _relay_stream(request, state, ctx, pool, ep, upstream, route_label, started)
+            done = True
+            return out
+        t0 = time.perf_counter()
+        try:
+            body = await upstream.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            state.metrics.upstream_errors.labels(pool.name, ep.url, "body").inc()
+            ep.circuit.record_failure()
+            raise ServerError(
+                "upstream_error", f"the {pool.name} upstream failed mid-answer: {type(e).__name__}"
+            ) from e
+        ctx.waited += time.perf_counter() - t0
+        _record_status(state, pool, ep, upstream.status)
+        if mask and upstream.status == 200 and "Content-Encoding" not in upstream.headers:
+            check_mask_response(route_label, body, pool.name, state.metrics)
+        done = True
+        return web.Response(
+            status=upstream.status, body=body, headers=_response_headers(upstream, ctx.rid)
+        )
+    finally:
+        if done:
+            upstream.release()
+        else:
+            upstream.close()
+
+
+async def _relay_stream(
+    request: web.Request,
+    state: GatewayState,
+    ctx: _Ctx,
+    pool: Pool,
+    ep: Endpoint,
+    upstream: aiohttp.ClientResponse,
+    route_label: str,
+    started: float,
+) -> web.StreamResponse:
+    """Relay chunk by chunk. A write waits while the client's buffer is full, and no read
+    happens meanwhile, so a slow client slows the upstream down (backpressure)."""
+    out = web.StreamResponse(status=upstream.status, headers=_response_headers(upstream, ctx.rid))
+    await out.prepare(request)
+    conn = upstream.connection
+    if conn is not None and conn.protocol is not None:
+        # Headers are in: from the first chunk on, the idle timeout governs each read.
+        conn.protocol.read_timeout = state.config.timeouts.idle_s
+    reader = upstream.content
+    first = True
+    while True:
+        t_wait = time.perf_counter()
+        try:
+            data, end_of_chunk = await reader.readchunk()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            upstream.close()
+            await _end_stream_with_error(state, pool, ep, out, e)
+            return out
+        now = time.perf_counter()
+        ctx.waited += now - t_wait
+        if not data:
+            if not end_of_chunk:
+                break  # (b"", False) is aiohttp's end of the body
+            continue
+        if first:
+            state.metrics.stream_ttfb.labels(route_label, pool.name).observe(now - started)
+            first = False
+        await out.write(data)  # ConnectionResetError when the client is gone
+        ctx.waited += time.perf_counter() - now  # waiting on the client is not overhead
+    _record_status(state, pool, ep, upstream.status)
+    await out.write_eof()
+    return out
+
+
+async def _end_stream_with_error(
+    state: GatewayState, pool: Pool, ep: Endpoint, out: web.StreamResponse, e: BaseException
+) -> None:
+    kind = "timeout" if isinstance(e, TimeoutError) else "stream"
+    state.metrics.upstream_errors.labels(pool.name, ep.url, kind).inc()
+    state.metrics.stream_errors.labels(pool.name).inc()
+    ep.circuit.record_failure()
+    err = ServerError(
+        "upstream_stream_error",
+        f"the {pool.name} upstream failed mid-stream ({type(e).__name__}); "
+        "the answer is incomplete",
+    )
+    await out.write(error_event(err))
+    await out.write_eof()

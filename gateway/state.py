@@ -1,0 +1,46 @@
+"""The state one gateway app shares between its handlers and background tasks.
+
+Kept under a typed `web.AppKey` (no module globals), so several apps can live in one
+process, as they do in tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from gateway.config import GatewayConfig
+from gateway.metrics import GatewayMetrics
+from gateway.policy import PolicyConfig
+from gateway.pool import Pool
+
+# (host, port) -> the addresses it resolves to right now (IPv4 or IPv6 literals).
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+@dataclass(eq=False)
+class GatewayState:
+    config: GatewayConfig
+    policy: PolicyConfig
+    metrics: GatewayMetrics
+    pools: dict[str, Pool]
+    resolver: Resolver | None = None  # None: the event loop's getaddrinfo
+    session: aiohttp.ClientSession | None = None  # set by the cleanup context
+    draining: bool = False  # SIGTERM seen: readiness fails, in-flight work finishes
+    started: bool = False  # the first round of health checks has answered
+    api_keys: frozenset[str] = field(default_factory=frozenset)
+    mask_allow_keys: frozenset[str] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.started and not self.draining
+
+    def client(self) -> aiohttp.ClientSession:
+        assert self.session is not None, "client session used outside the app's lifetime"
+        return self.session
+
+
+STATE = web.AppKey("maskgate_state", GatewayState)
