@@ -1,0 +1,127 @@
+"""The `maskgate` command: `gateway`, `worker` and `up` (the one-command demo).
+
+Importing this module must not import torch: the gateway image has none, and `maskgate
+gateway` has to work there. Each subcommand imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.settings import ConfigError
+
+USAGE = """usage: maskgate {gateway,worker,up} ...
+
+  gateway   the reverse proxy (see `maskgate gateway --help`)
+  worker    a model worker: SGLang/OpenAI-compatible, with sampling masks
+  up        the demo: a gateway, a general and a mask worker on this machine
+"""
+
+log = logging.getLogger("maskgate.worker")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "gateway":
+        from gateway.cli import main as gateway_main
+
+        return gateway_main(rest)
+    if command == "worker":
+        return worker_main(rest)
+    if command == "up":
+        from worker.up import main as up_main
+
+        return up_main(rest)
+    print(f"maskgate: unknown command {command!r}\n\n{USAGE}", end="", file=sys.stderr)
+    return 2
+
+
+def build_worker_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="maskgate worker",
+        description="Serve a model with sampling masks (SGLang /generate and OpenAI API).",
+        argument_default=argparse.SUPPRESS,  # an absent flag leaves the config value alone
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML config file (keys as below)")
+    p.add_argument("--model", help="HF directory, .gguf file, tiny-random or smollm2")
+    p.add_argument("--served-model-name", metavar="NAME", help="name in /v1/models")
+    p.add_argument("--role", choices=["mask", "general", "mixed"], help="default mixed")
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port (default 30000)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default auto")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--max-mask-tokens", type=int, metavar="N", help="mask cap C (default 4096)")
+    p.add_argument("--max-num-seqs", type=int, metavar="N", help="running sequences (64)")
+    p.add_argument("--max-model-len", type=int, metavar="N", help="tokens per sequence")
+    p.add_argument("--kv-memory-gb", type=float, metavar="GB", help="KV cache budget")
+    p.add_argument("--max-prefill-tokens", type=int, metavar="N", help="prefill chunk (2048)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="eager decode on CUDA")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--check-config", action="store_true", help="print the config and exit")
+    return p
+
+
+def worker_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out = {k: v for k, v in vars(args).items() if k not in ("config", "check_config")}
+    if out.pop("no_cuda_graphs", False):
+        out["cuda_graphs"] = False
+    return out
+
+
+def worker_main(argv: Sequence[str]) -> int:
+    from worker.config import load_config
+
+    args = build_worker_parser().parse_args(list(argv))
+    try:
+        config = load_config(file=getattr(args, "config", None), overrides=worker_overrides(args))
+    except ConfigError as e:
+        print(f"maskgate worker: {e}", file=sys.stderr)
+        return 2
+    if getattr(args, "check_config", False):
+        print(config.model_dump_json(indent=2))
+        return 0
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        asyncio.run(_serve(config))
+    except Exception as e:  # a start-up failure: say what, not a traceback wall
+        log.error("worker failed: %s", e, exc_info=config.log_level == "debug")
+        return 1
+    return 0
+
+
+async def _serve(config: Any) -> None:
+    from aiohttp import web
+
+    from worker.server import create_app
+
+    runner = web.AppRunner(create_app(config), handler_cancellation=True, access_log=None)
+    await runner.setup()  # loads the model and starts the engine
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    port = runner.addresses[0][1] if runner.addresses else config.port
+    log.info("worker ready on http://%s:%d (role %s)", config.host, port, config.role)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("stopping: finishing in-flight requests")
+    await runner.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
