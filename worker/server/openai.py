@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from gateway.errors import ApiError
 from gateway.policy import Route
 from worker.engine import RequestHandle
 from worker.params import GenParams, invalid, opt_bool, parse_openai_params
@@ -50,6 +51,12 @@ def _chat_prompt(body: dict[str, Any], state: WorkerState) -> list[int]:
             raise invalid(f"messages[{i}]", "must be an object with a string role")
         flat.append({"role": msg["role"], "content": _content_text(msg.get("content"), i)})
     tok: Any = state.tokenizer
+    if getattr(tok, "chat_template", None) is None:
+        raise ApiError(
+            "chat_template_missing",
+            f"model {state.model_name!r} has no chat template; use /v1/completions",
+            param="messages",
+        )
     text = tok.apply_chat_template(flat, tokenize=False, add_generation_prompt=True)
     # The template already holds BOS and role markers; encoding must not add them twice.
     return list(tok.encode(text, add_special_tokens=False))
