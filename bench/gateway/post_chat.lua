@@ -1,0 +1,20 @@
+-- wrk script for bench_gateway.py: POST a small non-mask chat completion on every request,
+-- and print one JSON line with the latency percentiles (microseconds) when the run ends, so
+-- the Python side never parses wrk's human-readable report.
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model":"bench-model","messages":[{"role":"user","content":"Say hello."}],"max_tokens":8,"temperature":0.7}'
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRK_JSON {"requests":%d,"duration_us":%d,"bytes":%d,' ..
+    '"errors":{"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d},' ..
+    '"latency_us":{"mean":%.2f,"stdev":%.2f,"min":%d,"max":%d,' ..
+    '"p50":%d,"p90":%d,"p99":%d,"p999":%d}}\n',
+    summary.requests, summary.duration, summary.bytes,
+    e.connect, e.read, e.write, e.status, e.timeout,
+    latency.mean, latency.stdev, latency.min, latency.max,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency:percentile(99.9)))
+end
