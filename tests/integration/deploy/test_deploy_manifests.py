@@ -13,8 +13,9 @@ import yaml
 
 pytestmark = pytest.mark.integration
 
-# The Kubernetes version the manifests are validated against (kubernetes-validate's schemas).
-K8S_VERSION = "1.32.0"
+# Kubernetes versions the manifests are validated against (kubernetes-validate's schemas): the
+# oldest the docs promise and a current one.
+K8S_VERSIONS = ("1.25.0", "1.32.0")
 # Served by the Prometheus Operator, whose CRD schemas are not in kubernetes-validate; they are
 # checked structurally below (ServiceMonitor) and by promtool (PrometheusRule's spec).
 OPERATOR_GROUP = "monitoring.coreos.com/"
@@ -108,12 +109,12 @@ def test_manifests_pass_schema_validation(target: str, render) -> None:
     for doc in docs:
         if doc["apiVersion"].startswith(OPERATOR_GROUP):
             continue
-        try:
-            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            pytest.fail(
-                f"{target}: {doc['kind']}/{doc['metadata']['name']}: {e.message} at {list(e.path)}"
-            )
+        for version in K8S_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                where = f"{target}: {doc['kind']}/{doc['metadata']['name']} (Kubernetes {version})"
+                pytest.fail(f"{where}: {e.message} at {list(e.path)}")
 
 
 @pytest.mark.parametrize("overlay", ["gpu", "external-upstreams"])
