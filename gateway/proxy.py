@@ -388,14 +388,17 @@ async def _relay_stream(
     await out.prepare(request)
     conn = upstream.connection
     if conn is not None and conn.protocol is not None:
-        # Headers are in: from the first chunk on, the idle timeout governs each read.
-        conn.protocol.read_timeout = state.config.timeouts.idle_s
+        # From here each read has its own deadline (below) instead of the socket timer.
+        conn.protocol.read_timeout = None
+    timeouts = state.config.timeouts
     reader = upstream.content
     first = True
     while True:
         t_wait = time.perf_counter()
         try:
-            data, end_of_chunk = await reader.readchunk()
+            # The first chunk may take the time to first byte; later ones the idle timeout.
+            async with asyncio.timeout(timeouts.ttfb_s if first else timeouts.idle_s):
+                data, end_of_chunk = await reader.readchunk()
         except (aiohttp.ClientError, TimeoutError) as e:
             upstream.close()
             await _end_stream_with_error(state, pool, ep, out, e)
