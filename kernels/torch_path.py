@@ -1,0 +1,165 @@
+"""The vectorised torch sampler (CPU tensors): the worker's CPU path, same semantics as Triton.
+
+Shape of the work: one top-k over packed order keys gives every row its first tokens in design
+order; resolve_support decides |S| from that prefix, and only the rows it cannot decide (flat
+rows, long top-p tails) pay for a longer prefix and, last, a full sort of their keys.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.inputs import SampleInputs
+from kernels.noise import gumbel, row_keys
+from kernels.order import GREEDY_T, key_ids, order_keys, scaled_logits
+from kernels.resolve import resolve_support
+from kernels.result import STATUS_OK, STATUS_OVERFLOW, STATUS_TRUNCATED, SampleResult
+
+# Tokens listed per row, tier by tier: rows the first prefix cannot decide (long top-p tails,
+# flat rows) retry with a longer one, and only then with a full sort of their keys. 512 covers
+# top_k <= 512 and the typical top-p / min-p support of a peaked LM distribution.
+PREFIX_TIERS = (512, 4096)
+
+
+def _tiers(vocab: int) -> list[int]:
+    return [t for t in PREFIX_TIERS if t < vocab] + [vocab]
+
+
+NEG_INF = float("-inf")
+
+
+def noise_keys(inp: SampleInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row noise keys [B] int64 x2: from (seed, step), else from torch's generator."""
+    if inp.seed is None or inp.step is None:
+        seed = torch.randint(
+            -(2**63), 2**63 - 1, (inp.batch,), dtype=torch.int64, device=inp.logits.device
+        )
+        return row_keys(seed, torch.zeros_like(seed))
+    return row_keys(inp.seed, inp.step)
+
+
+def draw_from_prefix(
+    zs: torch.Tensor,
+    ids: torch.Tensor,
+    n: torch.Tensor,
+    z_max: torch.Tensor,
+    k0: torch.Tensor,
+    k1: torch.Tensor,
+    greedy: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gumbel-max draw over the first n entries of each sorted prefix.
+
+    zs, ids: [B, L] (float32, int64) in design order; n, z_max, k0, k1, greedy: [B].
+    Returns (token [B] int64, logprob [B] float32, position of the token in the prefix [B]).
+    """
+    pos = torch.arange(zs.shape[1], device=zs.device)
+    in_s = pos[None, :] < n[:, None]
+    score = torch.where(in_s, zs + gumbel(k0[:, None], k1[:, None], ids), NEG_INF)
+    j = torch.where(greedy, 0, score.argmax(dim=1))
+    token = ids.gather(1, j[:, None]).squeeze(1)
+    mass = torch.where(in_s, torch.exp(zs - z_max[:, None]), 0.0)
+    lse = z_max + torch.log(mass.sum(dim=1))
+    logprob = zs.gather(1, j[:, None]).squeeze(1) - lse
+    logprob = torch.where(greedy, 0.0, logprob)
+    return token, logprob, j
+
+
+def sample_torch(inp: SampleInputs) -> SampleResult:
+    """kernels.sample for CPU tensors (any device works; the CUDA path is the Triton one)."""
+    x = inp.logits.float()  # [B, V]
+    batch, vocab = x.shape
+    greedy = inp.temperature.double() < GREEDY_T
+    z = scaled_logits(x, inp.temperature)
+    z_top = z.amax(dim=1)  # NaN propagates through amax
+    nan_rows = torch.isnan(z_top) | (z_top == NEG_INF) | (~greedy & (z_top == float("inf")))
+    z = z.masked_fill(nan_rows[:, None], 0.0)  # keeps the arithmetic finite; rows overridden
+    keys = order_keys(z)  # [B, V] int64
+
+    top_k = inp.top_k.to(torch.int64)
+    top_k = torch.where((top_k > 0) & (top_k < vocab), top_k, 0)
+    k0, k1 = noise_keys(inp)
+    cap = min(inp.max_mask_tokens, vocab)
+    n = torch.ones(batch, dtype=torch.int64)
+    token = torch.zeros(batch, dtype=torch.int64)
+    logprob = torch.zeros(batch, dtype=torch.float32)
+    j = torch.zeros(batch, dtype=torch.int64)
+    padded = torch.zeros(batch, cap, dtype=torch.int64)  # first cap ids of each row
+    z_max = z.amax(dim=1)
+    z_sum = torch.exp(z - z_max[:, None]).sum(dim=1)  # full normaliser, design 3.5 without k
+    finite = (z > NEG_INF).sum(dim=1)
+    rows = torch.arange(batch)
+    fallback = torch.zeros(batch, dtype=torch.bool)
+    for tier, length in enumerate(_tiers(vocab)):
+        r_keys = keys if tier == 0 else keys[rows]
+        if length < vocab:  # ids of the first `length` tokens of each row, in design order
+            ids = key_ids(r_keys.topk(length, dim=1).values)
+        else:
+            ids = key_ids(r_keys.sort(dim=1, descending=True).values)
+        r_z = z if tier == 0 else z[rows]
+        zs = r_z.gather(1, ids)  # [rows, L]
+        complete = finite[rows] <= length
+        params = (top_k[rows], inp.top_p[rows], inp.min_p[rows])
+        r_n, more = resolve_support(zs, complete, zs[:, -1], z_max[rows], z_sum[rows], *params)
+        r_greedy = greedy[rows]
+        more &= ~r_greedy & ~nan_rows[rows]
+        r_n = torch.where(r_greedy, 1, r_n)
+        r_tok, r_lp, r_j = draw_from_prefix(zs, ids, r_n, z_max[rows], k0[rows], k1[rows], r_greedy)
+        done = ~more
+        d_rows = rows[done]
+        n[d_rows], token[d_rows], logprob[d_rows], j[d_rows] = (
+            r_n[done],
+            r_tok[done],
+            r_lp[done],
+            r_j[done],
+        )
+        width = min(cap, length)
+        padded[d_rows, :width] = ids[done, :width]
+        rows = rows[more]
+        if rows.numel() == 0:
+            break
+        fallback[rows] = True
+
+    n = torch.where(nan_rows, 0, n)
+    token = torch.where(nan_rows, 0, token)
+    logprob = torch.where(nan_rows, float("nan"), logprob)
+    return emit_masks(inp, token, logprob, n, j, padded, nan_rows, fallback)
+
+
+def emit_masks(
+    inp: SampleInputs,
+    token: torch.Tensor,
+    logprob: torch.Tensor,
+    n: torch.Tensor,
+    j: torch.Tensor,
+    padded: torch.Tensor,
+    nan_rows: torch.Tensor,
+    fallback: torch.Tensor,
+) -> SampleResult:
+    """Packs the masks of the requesting rows as CSR (design 3.9 and 3.10).
+
+    padded: [B, cap] int64, each row's first cap ids in design order.
+    """
+    cap = padded.shape[1]
+    rows = inp.want_mask.nonzero().squeeze(1).to(padded.device)  # [R]
+    n_r, bounded = n[rows], inp.bounded[rows]
+    over = n_r > inp.max_mask_tokens
+    count = torch.where(over, torch.where(bounded, cap, 0), n_r)
+    status = torch.where(over, torch.where(bounded, STATUS_TRUNCATED, STATUS_OVERFLOW), STATUS_OK)
+    ids = padded[rows]
+    # Bounded mode: y replaces the last id when it is not among the first C (design 3.10).
+    swap = over & bounded & (j[rows] >= cap)
+    ids[swap, cap - 1] = token[rows][swap]
+    keep = torch.arange(cap)[None, :] < count[:, None]
+    offsets = torch.zeros(rows.numel() + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(count, dim=0)
+    return SampleResult(
+        tokens=token,
+        logprobs=logprob.to(torch.float32),
+        mask_rows=rows,
+        mask_offsets=offsets,
+        mask_ids=ids[keep].to(torch.int32),
+        mask_status=status.to(torch.int8),
+        nan_rows=nan_rows,
+        fallback_rows=fallback,
+        support_sizes=n.to(torch.int64),
+    )

@@ -1,0 +1,67 @@
+"""Logit generators shared by the tests and the benchmark (no test-only logic here).
+
+peaked_logits: Zipf-shaped rows, z_r = -alpha * ln(rank r), ranks randomly permuted over the
+vocabulary plus N(0, 0.1) jitter. alpha sets the entropy, nearly independent of V in
+32000..262144: alpha 1.4 -> about 3.8 nats, 1.6 -> 2.7, 2.0 -> 1.7, 2.5 -> 1.0 (the benchmark
+prints what it used), the range of real LM next-token distributions.
+flat_logits: N(0, 1) logits, meant to be sampled at a high temperature (near-uniform rows).
+adversarial_logits: the issue's hard cases, one kind per row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+ADVERSARIAL_KINDS = ("bf16_ties", "dyadic", "dominant", "flat", "neg_inf", "normal")
+
+
+def peaked_logits(batch: int, vocab: int, alpha: float, generator: torch.Generator) -> torch.Tensor:
+    """[B, V] float32 Zipf-shaped logits (see module doc)."""
+    ranks = torch.arange(1, vocab + 1, dtype=torch.float32)
+    base = -alpha * torch.log(ranks)
+    perm = torch.argsort(torch.rand(batch, vocab, generator=generator), dim=1)
+    jitter = 0.1 * torch.randn(batch, vocab, generator=generator)
+    return base[perm] + jitter
+
+
+def flat_logits(batch: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(batch, vocab, generator=generator)
+
+
+def entropy_nats(logits: torch.Tensor) -> torch.Tensor:
+    """[B] entropy of softmax(logits) in nats (float64)."""
+    logp = torch.log_softmax(logits.double(), dim=1)
+    return -(logp.exp() * logp).sum(dim=1)
+
+
+def adversarial_row(kind: str, vocab: int, generator: torch.Generator) -> torch.Tensor:
+    """One [V] float32 row of the given kind."""
+    g = generator
+    if kind == "bf16_ties":  # few distinct values: long runs of equal z, broken by id
+        return (torch.randn(vocab, generator=g) * 2).to(torch.bfloat16).to(torch.float32)
+    if kind == "dyadic":  # masses 2^-i: top-p and min-p boundaries land exactly on 1/2, 3/4...
+        levels = torch.randint(0, 6, (vocab,), generator=g).to(torch.float32)
+        row = -levels * math.log(2.0)
+        row[torch.randint(0, vocab, (1,), generator=g)] = 2.0 * math.log(2.0)
+        return row
+    if kind == "dominant":
+        row = torch.randn(vocab, generator=g)
+        row[torch.randint(0, vocab, (1,), generator=g)] = 40.0
+        return row
+    if kind == "flat":
+        return torch.zeros(vocab)
+    if kind == "neg_inf":  # most tokens banned, a few finite ones left (at least one)
+        row = torch.randn(vocab, generator=g) * 3
+        banned = torch.rand(vocab, generator=g) < 0.9
+        banned[torch.randint(0, vocab, (1,), generator=g)] = False
+        return row.masked_fill(banned, float("-inf"))
+    if kind == "normal":
+        return torch.randn(vocab, generator=g) * 3
+    raise ValueError(f"unknown adversarial kind {kind!r}; expected one of {ADVERSARIAL_KINDS}")
+
+
+def adversarial_logits(kinds: list[str], vocab: int, generator: torch.Generator) -> torch.Tensor:
+    """[len(kinds), V] float32, one adversarial row per kind."""
+    return torch.stack([adversarial_row(k, vocab, generator) for k in kinds])

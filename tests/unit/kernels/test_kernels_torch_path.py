@@ -1,0 +1,189 @@
+"""The CPU torch path against the float64 oracle: supports, CSR, log-probs, edge rows."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import kernels
+from kernels.conformance import check_result
+from kernels.reference import reference
+from kernels.result import STATUS_OVERFLOW, STATUS_TRUNCATED
+from kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
+
+
+def grid_batch(vocab: int, seed: int) -> dict[str, torch.Tensor]:
+    """One mixed batch: every (kind, k, p, min_p) of the issue's grid, temperatures cycled."""
+    ks = [1, 2, 50, vocab - 1, vocab, vocab + 5, -1]
+    ps = [1e-6, 0.5, 0.9, 0.999, 1.0]
+    min_ps = [0.0, 0.05, 0.5, 1.0]
+    combos = list(itertools.product(ADVERSARIAL_KINDS, ks, ps, min_ps))
+    g = torch.Generator().manual_seed(seed)
+    temps = torch.tensor([1.0, 0.7, 2.0, 0.0, 1.0])
+    b = len(combos)
+    return {
+        "logits": adversarial_logits([c[0] for c in combos], vocab, g),
+        "temperature": temps[torch.arange(b) % len(temps)],
+        "top_k": torch.tensor([c[1] for c in combos], dtype=torch.int32),
+        "top_p": torch.tensor([c[2] for c in combos], dtype=torch.float32),
+        "min_p": torch.tensor([c[3] for c in combos], dtype=torch.float32),
+        "want_mask": torch.arange(b) % 7 != 3,
+        "bounded": torch.arange(b) % 2 == 0,
+        "seed": torch.arange(b, dtype=torch.int64) * 7919,
+        "step": torch.full((b,), 3, dtype=torch.int64),
+    }
+
+
+def run(batch: dict[str, torch.Tensor], cap: int) -> kernels.SampleResult:
+    return kernels.sample(
+        batch["logits"],
+        batch["temperature"],
+        batch["top_k"],
+        batch["top_p"],
+        batch["min_p"],
+        batch["want_mask"],
+        max_mask_tokens=cap,
+        seed=batch.get("seed"),
+        step=batch.get("step"),
+        bounded=batch.get("bounded"),
+    )
+
+
+def oracle(batch: dict[str, torch.Tensor]):
+    keys = ("logits", "temperature", "top_k", "top_p", "min_p")
+    return reference(*(batch[k] for k in keys))
+
+
+@pytest.mark.parametrize("vocab", [111, 1000, 5000])
+@pytest.mark.parametrize("cap", [16, 4096])
+def test_grid_matches_oracle(vocab: int, cap: int) -> None:
+    batch = grid_batch(vocab, seed=vocab)
+    res = run(batch, cap)
+    report = check_result(res, oracle(batch), batch["want_mask"], batch["bounded"], cap)
+    assert report.ok, report.errors
+    assert report.rows == batch["logits"].shape[0]
+    # The dyadic rows are built to sit on top-p boundaries; elsewhere ambiguity is rare.
+    assert report.ambiguous < report.rows // 4
+    assert report.logprob_max_err <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_logits(dtype: torch.dtype) -> None:
+    batch = grid_batch(1000, seed=5)
+    batch["logits"] = batch["logits"].clamp(-60000, 60000).to(dtype)
+    res = run(batch, 64)
+    report = check_result(res, oracle(batch), batch["want_mask"], batch["bounded"], 64)
+    assert report.ok, report.errors
+
+
+def test_greedy_takes_lowest_id_among_ties() -> None:
+    logits = torch.tensor([[0.0, 3.0, 1.0, 3.0], [5.0, 5.0, 5.0, 5.0]])
+    two = torch.ones(2)
+    res = kernels.sample(
+        logits,
+        torch.tensor([0.0, 1e-7]),
+        torch.full((2,), -1, dtype=torch.int32),
+        two * 0.5,
+        two * 0.0,
+        torch.ones(2, dtype=torch.bool),
+        max_mask_tokens=8,
+    )
+    assert res.tokens.tolist() == [1, 0]
+    assert res.logprobs.tolist() == [0.0, 0.0]
+    assert res.masks() == [[1], [0]]
+
+
+def test_bad_rows_are_flagged_and_others_unaffected() -> None:
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(5, 300, generator=g)
+    logits[1, 7] = float("nan")
+    logits[2] = float("-inf")
+    logits[3, 9] = float("inf")  # +inf under a temperature: softmax is undefined
+    ones = torch.ones(5)
+    args = (
+        torch.full((5,), -1, dtype=torch.int32),
+        ones * 0.9,
+        ones * 0.0,
+        torch.ones(5, dtype=torch.bool),
+    )
+    seed = torch.arange(5, dtype=torch.int64)
+    res = kernels.sample(logits, ones, *args, max_mask_tokens=300, seed=seed)
+    assert res.nan_rows.tolist() == [False, True, True, True, False]
+    masks = res.masks()
+    assert [len(m) for m in masks][1:4] == [0, 0, 0]
+    assert torch.isnan(res.logprobs[1:4]).all()
+    alone = kernels.sample(
+        logits[4:], ones[4:], *(a[4:] for a in args), max_mask_tokens=300, seed=seed[4:]
+    )
+    assert alone.tokens.item() == res.tokens[4].item()
+    assert alone.masks()[0] == masks[4]
+
+
+def test_overflow_and_truncation_status() -> None:
+    vocab, cap = 2000, 10
+    logits = torch.zeros(2, vocab)  # flat rows: |S| = V under top-p 0.999
+    ones = torch.ones(2)
+    res = kernels.sample(
+        logits,
+        ones,
+        torch.full((2,), -1, dtype=torch.int32),
+        ones * 0.999,
+        ones * 0.0,
+        torch.ones(2, dtype=torch.bool),
+        max_mask_tokens=cap,
+        seed=torch.tensor([11, 11]),
+        bounded=torch.tensor([False, True]),
+    )
+    assert res.mask_status.tolist() == [STATUS_OVERFLOW, STATUS_TRUNCATED]
+    masks = res.masks()
+    assert masks[0] == []
+    token = int(res.tokens[1])
+    expect = list(range(cap))
+    if token not in expect:
+        expect[-1] = token
+    assert masks[1] == expect
+    # Keep j iff j / 2000 < float32(0.999) = 0.99900001...: j = 0..1998, so |S| = 1999. The
+    # log-prob stays over that full support, not over the C emitted ids.
+    assert res.support_sizes.tolist() == [1999, 1999]
+    assert abs(float(res.logprobs[1]) + math.log(1999)) < 1e-5
+
+
+def test_only_requesting_rows_get_masks_and_k_beyond_vocab() -> None:
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, 40, generator=g)
+    ones = torch.ones(3)
+    res = kernels.sample(
+        logits,
+        ones,
+        torch.tensor([100, 40, 5], dtype=torch.int32),
+        ones,
+        ones * 0.0,
+        torch.tensor([False, True, True]),
+        max_mask_tokens=64,
+        seed=torch.arange(3),
+    )
+    assert res.mask_rows.tolist() == [1, 2]
+    assert res.support_sizes.tolist() == [40, 40, 5]
+    assert res.mask_offsets.tolist() == [0, 40, 45]
+    assert res.mask_ids.dtype == torch.int32 and res.mask_ids.numel() == 45
+
+
+def test_single_row_and_result_dtypes() -> None:
+    res = kernels.sample(
+        torch.randn(1, 111),
+        torch.ones(1),
+        torch.tensor([50], dtype=torch.int32),
+        torch.tensor([0.9]),
+        torch.tensor([0.05]),
+        torch.tensor([True]),
+        max_mask_tokens=4096,
+    )
+    assert res.tokens.dtype == torch.int64 and res.tokens.shape == (1,)
+    assert res.logprobs.dtype == torch.float32
+    assert res.mask_rows.dtype == torch.int64 and res.mask_offsets.dtype == torch.int64
+    assert res.mask_status.dtype == torch.int8
+    assert res.nan_rows.dtype == torch.bool and res.fallback_rows.dtype == torch.bool
+    assert int(res.tokens[0]) in res.masks()[0]
