@@ -101,12 +101,15 @@ def main(argv: Sequence[str]) -> int:
     stop = _install_stop_handlers()
     clean = False
     try:
-        for child in children:
-            say(f"starting {child.name} on {child.url} (log: {child.log_path})")
-            child.start()
-        if not _wait_ready(children, say, stop):
-            clean = bool(stop)
-            return 0 if stop else 1
+        # Workers first: a gateway that found them still loading would mark them unhealthy
+        # and wait for passing health checks before routing.
+        for phase in (children[:-1], children[-1:]):
+            for child in phase:
+                say(f"starting {child.name} on {child.url} (log: {child.log_path})")
+                child.start()
+            if not _wait_ready(phase, children, say, stop):
+                clean = bool(stop)
+                return 0 if stop else 1
         say(f"ready in {time.monotonic() - t0:.0f} s")
         print(_banner(gateway.url, args.model, args.max_mask_tokens), flush=True)
         while not stop:
@@ -172,17 +175,18 @@ def _install_stop_handlers() -> _StopFlag:
     return flag
 
 
-def _wait_ready(children: list[Child], say: _Say, stop: _StopFlag) -> bool:
+def _wait_ready(phase: list[Child], children: list[Child], say: _Say, stop: _StopFlag) -> bool:
     deadline = time.monotonic() + READY_TIMEOUT_S
-    pending = list(children)
+    pending = list(phase)
     last_note = time.monotonic()
     while pending:
         if stop:
             return False
+        dead = [c for c in children if c.exited() is not None]
+        if dead:
+            _report_dead(dead, say)
+            return False
         for child in list(pending):
-            if child.exited() is not None:
-                _report_dead([child], say)
-                return False
             if child.ready():
                 say(f"{child.name} is ready")
                 pending.remove(child)

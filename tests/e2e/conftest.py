@@ -1,0 +1,130 @@
+"""Real processes: the gateway in front of a mask worker and a general worker, all running
+`tiny-random` on the CPU, started once per session (`maskgate worker` / `maskgate gateway`,
+through `python -m worker.cli` so no installed console script is needed).
+
+Also the oracle for the log-prob checks: transformers' own Llama over the same weights
+(written out by `save_tiny_random`), an implementation independent of the worker's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MASK_CAP = 32  # the mask worker's max_mask_tokens: small, so overflows are easy to provoke
+MAX_MODEL_LEN = 512
+START_TIMEOUT_S = 180.0
+
+
+@dataclass
+class Proc:
+    name: str
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+
+
+@dataclass(frozen=True)
+class Cluster:
+    gateway: str
+    mask: str  # the mask worker, called directly
+    general: str
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(name: str, args: list[str], port: int, log_dir: Path) -> Proc:
+    log = log_dir / f"{name}.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MASKGATE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", *args, "--host", "127.0.0.1", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    return Proc(name, f"http://127.0.0.1:{port}", proc, log)
+
+
+def _wait(procs: list[Proc], path: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    pending = list(procs)
+    while pending:
+        for p in list(pending):
+            if p.proc.poll() is not None:
+                raise RuntimeError(f"{p.name} exited with {p.proc.returncode}:\n{p.tail()}")
+            try:
+                with urllib.request.urlopen(p.url + path, timeout=1) as resp:
+                    if resp.status == 200:
+                        pending.remove(p)
+            except (urllib.error.URLError, OSError):
+                pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not ready after {START_TIMEOUT_S} s: {pending[0].tail()}")
+        time.sleep(0.2)
+
+
+def _stop(procs: list[Proc]) -> None:
+    for p in procs:
+        if p.proc.poll() is None:
+            p.proc.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            p.proc.kill()
+            p.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    log_dir = tmp_path_factory.mktemp("e2e-logs")
+    common = ["--model", "tiny-random", "--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN)]
+    common += ["--max-num-seqs", "8", "--max-mask-tokens", str(MASK_CAP)]
+    procs = [
+        _start("mask-worker", ["worker", *common, "--role", "mask"], _free_port(), log_dir),
+        _start("general-worker", ["worker", *common, "--role", "general"], _free_port(), log_dir),
+    ]
+    try:
+        _wait(procs, "/health")
+        # The gateway starts once its upstreams answer, so its first health checks pass.
+        gw_args = ["gateway", "--general-endpoint", procs[1].url, "--mask-endpoint", procs[0].url]
+        gw_args += ["--max-mask-tokens", str(MASK_CAP), "--log-level", "warning"]
+        procs.append(_start("gateway", gw_args, _free_port(), log_dir))
+        _wait(procs[2:], "/readyz")
+        yield Cluster(gateway=procs[2].url, mask=procs[0].url, general=procs[1].url)
+    finally:
+        _stop(list(reversed(procs)))
+
+
+@pytest.fixture(scope="session")
+def oracle(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """transformers' LlamaForCausalLM over the tiny-random weights, float32, eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from worker.model import save_tiny_random
+
+    path = save_tiny_random(tmp_path_factory.mktemp("tiny-random"))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.eval()
