@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
+import shutil
 import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -123,3 +127,83 @@ def test_every_copied_path_exists_and_survives_dockerignore() -> None:
                 assert not ignored(src), f"{image}: COPY {src} is excluded by .dockerignore"
     for heavy_dir in (".git", ".venv", "tests"):
         assert ignored(heavy_dir), f".dockerignore should keep {heavy_dir} out of the context"
+
+
+# Run inside the staged install: the gateway's CLI validates the deployed config, the server
+# modules import, and nothing pulls in torch or the worker (the image has neither).
+_IMAGE_PROBE = """
+import sys
+import gateway
+assert gateway.__file__.startswith(sys.argv[1]), gateway.__file__
+from gateway.cli import main
+code = main(["--config", sys.argv[2], "--check-config"])
+import gateway.serve, gateway.supervisor
+leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "worker", "kernels"))
+assert not leaked, leaked
+sys.exit(code)
+"""
+
+
+def test_gateway_image_install_runs_the_deployed_config(tmp_path: Path, kit) -> None:
+    """Replays the gateway image's build stage without a container engine: the files its COPY
+    lines take are staged, built into a wheel and installed alone, and that install must run
+    the gateway CLI against the base ConfigMap's config."""
+    pytest.importorskip("setuptools", reason="building the staged wheel needs setuptools")
+    build_stage = instructions("gateway")[
+        : [op for op, _ in instructions("gateway")].index("FROM", 1)
+    ]
+    context = tmp_path / "context"
+    context.mkdir()
+    for op, args in build_stage:
+        if op == "COPY":
+            *sources, _dest = args.split()  # every destination is relative to WORKDIR /src
+            for src in sources:
+                origin = kit.REPO / src
+                if origin.is_dir():
+                    shutil.copytree(
+                        origin, context / src, ignore=shutil.ignore_patterns("__pycache__")
+                    )
+                else:
+                    shutil.copy(origin, context / src)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    wheels = tmp_path / "wheels"
+    build = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(context)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    (wheel,) = wheels.glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        top = {name.split("/")[0] for name in zf.namelist()}
+        metadata = next(zf.read(n).decode() for n in zf.namelist() if n.endswith("/METADATA"))
+    assert {t for t in top if not t.endswith(".dist-info")} == {"gateway"}
+    required = [
+        line
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    ]
+    assert not [r for r in required if any(h in r for h in HEAVY)], required
+
+    site = tmp_path / "site"
+    install = subprocess.run(
+        [*pip, "install", "--no-deps", "--no-compile", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MASKGATE_")}
+    env |= {"PYTHONPATH": str(site), "MASKGATE_API_KEYS": '["image-test-key"]'}
+    config = kit.K8S / "base" / "gateway" / "config.yaml"
+    probe = subprocess.run(
+        [sys.executable, "-c", _IMAGE_PROBE, str(site), str(config)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    assert '"image-test-key"' in probe.stdout
