@@ -239,20 +239,29 @@ async def assert_no_leak(gw: GatewayProc, before: tuple[int, int, int], slack: i
     try:
         await wait_until(settled, timeout=5.0, what="fds and sockets to settle")
     except AssertionError:
-        raise AssertionError(f"leak: before {before}, after {gw.resources()}") from None
+        conns = [
+            (c.laddr.port, c.raddr.ip if c.raddr else "", c.raddr.port if c.raddr else 0, c.status)
+            for c in gw.ps.net_connections(kind="tcp")
+        ]
+        raise AssertionError(f"leak: before {before}, after {gw.resources()}: {conns}") from None
 
 
-def can_unshare_mounts() -> bool:
-    """True when this machine lets us give one process its own /etc/hosts (a private mount
-    namespace, as root or through a user namespace)."""
+def mount_namespace_wrapper() -> list[str] | None:
+    """A command prefix that runs a program with its own /etc/hosts: append the hosts file,
+    then the program. None when this machine has no mount namespaces for us (plain
+    `unshare -m` needs root; `-r` adds a user namespace where those are allowed)."""
     if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", "mount --bind /etc/hostname /etc/hosts"],
-        capture_output=True,
-        timeout=10,
-    )
-    return probe.returncode == 0
+        return None
+    script = 'mount --bind "$0" /etc/hosts && exec "$@"'
+    for flags in (["-m"], ["-rm"]):
+        probe = subprocess.run(
+            ["unshare", *flags, "sh", "-c", script, "/etc/hostname", "true"],
+            capture_output=True,
+            timeout=10,
+        )
+        if probe.returncode == 0:
+            return ["unshare", *flags, "sh", "-c", script]
+    return None
 
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
