@@ -1,0 +1,95 @@
+"""CUDA graphs for decode steps, one per (batch bucket, key bucket), captured on first use.
+
+A decode step of a small model is dominated by kernel-launch overhead (hundreds of small
+kernels per token); replaying a captured graph removes it. Shapes must be static inside a
+graph, so rows are padded up to a batch bucket (padding rows write to the KV cache's scratch
+slot) and attention reads a fixed number of keys, the next power of two >= the longest
+context (min 256, at most max_model_len). The graph ends at the final hidden states; lm_head
+and the sampler run eagerly, so graphs hold no [batch, vocab] buffers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worker.batch import RowWork
+from worker.kv_cache import KVCache
+from worker.model.attention import AttnBatch, AttnGroup, key_mask
+from worker.model.llama import LlamaForCausalLM
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512)
+MIN_KEYS = 256
+
+
+class DecodeGraphs:
+    def __init__(self, model: LlamaForCausalLM, kv: KVCache, max_batch: int) -> None:
+        self.model = model
+        self.kv = kv
+        self.kv_layers = kv.layers()
+        self.buckets = [b for b in BATCH_BUCKETS if b < max_batch] + [max_batch]
+        dev = kv.k.device
+        # Static inputs [3, max_batch]: token ids, positions, slots.
+        self.inputs = torch.zeros((3, self.buckets[-1]), dtype=torch.int64, device=dev)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+        self.num_replays = 0
+
+    def can_run(self, rows: list[RowWork]) -> bool:
+        return len(rows) <= self.buckets[-1] and all(
+            r.sample and len(r.token_ids) == 1 for r in rows
+        )
+
+    def run(self, rows: list[RowWork]) -> torch.Tensor:
+        """Decode rows -> logits [len(rows), vocab] float32."""
+        n = len(rows)
+        b = next(x for x in self.buckets if x >= n)
+        context = max(r.start_pos for r in rows) + 1
+        keys = MIN_KEYS
+        while keys < context:
+            keys *= 2
+        keys = min(keys, self.kv.max_model_len)
+        pad = b - n
+        host = torch.tensor(
+            [
+                [r.token_ids[0] for r in rows] + [0] * pad,
+                [r.start_pos for r in rows] + [0] * pad,
+                [r.slot for r in rows] + [self.kv.scratch_slot] * pad,
+            ],
+            dtype=torch.int64,
+        )
+        self.inputs[:, :b].copy_(host)
+        entry = self.graphs.get((b, keys))
+        if entry is None:
+            entry = self._capture(b, keys)
+            self.graphs[(b, keys)] = entry
+        entry[0].replay()
+        self.num_replays += 1
+        return self.model.compute_logits(entry[1][:n])
+
+    def _forward(self, b: int, keys: int) -> torch.Tensor:
+        ids, pos, slots = self.inputs[0, :b], self.inputs[1, :b], self.inputs[2, :b]
+        window = self.model.config.sliding_window
+        group = AttnGroup(
+            slots=slots,
+            mask=key_mask(pos, keys, window)[:, None, None, :],
+            num_rows=b,
+            lq=1,
+            num_tokens=b,
+            pad_index=None,
+            unpad_index=None,
+        )
+        batch = AttnBatch(write_slots=slots, positions=pos, decode=group, prefill=None)
+        return self.model(ids, pos, self.kv_layers, batch)
+
+    def _capture(self, b: int, keys: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # Warm up on a side stream first (lazy cuBLAS/SDPA init must not happen in capture).
+        # The warm-up writes the same K/V the replay writes, so running it is harmless.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._forward(b, keys)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            hidden = self._forward(b, keys)
+        return graph, hidden

@@ -1,0 +1,243 @@
+"""ModelRunner: all device work of a step (design 5): batch assembly, forward, sampling.
+
+`run(rows)` flattens the step's rows into one token batch (decode rows first, then prefill
+chunks), runs the decoder over the slot KV cache, takes logits only at the last token of rows
+that sample, and calls `kernels.sample` (the one sampler) for tokens, log-probs and masks.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+import torch
+
+import kernels
+from kernels.result import STATUS_OVERFLOW
+from worker.batch import RowResult, RowWork, StepStats
+from worker.cuda_graphs import DecodeGraphs
+from worker.kv_cache import allocate_kv_cache, bytes_per_slot
+from worker.model import LoadedModel, load
+from worker.model.attention import build_attn_batch
+
+# Default KV budget when none is given: on CPU a fixed 2 GiB; on CUDA the free memory after
+# loading the weights, less headroom for activations, logits and CUDA graphs.
+CPU_DEFAULT_KV_BYTES = 2 * 2**30
+CUDA_KV_FRACTION = 0.9
+CUDA_HEADROOM_BYTES = 4 * 2**30
+
+
+class ModelRunner:
+    """Implements worker.batch.Runner."""
+
+    def __init__(
+        self,
+        model: LoadedModel | str,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+        max_num_slots: int = 64,
+        max_model_len: int | None = None,
+        kv_cache_bytes: int | None = None,
+        max_mask_tokens: int = 4096,
+        cuda_graphs: bool = True,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        if isinstance(model, str):
+            model = load(model, device, dtype, progress)
+        self.loaded = model
+        self.model = model.model
+        self.config = cfg = model.config
+        self.device = model.device
+        self.vocab_size = model.vocab_size
+        self.eos_token_ids = model.eos_token_ids
+        self.max_mask_tokens = max_mask_tokens
+        max_len = max_model_len or cfg.max_position_embeddings
+        if not 2 <= max_len <= cfg.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={max_len} must be in [2, {cfg.max_position_embeddings}] "
+                f"(the model's max_position_embeddings)"
+            )
+        if kv_cache_bytes is None:
+            kv_cache_bytes = self._default_kv_bytes(max_num_slots, max_len)
+        self.kv = allocate_kv_cache(
+            cfg,
+            max_num_slots=max_num_slots,
+            max_model_len=max_len,
+            budget_bytes=kv_cache_bytes,
+            device=self.device,
+            dtype=model.dtype,
+        )
+        self.kv_layers = self.kv.layers()
+        self.max_num_slots = self.kv.num_slots
+        self.max_model_len = max_len
+        self.graphs = (
+            DecodeGraphs(self.model, self.kv, max_batch=self.max_num_slots)
+            if cuda_graphs and self.device.type == "cuda"
+            else None
+        )
+
+    def _default_kv_bytes(self, max_num_slots: int, max_len: int) -> int:
+        wanted = (max_num_slots + 1) * bytes_per_slot(self.config, max_len, self.loaded.dtype)
+        if self.device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(self.device)
+            return min(wanted, int(free * CUDA_KV_FRACTION) - CUDA_HEADROOM_BYTES)
+        return min(wanted, CPU_DEFAULT_KV_BYTES)
+
+    def release(self, slot: int) -> None:
+        """Nothing to free: attention masks by position, so the next sequence overwrites it."""
+
+    @torch.inference_mode()
+    def run(self, rows: list[RowWork]) -> tuple[list[RowResult | None], StepStats]:
+        stats = StepStats(num_rows=len(rows), num_tokens=sum(len(r.token_ids) for r in rows))
+        out: list[RowResult | None] = [None] * len(rows)
+        if not rows:
+            return out, stats
+        order = self._order(rows)
+        logits = self._logits(order, rows)
+        sampling = [i for i in order if rows[i].sample]
+        if sampling:
+            results, stats.mask_seconds, stats.num_fallback_rows = self._sample(
+                logits, [rows[i] for i in sampling]
+            )
+            for i, res in zip(sampling, results, strict=True):
+                out[i] = res
+        return out, stats
+
+    @torch.inference_mode()
+    def logits(self, rows: list[RowWork]) -> torch.Tensor:
+        """Run a step without sampling: float32 logits [rows with sample=True, vocab], in the
+        order of `rows`. Writes the KV cache exactly as `run` does."""
+        order = self._order(rows)
+        logits = self._logits(order, rows)
+        sampling = [i for i in order if rows[i].sample]
+        back = sorted(range(len(sampling)), key=lambda j: sampling[j])
+        return logits[torch.tensor(back, dtype=torch.int64, device=logits.device)]
+
+    def _order(self, rows: list[RowWork]) -> list[int]:
+        """Validates the rows; returns their indices with decode rows (one token) first."""
+        for r in rows:
+            n = len(r.token_ids)
+            if not 0 <= r.slot < self.max_num_slots:
+                raise ValueError(f"slot {r.slot} outside [0, {self.max_num_slots})")
+            if n == 0 or r.start_pos < 0 or r.start_pos + n > self.max_model_len:
+                raise ValueError(
+                    f"row feeds positions [{r.start_pos}, {r.start_pos + n}); "
+                    f"allowed: non-empty within [0, {self.max_model_len})"
+                )
+            if min(r.token_ids) < 0 or max(r.token_ids) >= self.vocab_size:
+                raise ValueError(f"token id outside [0, {self.vocab_size})")
+        if len({r.slot for r in rows}) != len(rows):
+            raise ValueError("two rows of one step share a KV slot")
+        return sorted(range(len(rows)), key=lambda i: len(rows[i].token_ids) > 1)
+
+    def _logits(self, order: list[int], rows: list[RowWork]) -> torch.Tensor:
+        """Forward the rows in `order`; logits [num sampling rows, vocab] float32, same order."""
+        ordered = [rows[i] for i in order]
+        if self.graphs is not None and self.graphs.can_run(ordered):
+            return self.graphs.run(ordered)
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        last: list[int] = []  # flat index of each sampling row's last token
+        for r in ordered:
+            n = len(r.token_ids)
+            ids.extend(r.token_ids)
+            pos.extend(range(r.start_pos, r.start_pos + n))
+            slots.extend([r.slot] * n)
+            if r.sample:
+                last.append(len(ids) - 1)
+        # One host-to-device copy for all index vectors of the step.
+        flat = torch.tensor([ids, pos, slots], dtype=torch.int64).to(self.device)
+        batch = build_attn_batch(
+            write_slots=flat[2],
+            positions=flat[1],
+            row_lens=[len(r.token_ids) for r in ordered],
+            row_slots=[r.slot for r in ordered],
+            row_starts=[r.start_pos for r in ordered],
+            num_heads_per_kv=self.config.num_attention_heads // self.config.num_key_value_heads,
+            sliding_window=self.config.sliding_window,
+        )
+        hidden = self.model(flat[0], flat[1], self.kv_layers, batch)
+        if not last:
+            return hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
+        return self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
+
+    def _sample(
+        self, logits: torch.Tensor, rows: list[RowWork]
+    ) -> tuple[list[RowResult], float, int]:
+        """kernels.sample over [B, V] logits; returns per-row results, sampler seconds and the
+        number of rows that needed the sampler's slow full pass."""
+        dev = logits.device
+        floats = torch.tensor(
+            [[r.params.temperature, r.params.top_p, r.params.min_p] for r in rows],
+            dtype=torch.float32,
+        ).to(dev)
+        seeded = any(r.params.seed is not None for r in rows)
+        # Unseeded rows in a batch with seeded ones get a fresh random key, which is what
+        # kernels does for seed=None.
+        ints = torch.tensor(
+            [
+                [
+                    r.params.top_k,
+                    r.step,
+                    r.params.seed if r.params.seed is not None else random.getrandbits(63),
+                    r.bounded,
+                ]
+                for r in rows
+            ],
+            dtype=torch.int64,
+        ).to(dev)
+        want_mask = torch.tensor([r.want_mask for r in rows], dtype=torch.bool)
+        timer = _Timer(dev)
+        res = kernels.sample(
+            logits,
+            floats[:, 0].contiguous(),
+            ints[:, 0].to(torch.int32),
+            floats[:, 1].contiguous(),
+            floats[:, 2].contiguous(),
+            want_mask,
+            max_mask_tokens=self.max_mask_tokens,
+            seed=ints[:, 2].contiguous() if seeded else None,
+            step=ints[:, 1].contiguous() if seeded else None,
+            bounded=ints[:, 3].bool(),
+        )
+        seconds = timer.stop()
+        tokens = res.tokens.tolist()
+        logprobs = res.logprobs.tolist()
+        nan = res.nan_rows.tolist()
+        sizes = res.support_sizes.tolist()
+        results = [
+            RowResult(token=t, logprob=lp, nan=bad)
+            for t, lp, bad in zip(tokens, logprobs, nan, strict=True)
+        ]
+        masks = res.masks()
+        for row, status, mask in zip(
+            res.mask_rows.tolist(), res.mask_status.tolist(), masks, strict=True
+        ):
+            r = results[row]
+            r.mask_status = status
+            r.support_size = sizes[row]
+            r.mask = None if status == STATUS_OVERFLOW else mask
+        return results, seconds, int(res.fallback_rows.sum().item())
+
+
+class _Timer:
+    """Wall time of a device region: CUDA events on CUDA (no extra sync), perf_counter on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        if self.cuda:
+            self.end.record()
+            self.end.synchronize()
+            return self.begin.elapsed_time(self.end) / 1000.0
+        return time.perf_counter() - self.t0
