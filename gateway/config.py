@@ -57,16 +57,18 @@ class RetriesConfig(StrictModel):
     """Retries happen only before the first byte reaches the client, on connect errors and
     502/503/504, each to another endpoint."""
 
-    max_attempts: int = Field(3, ge=1)  # total attempts, including the first
-    backoff_base_s: float = Field(0.025, ge=0)  # delay before retry n: base * 2**(n-1), jittered
-    backoff_max_s: float = Field(0.5, ge=0)
+    max_attempts: int = Field(default=3, ge=1)  # total attempts, including the first
+    backoff_base_s: float = Field(
+        default=0.025, ge=0
+    )  # delay before retry n: base * 2**(n-1), jittered
+    backoff_max_s: float = Field(default=0.5, ge=0)
 
 
 class CircuitConfig(StrictModel):
     """Per endpoint. Failures are connect errors, timeouts and 5xx answers other than 503;
     4xx, 429 and 503 answers are not endpoint faults and are never counted."""
 
-    failure_threshold: int = Field(5, ge=1)  # consecutive failures that open the circuit
+    failure_threshold: int = Field(default=5, ge=1)  # consecutive failures that open the circuit
     open_s: PositiveFloat = 10.0  # open -> half-open after this long; one probe request then
 
 
@@ -74,18 +76,18 @@ class PoolConfig(StrictModel):
     endpoints: list[EndpointUrl] = Field(default_factory=list)
     # DNS discovery: every A/AAAA address of `dns` becomes `{dns_scheme}://addr:{dns_port}`.
     dns: str | None = None
-    dns_port: int = Field(30000, ge=1, le=65535)
+    dns_port: int = Field(default=30000, ge=1, le=65535)
     dns_scheme: Literal["http", "https"] = "http"
     dns_interval_s: PositiveFloat = 10.0
     # Admission (rule 10): requests past `max_concurrency` wait in a FIFO queue of at most
     # `max_queue` for at most `queue_timeout_s`.
-    max_concurrency: int = Field(1024, ge=1)
-    max_queue: int = Field(4096, ge=0)
+    max_concurrency: int = Field(default=1024, ge=1)
+    max_queue: int = Field(default=4096, ge=0)
     queue_timeout_s: PositiveFloat = 30.0
     # Active health checks: GET `health_path`; null disables them (and passive ejection).
     health_path: str | None = "/health"
-    unhealthy_threshold: int = Field(3, ge=1)
-    healthy_threshold: int = Field(2, ge=1)
+    unhealthy_threshold: int = Field(default=3, ge=1)
+    healthy_threshold: int = Field(default=2, ge=1)
     circuit: CircuitConfig = Field(default_factory=CircuitConfig)
 
     @model_validator(mode="after")
@@ -105,10 +107,10 @@ class PoolsConfig(StrictModel):
 
 
 class PolicySettings(StrictModel):
-    max_mask_tokens: int = Field(4096, ge=1)
-    max_mask_ids_per_request: int = Field(64 * 1024 * 1024, ge=1)
+    max_mask_tokens: int = Field(default=4096, ge=1)
+    max_mask_ids_per_request: int = Field(default=64 * 1024 * 1024, ge=1)
     reject_logit_transforms: bool = True
-    default_max_tokens: int = Field(2048, ge=1)
+    default_max_tokens: int = Field(default=2048, ge=1)
 
     def to_policy(self) -> PolicyConfig:
         return PolicyConfig(
@@ -121,21 +123,21 @@ class PolicySettings(StrictModel):
 
 class GatewayConfig(StrictModel):
     host: str = "0.0.0.0"
-    port: int = Field(8080, ge=0, le=65535)
+    port: int = Field(default=8080, ge=0, le=65535)
     # None: /healthz, /readyz and /metrics on `port`. Else /metrics moves to this port
     # (probes answer on both).
-    metrics_port: int | None = Field(None, ge=0, le=65535)
-    workers: int = Field(1, ge=1, le=256)  # processes sharing `port` (SO_REUSEPORT)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    workers: int = Field(default=1, ge=1, le=256)  # processes sharing `port` (SO_REUSEPORT)
     api_keys: list[str] = Field(default_factory=list)  # empty: no client authentication
     # None: any authenticated caller may ask for masks. Else only these keys (rule 2).
     mask_allow_keys: list[str] | None = None
     admin_key: str | None = None  # None: the admin API needs only client authentication
     upstream_api_key: str | None = None  # sent upstream as `Authorization: Bearer ...`
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
     # SIGTERM: readiness fails at once; the listener stays open `shutdown_delay_s` (so load
     # balancers notice), then in-flight requests get `shutdown_grace_s` to finish.
-    shutdown_delay_s: float = Field(0.0, ge=0)
-    shutdown_grace_s: float = Field(30.0, ge=0)
+    shutdown_delay_s: float = Field(default=0.0, ge=0)
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     retries: RetriesConfig = Field(default_factory=RetriesConfig)
     pools: PoolsConfig = Field(default_factory=PoolsConfig)

@@ -89,7 +89,7 @@ def _check_item(meta: Any, ids: Any, support: Any) -> set[str]:
             found.add("mask_count")
         else:
             for token, mask in zip(ids, masks, strict=True):
-                if isinstance(mask, list) and token not in mask:
+                if isinstance(mask, list) and mask and token not in mask:
                     found.add("token_outside_mask")
                     break
     return found

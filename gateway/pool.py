@@ -56,11 +56,11 @@ class Endpoint:
 
 def choose(endpoints: Sequence[Endpoint], exclude: Sequence[Endpoint], rng: random.Random) -> int:
     """Index of the endpoint to use, or -1 when none is usable (power of two choices)."""
+    if len(endpoints) == 1:  # the common small-pool case, without building a list
+        return 0 if endpoints[0].usable() and endpoints[0] not in exclude else -1
     candidates = [i for i, ep in enumerate(endpoints) if ep.usable() and ep not in exclude]
-    if not candidates:
-        return -1
-    if len(candidates) == 1:
-        return candidates[0]
+    if len(candidates) < 2:
+        return candidates[0] if candidates else -1
     a, b = rng.sample(candidates, 2)
     return a if endpoints[a].outstanding <= endpoints[b].outstanding else b
 

@@ -9,9 +9,9 @@ mask pool.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
-import uuid
 from typing import Any
 
 import aiohttp
@@ -76,7 +76,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     rid = request.headers.get("X-Request-Id")
     if not rid or len(rid) > _MAX_RID or not rid.isprintable():
-        rid = uuid.uuid4().hex
+        rid = os.urandom(16).hex()  # 32 hex digits, like uuid4().hex, at a fifth of the cost
     ctx = _Ctx(rid)
     route_label, route = ROUTES.get((request.method, request.path), _OTHER)
     try:

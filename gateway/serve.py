@@ -24,14 +24,11 @@ from gateway.state import STATE, Resolver
 LOG = logging.getLogger("maskgate")
 
 
-async def _start_site(
-    runner: web.AppRunner, host: str, port: int, reuse_port: bool
-) -> tuple[str, int]:
+async def _start_site(runner: web.AppRunner, host: str, port: int, reuse_port: bool) -> int:
+    """Start listening; returns the bound port (the real one when `port` is 0)."""
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=1024)
     await site.start()
-    server = site._server  # the asyncio Server: the only way to learn a port-0 binding
-    sockname = server.sockets[0].getsockname() if server and server.sockets else (host, port)
-    return str(sockname[0]), int(sockname[1])
+    return int(runner.addresses[-1][1])
 
 
 async def serve(
@@ -50,14 +47,14 @@ async def serve(
         access_log=None,  # our own JSON access log replaces aiohttp's
     )
     await runner.setup()
-    host, port = await _start_site(runner, config.host, config.port, reuse_port)
+    port = await _start_site(runner, config.host, config.port, reuse_port)
     probe_runner = None
     if config.metrics_port is not None:
         probe_runner = web.AppRunner(create_probe_app(app), access_log=None)
         await probe_runner.setup()
-        _, mport = await _start_site(probe_runner, config.host, config.metrics_port, reuse_port)
-        LOG.info("metrics listening", extra={"host": host, "port": mport})
-    LOG.info("listening", extra={"host": host, "port": port})
+        mport = await _start_site(probe_runner, config.host, config.metrics_port, reuse_port)
+        LOG.info("metrics listening", extra={"host": config.host, "port": mport})
+    LOG.info("listening", extra={"host": config.host, "port": port})
     if on_listening is not None:
         on_listening(port)
 
@@ -84,7 +81,7 @@ async def serve(
 def run(config: GatewayConfig, *, reuse_port: bool = False) -> None:
     """Blocking entry point for one process; uses uvloop when it is installed."""
     try:
-        import uvloop  # type: ignore[import-not-found]
+        import uvloop
 
         factory = uvloop.new_event_loop
     except ImportError:

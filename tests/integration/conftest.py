@@ -75,8 +75,7 @@ class FakeUpstream:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
-        sock = site._server.sockets[0]  # type: ignore[union-attr]
-        self.url = f"http://{host}:{sock.getsockname()[1]}"
+        self.url = f"http://{host}:{self._runner.addresses[0][1]}"
         return self.url
 
     async def stop(self) -> None:
@@ -255,7 +254,7 @@ async def run_gateway(config: GatewayConfig, **kw: Any) -> AsyncIterator[Gateway
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     try:
         async with aiohttp.ClientSession() as client:
             gw = Gateway(f"http://127.0.0.1:{port}", app, client)
