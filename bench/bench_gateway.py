@@ -58,6 +58,8 @@ PLAN = [
     ("gateway-w2", "shared"),
     ("router", "shared"),
 ]
+# Not run unless named in --setups: bare aiohttp processes that show the gateway's floor.
+FLOORS = [(f"aiohttp-{m}", "split") for m in ("answer", "proxy", "lean")]
 
 
 def parse_args() -> argparse.Namespace:
@@ -86,9 +88,10 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--profile-concurrency", type=int, default=64)
     p.add_argument(
-        "--router-log-level",
-        default="warn",
-        help="sglang-router --log-level (info logs every request)",
+        "--access-log",
+        action="store_true",
+        help="per-request logs on in both proxies (gateway default, router --log-level info); "
+        "off by default in both (gateway --no-access-log, router --log-level warn)",
     )
     p.add_argument(
         "--nice",
@@ -97,13 +100,19 @@ def parse_args() -> argparse.Namespace:
         help="niceness for the bench and everything it starts (inherited); negative values "
         "keep other work on the machine from skewing the numbers (needs root)",
     )
+    p.add_argument(
+        "--gateway-root",
+        type=Path,
+        default=procs.REPO,
+        help="run the gateway from this checkout (to compare versions); default this one",
+    )
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     p.add_argument("--stem", default="gateway", help="output file name stem under --out")
     args = p.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.setups = set(args.setups.split(","))
     args.layouts = set(args.layouts.split(","))
-    unknown = (args.setups - {s for s, _ in PLAN}) | (args.layouts - set(LAYOUTS))
+    unknown = (args.setups - {s for s, _ in PLAN + FLOORS}) | (args.layouts - set(LAYOUTS))
     if unknown:
         p.error(f"unknown set-up or layout: {', '.join(sorted(unknown))}")
     if os.cpu_count() is None or os.cpu_count() < 2:  # type: ignore[operator]
@@ -116,15 +125,19 @@ def make_proxy(
 ) -> procs.Proxy | None:
     if setup == "direct":
         return None
+    if setup.startswith("aiohttp-"):
+        return procs.floor(upstream, cpus, setup.removeprefix("aiohttp-"))
     if setup == "router":
-        return procs.router(upstream, cpus, args.router_log_level)
-    return procs.gateway(upstream, cpus, workers=int(setup.removeprefix("gateway-w")))
+        return procs.router(upstream, cpus, args.access_log)
+    return procs.gateway(
+        upstream, cpus, int(setup.removeprefix("gateway-w")), args.access_log, args.gateway_root
+    )
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     runs: list[dict[str, Any]] = []
     for layout in ("split", "shared"):
-        plan = [s for s, lay in PLAN if lay == layout and s in args.setups]
+        plan = [s for s, lay in PLAN + FLOORS if lay == layout and s in args.setups]
         if layout not in args.layouts or not plan:
             continue
         load_cpus, proxy_cpus = LAYOUTS[layout]
@@ -165,7 +178,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
 def rss_run(args: argparse.Namespace) -> dict[str, Any]:
     load_cpus, proxy_cpus = LAYOUTS["split"]
     with Nginx(load_cpus) as nginx:
-        proxy = procs.gateway(nginx.url, proxy_cpus, workers=1).start()
+        proxy = procs.gateway(nginx.url, proxy_cpus, 1, args.access_log, args.gateway_root).start()
         try:
             px = proxy.processes()
             idle = tree_rss_mib(px)
@@ -197,7 +210,7 @@ def profile_run(args: argparse.Namespace) -> dict[str, str]:
     load_cpus, proxy_cpus = LAYOUTS["split"]
     files = {}
     with Nginx(load_cpus) as nginx:
-        proxy = procs.gateway(nginx.url, proxy_cpus, workers=1).start()
+        proxy = procs.gateway(nginx.url, proxy_cpus, 1, args.access_log, args.gateway_root).start()
         try:
             pid = str(proxy.processes()[-1].pid)  # the serving process (a child with --workers)
             for fmt, suffix in (("flamegraph", "svg"), ("raw", "txt")):
@@ -222,7 +235,7 @@ def profile_run(args: argparse.Namespace) -> dict[str, str]:
                 _, err = spy_proc.communicate(timeout=60)
                 if spy_proc.returncode != 0:
                     raise SystemExit(f"py-spy failed: {err.decode()[-2000:]}")
-                files[fmt] = str(path)
+                files[fmt] = path.name
         finally:
             proxy.stop()
     print(f"profile: {files}")
@@ -315,11 +328,13 @@ def run(args: argparse.Namespace, base_nice: int) -> None:
         "warmup": args.warmup,
         "layouts": {k: {"wrk_nginx_cpus": v[0], "proxy_cpus": v[1]} for k, v in LAYOUTS.items()},
         "wrk_threads": 1,
-        "router_log_level": args.router_log_level,
+        "access_log": args.access_log,
         "nice": args.nice,
         "autogroup": Path("/proc/self/autogroup").read_text().strip()
         if Path("/proc/self/autogroup").exists()
         else None,
+        # No absolute paths in the results: they are committed.
+        "gateway_root": "." if args.gateway_root == procs.REPO else args.gateway_root.name,
         "argv": sys.argv[1:],
     }
     result = {

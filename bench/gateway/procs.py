@@ -68,6 +68,7 @@ class Proxy:
     argv: list[str]
     cpus: str
     port: int
+    cwd: Path = REPO
     proc: subprocess.Popen[bytes] | None = None
     log: Path = field(default_factory=lambda: Path(tempfile.mkstemp(suffix=".log")[1]))
 
@@ -81,7 +82,7 @@ class Proxy:
                 [*taskset(self.cpus), *self.argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                cwd=REPO,
+                cwd=self.cwd,
                 # Its own process group, so stop() reaches the workers too, but the bench's
                 # session: a new session would get its own scheduler autogroup at nice 0.
                 process_group=0,
@@ -106,7 +107,8 @@ class Proxy:
             self.proc.wait()
 
 
-def gateway(upstream: str, cpus: str, workers: int) -> Proxy:
+def gateway(upstream: str, cpus: str, workers: int, access_log: bool, root: Path = REPO) -> Proxy:
+    """`python -m gateway` run from `root` (a checkout: compare two versions of the gateway)."""
     port = free_port()
     argv = [
         sys.executable, "-m", "gateway",
@@ -115,11 +117,24 @@ def gateway(upstream: str, cpus: str, workers: int) -> Proxy:
         "--general-endpoint", upstream,
         "--mask-endpoint", upstream,
         "--workers", str(workers),
+        *([] if access_log else ["--no-access-log"]),
     ]  # fmt: skip
-    return Proxy(f"gateway-w{workers}", argv, cpus, port)
+    return Proxy(f"gateway-w{workers}", argv, cpus, port, cwd=root)
 
 
-def router(upstream: str, cpus: str, log_level: str) -> Proxy:
+def floor(upstream: str, cpus: str, mode: str) -> Proxy:
+    """A bare aiohttp process (bench/gateway/floor.py): the floor under the gateway."""
+    port = free_port()
+    argv = [
+        sys.executable, str(Path(__file__).with_name("floor.py")),
+        "--mode", mode,
+        "--port", str(port),
+        "--upstream", upstream,
+    ]  # fmt: skip
+    return Proxy(f"aiohttp-{mode}", argv, cpus, port)
+
+
+def router(upstream: str, cpus: str, access_log: bool) -> Proxy:
     port = free_port()
     argv = [
         sys.executable, "-m", "sglang_router.launch_router",
@@ -127,6 +142,6 @@ def router(upstream: str, cpus: str, log_level: str) -> Proxy:
         "--port", str(port),
         "--worker-urls", upstream,
         "--policy", "round_robin",
-        "--log-level", log_level,
+        "--log-level", "info" if access_log else "warn",
     ]  # fmt: skip
     return Proxy("sglang-router", argv, cpus, port)
