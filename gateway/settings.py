@@ -41,10 +41,14 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def env_overrides(env: Mapping[str, str], prefix: str) -> dict[str, Any]:
+def env_overrides(
+    env: Mapping[str, str], prefix: str, ignore: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """`ignore`: longer prefixes that belong to another process's config (the gateway reads
+    `MASKGATE_*` but must leave the worker's `MASKGATE_WORKER_*` alone)."""
     out: dict[str, Any] = {}
     for name, raw in env.items():
-        if not name.startswith(prefix) or name == prefix:
+        if not name.startswith(prefix) or name == prefix or name.startswith(ignore):
             continue
         path = [part.lower() for part in name[len(prefix) :].split("__")]
         try:
@@ -72,12 +76,13 @@ def load_settings(
     file: str | Path | None = None,
     env: Mapping[str, str] | None = None,
     env_prefix: str = "MASKGATE_",
+    env_ignore: tuple[str, ...] = (),
     overrides: Mapping[str, Any] | None = None,
 ) -> M:
     """Build and validate `model` from file < env < overrides. Raises ConfigError."""
     data: dict[str, Any] = read_yaml(file) if file is not None else {}
     if env is not None:
-        data = merge(data, env_overrides(env, env_prefix))
+        data = merge(data, env_overrides(env, env_prefix, env_ignore))
     if overrides:
         data = merge(data, overrides)
     try:
