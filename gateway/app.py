@@ -45,6 +45,8 @@ def render_error(err: ApiError) -> web.Response:
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise  # the client is gone (aiohttp's ClientConnectionResetError is both kinds)
     except ApiError as e:
         request.app[STATE].metrics.rejections.labels(e.code).inc()
         return render_error(e)
@@ -62,8 +64,6 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except aiohttp.ClientError as e:  # an upstream failure nobody mapped more precisely
         request.app[STATE].metrics.rejections.labels("upstream_error").inc()
         return render_error(ServerError("upstream_error", f"upstream failed: {type(e).__name__}"))
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
     except Exception:
         LOG.exception("unhandled error", extra={"path": request.path})
         return render_error(

@@ -69,7 +69,7 @@ class GatewayMetrics:
         )
         self.queue_wait = Histogram(
             "maskgate_queue_wait_seconds",
-            "Time queued before a permit (requests that queued).",
+            "Time queued before a permit (0 for requests admitted at once).",
             ["pool"],
             buckets=_QUEUE_BUCKETS,
             registry=r,

@@ -81,6 +81,7 @@ class Pool:
         self.endpoints: list[Endpoint] = []
         self.admission = Admission(cfg.max_concurrency, cfg.max_queue, cfg.queue_timeout_s)
         self.vocab_size: int | None = None  # from a healthy endpoint's /get_model_info
+        self.queue_wait = metrics.queue_wait.labels(name)  # bound once: the request path uses it
         self._rng = rng or random.Random()
         self._clock = clock or time.monotonic
         metrics.watch_pool(

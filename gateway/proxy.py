@@ -137,7 +137,9 @@ async def _proxy(
     ctx.pool = pool.name
     if not pool.has_usable():
         raise _unavailable(pool)
-    ctx.waited += await pool.admission.acquire()  # rule 10
+    queued = await pool.admission.acquire()  # rule 10
+    ctx.waited += queued
+    pool.queue_wait.observe(queued)
     try:
         return await _forward(request, state, ctx, pool, raw, route_label, mask, started)
     finally:
@@ -186,9 +188,14 @@ def _unavailable(pool: Pool) -> ApiError:
 def _upstream_headers(request: web.Request, state: GatewayState, rid: str) -> CIMultiDict[str]:
     headers: CIMultiDict[str] = CIMultiDict()
     drop_auth = state.config.upstream_api_key is not None or bool(state.api_keys)
+    drop = _DROP_REQUEST
+    listed = request.headers.get("Connection")
+    if listed is not None and listed.lower() not in ("keep-alive", "close"):
+        # Headers named in Connection are hop-by-hop too (RFC 9110 7.6.1).
+        drop = drop | {t.strip().lower() for t in listed.split(",")}
     for name, value in request.headers.items():
         lname = name.lower()
-        if lname in _DROP_REQUEST or (drop_auth and lname == "authorization"):
+        if lname in drop or (drop_auth and lname == "authorization"):
             continue
         headers.add(name, value)
     if state.config.upstream_api_key is not None:
@@ -242,7 +249,7 @@ async def _forward(
             upstream = await session.request(
                 request.method,
                 URL(ep.url + request.raw_path, encoded=True),
-                data=raw,
+                data=raw or None,
                 headers=headers,
                 allow_redirects=False,
             )

@@ -61,6 +61,7 @@ async def test_every_fixed_metric_is_exported(upstreams, gateway, make_config):
     assert 'maskgate_upstream_circuit_state{pool="mask",upstream="' in text
     assert 'maskgate_overhead_seconds_count{pool="general",route="completions"} 2.0' in text
     assert 'maskgate_queue_capacity{pool="general"}' in text
+    assert 'maskgate_queue_wait_seconds_count{pool="general"} 2.0' in text
 
 
 async def test_mask_responses_record_support_and_violations(upstreams, gateway, make_config):
