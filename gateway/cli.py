@@ -15,6 +15,9 @@ from typing import Any
 from gateway.config import GatewayConfig
 from gateway.settings import ConfigError, load_settings
 
+# The worker reads MASKGATE_WORKER_*; one environment may hold both configurations.
+WORKER_ENV_PREFIXES = ("MASKGATE_WORKER_",)
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -93,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             GatewayConfig,
             file=getattr(args, "config", None),
             env=os.environ,
+            env_ignore=WORKER_ENV_PREFIXES,
             overrides=overrides_from(args),
         )
     except ConfigError as e:

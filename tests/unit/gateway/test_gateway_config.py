@@ -83,6 +83,7 @@ def test_cli_exits_2_with_the_field_named(capsys, monkeypatch, tmp_path):
 
 def test_check_config_prints_the_merged_config(capsys, monkeypatch):
     monkeypatch.setenv("MASKGATE_ADMIN_KEY", "adm")
+    monkeypatch.setenv("MASKGATE_WORKER_MODEL", "tiny")  # the worker's, not a gateway field
     assert main(["--check-config", "--mask-endpoint", "http://m:30000"]) == 0
     out = capsys.readouterr().out
     assert '"admin_key": "adm"' in out and "http://m:30000" in out
