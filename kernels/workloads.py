@@ -18,16 +18,17 @@ ADVERSARIAL_KINDS = ("bf16_ties", "dyadic", "dominant", "flat", "neg_inf", "norm
 
 
 def peaked_logits(batch: int, vocab: int, alpha: float, generator: torch.Generator) -> torch.Tensor:
-    """[B, V] float32 Zipf-shaped logits (see module doc)."""
-    ranks = torch.arange(1, vocab + 1, dtype=torch.float32)
+    """[B, V] float32 Zipf-shaped logits (see module doc), on the generator's device."""
+    dev = generator.device
+    ranks = torch.arange(1, vocab + 1, dtype=torch.float32, device=dev)
     base = -alpha * torch.log(ranks)
-    perm = torch.argsort(torch.rand(batch, vocab, generator=generator), dim=1)
-    jitter = 0.1 * torch.randn(batch, vocab, generator=generator)
+    perm = torch.argsort(torch.rand(batch, vocab, generator=generator, device=dev), dim=1)
+    jitter = 0.1 * torch.randn(batch, vocab, generator=generator, device=dev)
     return base[perm] + jitter
 
 
 def flat_logits(batch: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
-    return torch.randn(batch, vocab, generator=generator)
+    return torch.randn(batch, vocab, generator=generator, device=generator.device)
 
 
 def entropy_nats(logits: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,304 @@
+"""Benchmark kernels.sample (Triton) against (a) a one-pass floor, (b) the sort-based path and
+(c) a torch.topk(1024) path, on the issue's grid. Needs CUDA.
+
+  python bench/bench_kernels.py [--quick] [--out bench/results]
+
+Prints a table and writes kernels_bench.json, kernels_bench.csv and kernels_bench.png.
+Logits: Zipf-shaped peaked rows (kernels.workloads.peaked_logits, alpha 1.6, about 2.7 nats;
+the measured mean entropy is recorded) and one flat case (N(0, 1) logits at temperature 2).
+Masks are requested for every row, C = 4096, exact mode. Times are medians of
+triton.testing.do_bench over four rotating input buffers (so small batches are not timed
+out of L2); the 'graph' column replays kernels.sample captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import pathlib
+import statistics
+
+import torch
+import triton
+import triton.language as tl
+
+import kernels
+from kernels.inputs import check_inputs
+from kernels.triton_path import band_config, mask_index, sample_triton
+from kernels.workloads import entropy_nats, flat_logits, peaked_logits
+
+SETTINGS = {  # name: (top_k, top_p, min_p)
+    "k50_p0.9": (50, 0.9, 0.0),
+    "p0.95": (-1, 0.95, 0.0),
+    "minp0.05": (-1, 1.0, 0.05),
+}
+ALPHA = 1.6
+CAP = 4096
+N_BUFFERS = 4
+
+
+@triton.jit
+def _floor_kernel(x_ptr, m_ptr, s_ptr, stride_x, vocab, n_chunks, CHUNK: tl.constexpr):
+    """One read of the logits: chunk max and sum-exp, nothing else (the memory floor)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    ids = chunk * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(x_ptr + row * stride_x + ids, mask=ids < vocab, other=float("-inf"))
+    x = x.to(tl.float32)
+    m = tl.max(x, axis=0)
+    tl.store(m_ptr + row * n_chunks + chunk, m)
+    tl.store(s_ptr + row * n_chunks + chunk, tl.sum(tl.exp(x - m), axis=0))
+
+
+def floor_pass(x: torch.Tensor) -> None:
+    batch, vocab = x.shape
+    cfg = band_config(vocab)
+    m = torch.empty(batch, cfg.n_chunks, device=x.device)
+    s = torch.empty_like(m)
+    _floor_kernel[(batch, cfg.n_chunks)](
+        x, m, s, x.stride(0), vocab, cfg.n_chunks, CHUNK=cfg.chunk, num_warps=8
+    )
+
+
+def sort_path(x, temp, top_k, top_p, min_p):
+    """(b) SGLang-style reference: full sort, cumsum, masks, sample, nonzero into CSR."""
+    z = x.float() / temp[:, None]
+    vals, order = torch.sort(z, dim=1, descending=True)
+    probs = torch.softmax(vals, dim=1)
+    pos = torch.arange(z.shape[1], device=z.device)[None, :]
+    keep = pos < torch.where(top_k > 0, top_k, z.shape[1])[:, None]
+    kept = probs * keep
+    kept = kept / kept.sum(dim=1, keepdim=True)
+    keep &= (torch.cumsum(kept, dim=1) - kept) < top_p[:, None]
+    keep &= probs >= min_p[:, None] * probs[:, :1]
+    pick = torch.multinomial(probs * keep, 1)
+    token = order.gather(1, pick)
+    rows, cols = keep.nonzero(as_tuple=True)
+    offsets = torch.cumsum(torch.bincount(rows, minlength=z.shape[0]), 0)
+    return token, order[rows, cols], offsets
+
+
+def topk_path(x, temp, top_k, top_p, min_p, k=1024):
+    """(c) topk(1024) candidates, full logsumexp for top-p, masks, sample, nonzero CSR."""
+    z = x.float() / temp[:, None]
+    vals, idx = torch.topk(z, k, dim=1)
+    lse = torch.logsumexp(z, dim=1, keepdim=True)
+    probs = torch.exp(vals - lse)
+    pos = torch.arange(k, device=z.device)[None, :]
+    keep = pos < torch.where(top_k > 0, top_k, k)[:, None]
+    kept = probs * keep
+    norm = torch.where(top_k[:, None] > 0, kept.sum(dim=1, keepdim=True), 1.0)
+    keep &= (torch.cumsum(kept, dim=1) - kept) / norm < top_p[:, None]
+    keep &= probs >= min_p[:, None] * probs[:, :1]
+    pick = torch.multinomial(probs * keep, 1)
+    token = idx.gather(1, pick)
+    rows, cols = keep.nonzero(as_tuple=True)
+    return token, idx[rows, cols]
+
+
+_LOGITS: dict[tuple, torch.Tensor] = {}
+
+
+def make_inputs(batch, vocab, dtype, setting, flat, seed):
+    dev = "cuda"
+    key = (batch, vocab, dtype, flat, seed)
+    if key not in _LOGITS:  # the same logits serve every setting
+        _LOGITS.clear() if len(_LOGITS) > 4 * N_BUFFERS else None
+        g = torch.Generator(device=dev).manual_seed(seed)
+        logits = flat_logits(batch, vocab, g) if flat else peaked_logits(batch, vocab, ALPHA, g)
+        _LOGITS[key] = logits.to(dtype)
+    logits = _LOGITS[key]
+    temp = 2.0 if flat else 1.0
+    k, p, mp = SETTINGS[setting]
+    return {
+        "logits": logits,
+        "temperature": torch.full((batch,), temp, device=dev),
+        "top_k": torch.full((batch,), k, dtype=torch.int32, device=dev),
+        "top_p": torch.full((batch,), p, device=dev),
+        "min_p": torch.full((batch,), mp, device=dev),
+        "want_mask": torch.ones(batch, dtype=torch.bool),
+        "seed": torch.arange(batch, dtype=torch.int64, device=dev),
+        "step": torch.zeros(batch, dtype=torch.int64, device=dev),
+    }
+
+
+def bench(fn, rep_ms: int) -> float:
+    """Median microseconds."""
+    return triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median") * 1e3
+
+
+def graph_time(inp_list, rep_ms: int) -> float:
+    """kernels.sample launches captured once in a CUDA graph, replayed."""
+    inps = [check_inputs(**_args(b), max_mask_tokens=CAP) for b in inp_list[:1]]
+    index = mask_index(inps[0].want_mask, inps[0].logits.device)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            sample_triton(inps[0], index=index)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sample_triton(inps[0], index=index)
+    return bench(graph.replay, rep_ms)
+
+
+def _args(b):
+    return {
+        k: b[k]
+        for k in ("logits", "temperature", "top_k", "top_p", "min_p", "want_mask", "seed", "step")
+    }
+
+
+def run_case(batch, vocab, dtype, setting, flat, rep_ms):
+    bufs = [make_inputs(batch, vocab, dtype, setting, flat, seed=i) for i in range(N_BUFFERS)]
+    it = itertools.cycle(bufs)
+    res = kernels.sample(**_args(bufs[0]), max_mask_tokens=CAP)
+    band = torch.empty(batch, dtype=torch.int64, device="cuda")
+    sample_triton(check_inputs(**_args(bufs[0]), max_mask_tokens=CAP), band_sizes=band)
+    torch.cuda.synchronize()
+    row = {
+        "B": batch,
+        "V": vocab,
+        "dtype": str(dtype).replace("torch.", ""),
+        "setting": setting,
+        "logits": "flat_T2" if flat else f"zipf_a{ALPHA}",
+        "entropy_nats": round(
+            float(entropy_nats(bufs[0]["logits"].float() / bufs[0]["temperature"][:, None]).mean()),
+            2,
+        ),
+        "support_mean": float(res.support_sizes.float().mean()),
+        "band_mean": float(band.float().mean()),
+        "band_max": int(band.max()),
+        "fallback_rate": float(res.fallback_rows.float().mean()),
+        "overflow_rate": float((res.mask_status == 1).float().mean()),
+    }
+    row["sample_us"] = bench(lambda: kernels.sample(**_args(next(it)), max_mask_tokens=CAP), rep_ms)
+    row["graph_us"] = graph_time(bufs, rep_ms)
+    row["floor_us"] = bench(lambda: floor_pass(next(it)["logits"]), rep_ms)
+    nbytes = batch * vocab * bufs[0]["logits"].element_size()
+    row["sample_GBps"] = nbytes / row["sample_us"] / 1e3
+    row["graph_GBps"] = nbytes / row["graph_us"] / 1e3
+    row["floor_GBps"] = nbytes / row["floor_us"] / 1e3
+    keys = ("logits", "temperature", "top_k", "top_p", "min_p")
+    row["sort_us"] = bench(lambda: sort_path(*(next(it)[k] for k in keys)), rep_ms)
+    row["topk_us"] = bench(lambda: topk_path(*(next(it)[k] for k in keys)), rep_ms)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="only the target cases")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--rep-ms", type=int, default=60)
+    args = ap.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cases = []
+    if args.quick:
+        for batch, setting in itertools.product([1, 128], SETTINGS):
+            cases.append((batch, 151936, torch.float32, setting, False))
+        cases.append((128, 151936, torch.float32, "p0.95", True))
+    else:
+        for dtype, vocab, batch, setting in itertools.product(
+            [torch.float32, torch.bfloat16],
+            [32000, 151936, 262144],
+            [1, 8, 32, 128, 512],
+            SETTINGS,
+        ):
+            cases.append((batch, vocab, dtype, setting, False))
+        for batch in (1, 128):
+            cases.append((batch, 151936, torch.float32, "p0.95", True))
+            cases.append((batch, 151936, torch.float32, "minp0.05", True))
+    rows = []
+    header = (
+        f"{'B':>4} {'V':>7} {'dtype':>8} {'setting':>9} {'logits':>9} {'H':>5} "
+        f"{'|S|':>7} {'band':>7} {'fb%':>5} {'sample':>8} {'graph':>8} {'floor':>7} "
+        f"{'x_floor':>7} {'sort':>8} {'x_sort':>7} {'topk':>8} {'GB/s':>6}"
+    )
+    print(header)
+    for batch, vocab, dtype, setting, flat in cases:
+        r = run_case(batch, vocab, dtype, setting, flat, args.rep_ms)
+        rows.append(r)
+        print(
+            f"{r['B']:>4} {r['V']:>7} {r['dtype']:>8} {r['setting']:>9} {r['logits']:>9} "
+            f"{r['entropy_nats']:>5} {r['support_mean']:>7.1f} {r['band_mean']:>7.1f} "
+            f"{100 * r['fallback_rate']:>5.1f} {r['sample_us']:>8.1f} {r['graph_us']:>8.1f} "
+            f"{r['floor_us']:>7.1f} {r['graph_us'] / r['floor_us']:>7.2f} "
+            f"{r.get('sort_us', float('nan')):>8.1f} "
+            f"{r.get('sort_us', float('nan')) / r['sample_us']:>7.1f} "
+            f"{r.get('topk_us', float('nan')):>8.1f} {r['graph_GBps']:>6.0f}",
+            flush=True,
+        )
+    (out / "kernels_bench.json").write_text(json.dumps(rows, indent=1))
+    with open(out / "kernels_bench.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+        w.writeheader()
+        w.writerows(rows)
+    plot(rows, out / "kernels_bench.png")
+    target = [
+        r
+        for r in rows
+        if r["B"] == 128
+        and r["V"] == 151936
+        and r["dtype"] == "float32"
+        and r["logits"].startswith("zipf")
+    ]
+    if target:
+        print("targets at B=128, V=151936, fp32 (zipf):")
+        for r in target:
+            print(
+                f"  {r['setting']}: sample/floor={r['sample_us'] / r['floor_us']:.2f} "
+                f"graph/floor={r['graph_us'] / r['floor_us']:.2f} "
+                f"sort/sample={r.get('sort_us', float('nan')) / r['sample_us']:.1f}"
+            )
+    b1 = [
+        r["graph_us"]
+        for r in rows
+        if r["B"] == 1
+        and r["V"] == 151936
+        and r["dtype"] == "float32"
+        and r["logits"].startswith("zipf")
+    ]
+    if b1:
+        print(f"B=1 V=151936 fp32 graph us: median {statistics.median(b1):.1f}")
+
+
+def plot(rows, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sel = [
+        r
+        for r in rows
+        if r["V"] == 151936 and r["dtype"] == "float32" and r["logits"].startswith("zipf")
+    ]
+    fig, axes = plt.subplots(1, len(SETTINGS), figsize=(15, 4), sharey=True)
+    for ax, setting in zip(axes, SETTINGS, strict=True):
+        rs = sorted((r for r in sel if r["setting"] == setting), key=lambda r: r["B"])
+        bs = [r["B"] for r in rs]
+        for key, label in [
+            ("sample_us", "kernels.sample"),
+            ("graph_us", "kernels.sample (graph)"),
+            ("floor_us", "(a) one-pass floor"),
+            ("sort_us", "(b) sort path"),
+            ("topk_us", "(c) topk(1024)"),
+        ]:
+            ax.plot(bs, [r.get(key, float("nan")) for r in rs], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"V=151936 fp32 {setting}")
+        ax.set_xlabel("batch rows")
+    axes[0].set_ylabel("median time (us)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

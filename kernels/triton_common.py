@@ -1,0 +1,80 @@
+"""Triton device helpers shared by the sampling kernels: order keys and keyed noise.
+
+Bit-for-bit twins of kernels/order.py and kernels/noise.py, so a seeded row draws the same
+token here (Triton interpreter included) as on the torch path.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+MASK32: tl.constexpr = 0xFFFFFFFF
+MUL_A: tl.constexpr = 0x7FEB352D
+MUL_B: tl.constexpr = 0x045D9F3B
+STEP_SALT: tl.constexpr = 0x2545F491
+ROW_SALT: tl.constexpr = 0x68E31DA4
+U_SCALE: tl.constexpr = 2.0**-23
+GREEDY_T: tl.constexpr = 1e-6
+# An empty candidate slot: below every real key.
+EMPTY_KEY: tl.constexpr = -(2**63)
+
+
+@triton.jit
+def mix32(x):
+    """Bijective 32-bit finaliser on int64 values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = (x * MUL_A) & MASK32
+    x = x ^ (x >> 15)
+    x = (x * MUL_B) & MASK32
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def row_keys(seed, step):
+    """int64 seed, step -> two int64 key words in [0, 2**32)."""
+    s_lo = seed & MASK32
+    s_hi = (seed >> 32) & MASK32
+    t_lo = step & MASK32
+    t_hi = (step >> 32) & MASK32
+    k0 = mix32(s_lo ^ mix32(t_lo ^ STEP_SALT))
+    k1 = mix32(s_hi ^ mix32(t_hi ^ mix32(k0 ^ ROW_SALT)))
+    return k0, k1
+
+
+@triton.jit
+def gumbel(k0, k1, ids):
+    """Gumbel noise (float32) for int64 token ids."""
+    h = mix32(mix32(ids ^ k0) ^ k1)
+    u = ((h >> 9).to(tl.float32) + 0.5) * U_SCALE
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def scale(x, temp):
+    """z = x / T (IEEE round-to-nearest), x unscaled on greedy rows, -0.0 folded to +0.0."""
+    greedy = temp.to(tl.float64) < GREEDY_T
+    t = tl.where(greedy, 1.0, temp)
+    z = tl.math.div_rn(x, t)
+    return tl.where(z == 0.0, 0.0, z)
+
+
+@triton.jit
+def pack_key(z, ids):
+    """float32 z, int64 ids -> int64 keys ordered as design 3.3 (larger key first)."""
+    bits = z.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) | (MASK32 - ids)
+
+
+@triton.jit
+def unpack_z(keys):
+    """int64 keys -> float32 z (EMPTY_KEY decodes to NaN; callers mask it)."""
+    ordered = (keys >> 32).to(tl.int32)
+    bits = ordered ^ ((ordered >> 31) & 0x7FFFFFFF)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def unpack_id(keys):
+    return MASK32 - (keys & MASK32)

@@ -1,0 +1,120 @@
+"""Exact support for the rows the band cannot decide (flat rows, long top-p tails).
+
+Called from the resolve kernel, one program per row. It re-reads the row once per step of a
+bisection over the 64-bit order keys (64 passes, plus 64 more when top-k renormalises top-p),
+so it costs far more than the band path; the caller counts the rows that take it.
+S = {key >= t*} where t* is the smallest key t whose token would be kept:
+  top-k: #{key > t} < k;  top-p: mass{key > t} / Z_k < top_p;  min-p: exp(z(t) - M) >= min_p.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.triton_common import EMPTY_KEY, gumbel, pack_key, scale, unpack_z
+
+
+@triton.jit
+def _row_keys(x_row, temp, vocab, start, BLOCK: tl.constexpr):
+    """Keys, z (NaN-free) and ids of one block of a row."""
+    ids = start + tl.arange(0, BLOCK)
+    inside = ids < vocab
+    x = tl.load(x_row + ids, mask=inside, other=float("-inf")).to(tl.float32)
+    z = scale(x, temp)
+    z = tl.where(z != z, float("-inf"), z)
+    ids64 = ids.to(tl.int64)
+    return pack_key(z, ids64), z, ids64
+
+
+@triton.jit
+def above(x_row, temp, vocab, t_key, z_max, BLOCK: tl.constexpr):
+    """(#tokens, sum exp(z - z_max)) over finite tokens with key > t_key."""
+    count = tl.full([], 0, tl.int64)
+    mass = tl.full([], 0.0, tl.float32)
+    for start in range(0, vocab, BLOCK):
+        keys, z, _ = _row_keys(x_row, temp, vocab, start, BLOCK)
+        sel = (z > float("-inf")) & (keys > t_key)
+        count += tl.sum(sel.to(tl.int64), axis=0)
+        mass += tl.sum(tl.where(sel, tl.exp(z - z_max), 0.0), axis=0)
+    return count, mass
+
+
+@triton.jit
+def _midpoint(lo, hi):
+    # floor((lo + hi) / 2) without int64 overflow
+    return (lo >> 1) + (hi >> 1) + (lo & hi & 1)
+
+
+@triton.jit
+def first_kept_key(x_row, temp, vocab, lo, hi, k, z_norm, top_p, min_p, z_max, BLOCK: tl.constexpr):
+    """Smallest key t in (lo, hi] with keep(t); hi (the top token) when none is.
+
+    k: int64 (a value >= vocab means off); top_p: float32 (>= 1 off); min_p: float32.
+    """
+    for _ in range(64):
+        mid = _midpoint(lo, hi)
+        count, mass = above(x_row, temp, vocab, mid, z_max, BLOCK)
+        z_mid = unpack_z(mid)
+        keep = (count < k) & (z_mid > float("-inf"))
+        keep = keep & ((top_p >= 1.0) | (mass / z_norm < top_p))
+        rel = tl.exp(z_mid.to(tl.float64) - z_max.to(tl.float64))
+        keep = keep & ((min_p <= 0.0) | (rel >= min_p.to(tl.float64)))
+        hi = tl.where(keep, mid, hi)
+        lo = tl.where(keep, lo, mid)
+    return hi
+
+
+@triton.jit
+def fallback_support(
+    x_row, temp, vocab, top_key, k, top_p, min_p, z_max, z_sum, BLOCK: tl.constexpr
+):
+    """Cut key t*, |S| and sum_{S} exp(z - z_max) of one row, by bisection over the keys."""
+    lo = pack_key(tl.full([], float("-inf"), tl.float32), tl.full([], 0, tl.int64)) - 1
+    never = tl.full([], 2.0, tl.float32)
+    z_norm = z_sum
+    if k < vocab:  # top-k renormalises top-p: find the k-th key and the mass above it
+        t_k = first_kept_key(
+            x_row, temp, vocab, lo, top_key, k, z_sum, never, never * 0.0, z_max, BLOCK
+        )
+        _, z_norm = above(x_row, temp, vocab, t_k - 1, z_max, BLOCK)
+    t_cut = first_kept_key(x_row, temp, vocab, lo, top_key, k, z_norm, top_p, min_p, z_max, BLOCK)
+    n, mass = above(x_row, temp, vocab, t_cut - 1, z_max, BLOCK)
+    return t_cut, n, mass
+
+
+@triton.jit
+def fallback_draw(x_row, temp, vocab, t_cut, k0, k1, BLOCK: tl.constexpr):
+    """Gumbel-max over {key >= t_cut}: the winner's key (ties: earlier in design order)."""
+    best = tl.full([], float("-inf"), tl.float32)
+    best_key = tl.full([], EMPTY_KEY, tl.int64)
+    for start in range(0, vocab, BLOCK):
+        keys, z, ids = _row_keys(x_row, temp, vocab, start, BLOCK)
+        sel = (keys >= t_cut) & (z > float("-inf"))
+        score = tl.where(sel, z + gumbel(k0, k1, ids), float("-inf"))
+        b_score = tl.max(score, axis=0)
+        b_key = tl.max(tl.where(sel & (score == b_score), keys, EMPTY_KEY), axis=0)
+        better = (b_score > best) | ((b_score == best) & (b_key > best_key))
+        best = tl.where(better, b_score, best)
+        best_key = tl.where(better, b_key, best_key)
+    return best_key
+
+
+@triton.jit
+def fallback_gather(x_row, temp, vocab, t_cut, scratch_row, BLOCK: tl.constexpr):
+    """Writes the keys >= t_cut (at most the scratch capacity) to scratch_row, unsorted."""
+    written = tl.full([], 0, tl.int32)
+    for start in range(0, vocab, BLOCK):
+        keys, z, _ = _row_keys(x_row, temp, vocab, start, BLOCK)
+        sel = (keys >= t_cut) & (z > float("-inf"))
+        rank = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        tl.store(scratch_row + written + rank, keys, mask=sel)
+        written += tl.sum(sel.to(tl.int32), axis=0)
+    return written
+
+
+@triton.jit
+def position_of(x_row, temp, vocab, key, z_max, BLOCK: tl.constexpr):
+    """Index of `key` in design order (number of finite keys above it)."""
+    count, _ = above(x_row, temp, vocab, key, z_max, BLOCK)
+    return count

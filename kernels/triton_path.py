@@ -1,0 +1,194 @@
+"""The CUDA sampler: three Triton launches, no host synchronisation, no full vocabulary sort.
+
+  band_kernel     (B, n_chunks)  the one full read of the logits: chunk stats + candidates
+  resolve_kernel  (B,)           sort candidates, decide S (or bisect: fallback), draw, slots
+  emit_kernel     (R,)           pack the slots as CSR
+
+The only host-side inputs are shapes and want_mask (a CPU tensor: it sizes the outputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from kernels.inputs import SampleInputs
+from kernels.result import SampleResult
+from kernels.triton_band import band_kernel
+from kernels.triton_emit import emit_kernel
+from kernels.triton_resolve import resolve_kernel
+
+CHUNK_MAX = 4096  # logits per band program: 16 KiB of fp32, held in registers
+CAND_TARGET = 4096  # candidate keys per row that resolve_kernel sorts (at most)
+KC_MIN = 16
+DELTA = 12.0  # band depth below each chunk max, in nats (exp(-12) = 6e-6)
+NBISECT = 10
+FB_BLOCK = 2048
+# Largest mask a row may emit on CUDA: the fallback sorts up to this many keys in registers.
+MAX_CAP = 16384
+
+
+@dataclass(frozen=True)
+class BandConfig:
+    chunk: int
+    kc: int
+    n_chunks: int
+
+    @property
+    def ncand(self) -> int:
+        return self.n_chunks * self.kc
+
+
+def band_config(vocab: int, chunk: int | None = None, kc: int | None = None) -> BandConfig:
+    """Chunk size and candidates per chunk for a vocabulary (tests shrink them)."""
+    chunk = chunk or min(CHUNK_MAX, triton.next_power_of_2(vocab))
+    n_chunks = triton.cdiv(vocab, chunk)
+    if kc is None:
+        per_chunk = max(KC_MIN, CAND_TARGET // n_chunks)
+        kc = min(chunk, 1 << (per_chunk.bit_length() - 1))  # a power of two for tl.arange
+    return BandConfig(chunk=chunk, kc=kc, n_chunks=n_chunks)
+
+
+def mask_index(want_mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[B + R] int64 on device: each row's mask index (-1: none), then the R requesting rows.
+
+    Built on the host from want_mask and copied without waiting for the device.
+    """
+    batch = want_mask.shape[0]
+    rows = want_mask.nonzero().squeeze(1)
+    index = torch.full((batch + rows.numel(),), -1, dtype=torch.int64)
+    index[rows] = torch.arange(rows.numel())
+    index[batch:] = rows
+    return index.to(device, non_blocking=True)
+
+
+def sample_triton(
+    inp: SampleInputs,
+    config: BandConfig | None = None,
+    index: torch.Tensor | None = None,
+    band_sizes: torch.Tensor | None = None,
+) -> SampleResult:
+    """kernels.sample on the Triton path (CUDA tensors, or CPU under TRITON_INTERPRET=1).
+
+    index: a precomputed mask_index (lets a caller capture the launches in a CUDA graph).
+    band_sizes: optional [B] int64 out, candidates listed above the band floor (benchmark).
+    """
+    x = inp.logits
+    batch, vocab = x.shape
+    dev = x.device
+    cfg = config or band_config(vocab)
+    cap = min(inp.max_mask_tokens, vocab)
+    if cap > MAX_CAP:
+        raise ValueError(
+            f"max_mask_tokens {inp.max_mask_tokens} exceeds {MAX_CAP}, the largest mask the "
+            "CUDA sampler emits; lower max_mask_tokens"
+        )
+    if index is None:
+        index = mask_index(inp.want_mask, dev)
+    n_rows = index.shape[0] - batch
+    midx, mask_rows = index[:batch], index[batch:]
+    if band_sizes is None:
+        band_sizes = torch.empty(batch, dtype=torch.int64, device=dev)
+
+    cand = torch.empty(batch, cfg.ncand, dtype=torch.int64, device=dev)
+    m_c, s_c, d_c = (torch.empty(batch, cfg.n_chunks, device=dev) for _ in range(3))
+    flags = torch.empty(batch, cfg.n_chunks, dtype=torch.int32, device=dev)
+    band_kernel[(batch, cfg.n_chunks)](
+        x,
+        inp.temperature,
+        cand,
+        m_c,
+        s_c,
+        d_c,
+        flags,
+        x.stride(0),
+        vocab,
+        cfg.n_chunks,
+        CHUNK=cfg.chunk,
+        KC=cfg.kc,
+        DELTA=DELTA,
+        NBISECT=NBISECT,
+        num_warps=8 if cfg.chunk >= 2048 else 4,
+    )
+
+    tokens = torch.empty(batch, dtype=torch.int64, device=dev)
+    logprobs = torch.empty(batch, dtype=torch.float32, device=dev)
+    sizes = torch.empty(batch, dtype=torch.int64, device=dev)
+    nan_rows = torch.empty(batch, dtype=torch.int8, device=dev)
+    fallback = torch.empty(batch, dtype=torch.int8, device=dev)
+    counts = torch.empty(max(n_rows, 1), dtype=torch.int64, device=dev)
+    status = torch.empty(n_rows, dtype=torch.int8, device=dev)
+    slots = torch.empty(max(n_rows, 1) * cap, dtype=torch.int32, device=dev)
+    cap_block = triton.next_power_of_2(cap)
+    scratch = torch.empty(batch, cap_block, dtype=torch.int64, device=dev)
+    if inp.seed is None:
+        seed = torch.randint(-(2**63), 2**63 - 1, (batch,), dtype=torch.int64, device=dev)
+    else:
+        seed = inp.seed
+    step = inp.step if inp.step is not None else seed
+    cand_block = triton.next_power_of_2(cfg.ncand)
+    resolve_kernel[(batch,)](
+        cand,
+        m_c,
+        s_c,
+        d_c,
+        flags,
+        x,
+        x.stride(0),
+        inp.temperature,
+        inp.top_k,
+        inp.top_p,
+        inp.min_p,
+        inp.bounded,
+        seed,
+        step,
+        midx,
+        tokens,
+        logprobs,
+        sizes,
+        nan_rows,
+        fallback,
+        band_sizes,
+        counts,
+        status,
+        slots,
+        scratch,
+        vocab,
+        cfg.n_chunks,
+        inp.max_mask_tokens,
+        cap,
+        NCAND=cfg.ncand,
+        CAND_BLOCK=cand_block,
+        NCH_BLOCK=triton.next_power_of_2(cfg.n_chunks),
+        CAP_BLOCK=cap_block,
+        FB_BLOCK=FB_BLOCK,
+        HAS_STEP=inp.step is not None,
+        num_warps=8 if cand_block >= 2048 else 4,
+    )
+
+    offsets = torch.zeros(n_rows + 1, dtype=torch.int64, device=dev)
+    mask_ids = torch.empty(n_rows * cap, dtype=torch.int32, device=dev)
+    if n_rows > 0:
+        emit_kernel[(n_rows,)](
+            slots,
+            counts,
+            offsets,
+            mask_ids,
+            cap,
+            R_BLOCK=triton.next_power_of_2(n_rows),
+            COPY_BLOCK=1024,
+            num_warps=4,
+        )
+    return SampleResult(
+        tokens=tokens,
+        logprobs=logprobs,
+        mask_rows=mask_rows,
+        mask_offsets=offsets,
+        mask_ids=mask_ids,
+        mask_status=status,
+        nan_rows=nan_rows.view(torch.bool),
+        fallback_rows=fallback.view(torch.bool),
+        support_sizes=sizes,
+    )

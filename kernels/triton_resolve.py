@@ -1,0 +1,221 @@
+"""Pass 2: per row, decide the support from the band candidates, draw, emit the mask slots.
+
+Grid (B,). The candidates of the row are sorted in-kernel as packed (z, id) keys, so the
+emitted mask is already in design order. The rules are those of kernels/resolve.py; rows the
+candidates cannot decide run the bisection fallback (triton_fallback.py) in the same program.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.triton_common import EMPTY_KEY, GREEDY_T, gumbel, row_keys, unpack_id, unpack_z
+from kernels.triton_fallback import (
+    fallback_draw,
+    fallback_gather,
+    fallback_support,
+    first_kept_key,
+    position_of,
+)
+
+
+@triton.jit
+def _store_mask(slot_row, cnt_ptr, status_ptr, midx, ids, pos, n, j, token, max_mask, cap, bounded):
+    """Writes the first ids of a sorted block as the row's mask slot (design 3.9, 3.10)."""
+    over = n > max_mask
+    count = tl.where(over, tl.where(bounded, cap, 0), n)
+    status = tl.where(over, tl.where(bounded, 2, 1), 0)
+    swap = over & bounded & (j >= cap) & (pos == cap - 1)
+    out = tl.where(swap, token, ids)
+    tl.store(slot_row + pos, out.to(tl.int32), mask=pos < count)
+    tl.store(cnt_ptr + midx, count.to(tl.int64))
+    tl.store(status_ptr + midx, status.to(tl.int8))
+
+
+@triton.jit
+def resolve_kernel(
+    cand_ptr,
+    m_ptr,
+    s_ptr,
+    d_ptr,
+    flag_ptr,  # pass-1 outputs
+    x_ptr,
+    stride_x,
+    temp_ptr,
+    topk_ptr,
+    topp_ptr,
+    minp_ptr,
+    bounded_ptr,
+    seed_ptr,
+    step_ptr,
+    midx_ptr,  # [B] int32 mask index of the row, -1 when it asked for no mask
+    tok_ptr,
+    lp_ptr,
+    size_ptr,
+    nan_ptr,
+    fb_ptr,
+    band_ptr,  # [B] outputs
+    cnt_ptr,
+    status_ptr,
+    slot_ptr,  # [R] int64, [R] int8, [R, cap] int32
+    scratch_ptr,  # [B, CAP_BLOCK] int64, fallback gather space
+    vocab,
+    n_chunks,
+    max_mask,
+    cap,
+    NCAND: tl.constexpr,
+    CAND_BLOCK: tl.constexpr,
+    NCH_BLOCK: tl.constexpr,
+    CAP_BLOCK: tl.constexpr,
+    FB_BLOCK: tl.constexpr,
+    HAS_STEP: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    ch = tl.arange(0, NCH_BLOCK)
+    in_ch = ch < n_chunks
+    stat = row * n_chunks + ch
+    m_c = tl.load(m_ptr + stat, mask=in_ch, other=float("-inf"))
+    s_c = tl.load(s_ptr + stat, mask=in_ch, other=0.0)
+    d_c = tl.load(d_ptr + stat, mask=in_ch, other=float("-inf"))
+    f_c = tl.load(flag_ptr + stat, mask=in_ch, other=0)
+    z_max = tl.max(m_c, axis=0)
+    temp = tl.load(temp_ptr + row)
+    greedy = temp.to(tl.float64) < GREEDY_T
+    bad = (tl.max(f_c & 1, axis=0) > 0) | (z_max == float("-inf"))
+    bad = bad | (~greedy & (tl.max(f_c & 2, axis=0) > 0))
+    z_sum = tl.sum(tl.where(m_c > float("-inf"), s_c * tl.exp(m_c - z_max), 0.0), axis=0)
+    d_max = tl.max(d_c, axis=0)
+    complete = d_max == float("-inf")
+
+    pos = tl.arange(0, CAND_BLOCK)
+    keys = tl.load(cand_ptr + row * NCAND + pos, mask=pos < NCAND, other=EMPTY_KEY)
+    keys = tl.sort(keys, 0, descending=True)  # design order: z desc, then id asc
+    ids = unpack_id(keys)
+    z = tl.where(keys == EMPTY_KEY, float("-inf"), unpack_z(keys))
+    listed = z > d_max  # every token with z > d_max is a candidate: an exact prefix
+    n_listed = tl.sum(listed.to(tl.int64), axis=0)
+    big = CAND_BLOCK + 1
+
+    k = tl.load(topk_ptr + row).to(tl.int64)
+    k_on = (k > 0) & (k < vocab)
+    top_p = tl.load(topp_ptr + row)
+    p_on = top_p < 1.0
+    min_p = tl.load(minp_ptr + row)
+    m_on = min_p > 0.0
+
+    k_known = ~k_on | complete | (k <= n_listed)
+    cut_k = tl.where(k_on, tl.minimum(k, n_listed), n_listed)
+    cut_k = tl.where(k_known, cut_k, big)
+    cut_k = tl.where(~k_on & ~complete, big, cut_k)
+    mass = tl.where(listed, tl.exp(z - z_max), 0.0)
+    z_k = tl.sum(tl.where(pos < tl.minimum(cut_k, n_listed), mass, 0.0), axis=0)
+    z_norm = tl.where(k_on, z_k, z_sum)
+    before = tl.cumsum(mass, axis=0) - mass
+    cut_p = tl.sum((listed & (before / z_norm < top_p)).to(tl.int64), axis=0)
+    next_kept = tl.sum(mass, axis=0) / z_norm < top_p
+    cut_p = tl.where(complete | (cut_p < n_listed) | ~next_kept, cut_p, big)
+    p_blind = p_on & k_on & ~k_known
+    min_p64 = min_p.to(tl.float64)
+    rel = tl.exp(z.to(tl.float64) - z_max.to(tl.float64))
+    cut_m = tl.sum((listed & (rel >= min_p64)).to(tl.int64), axis=0)
+    beyond = tl.exp(d_max.to(tl.float64) - z_max.to(tl.float64)) >= min_p64
+    cut_m = tl.where(complete | (cut_m < n_listed) | ~beyond, cut_m, big)
+    n = tl.minimum(cut_k, tl.where(p_on, cut_p, big))
+    n = tl.minimum(n, tl.where(m_on, cut_m, big))
+    n = tl.where(complete, tl.minimum(n, n_listed), n)
+    need_more = ((n > n_listed) | p_blind) & ~greedy & ~bad
+    n = tl.where(greedy, 1, tl.maximum(n, 1))
+
+    seed = tl.load(seed_ptr + row)
+    step = tl.full([], 0, tl.int64)
+    if HAS_STEP:
+        step = tl.load(step_ptr + row)
+    k0, k1 = row_keys(seed, step)
+    midx = tl.load(midx_ptr + row)
+    bounded = tl.load(bounded_ptr + row) != 0
+    slot_row = slot_ptr + midx.to(tl.int64) * cap
+    x_row = x_ptr + row * stride_x
+    if need_more:
+        k_eff = tl.where(k_on, k, vocab + 1)
+        t_cut, n, mass_s = fallback_support(
+            x_row, temp, vocab, tl.max(keys, axis=0), k_eff, top_p, min_p, z_max, z_sum, FB_BLOCK
+        )
+        y_key = fallback_draw(x_row, temp, vocab, t_cut, k0, k1, FB_BLOCK)
+        token = unpack_id(y_key)
+        logprob = unpack_z(y_key) - (z_max + tl.log(mass_s))
+        if midx >= 0:
+            j = position_of(x_row, temp, vocab, y_key, z_max, FB_BLOCK)
+            over = n > max_mask
+            if (~over) | bounded:
+                t_emit = t_cut
+                if over:  # the first cap tokens: the cap-th key is the cut
+                    off = tl.full([], 2.0, tl.float32)  # top-p and min-p off for this search
+                    t_emit = first_kept_key(
+                        x_row,
+                        temp,
+                        vocab,
+                        t_cut - 1,
+                        tl.max(keys, axis=0),
+                        cap.to(tl.int64),
+                        z_sum,
+                        off,
+                        off * 0.0,
+                        z_max,
+                        FB_BLOCK,
+                    )
+                scratch_row = scratch_ptr + row * CAP_BLOCK
+                got = fallback_gather(x_row, temp, vocab, t_emit, scratch_row, FB_BLOCK)
+                tl.debug_barrier()  # the gather's scattered stores before the block load
+                e_pos = tl.arange(0, CAP_BLOCK)
+                e_keys = tl.load(scratch_row + e_pos, mask=e_pos < got, other=EMPTY_KEY)
+                e_keys = tl.sort(e_keys, 0, descending=True)
+                _store_mask(
+                    slot_row,
+                    cnt_ptr,
+                    status_ptr,
+                    midx,
+                    unpack_id(e_keys),
+                    e_pos,
+                    n,
+                    j,
+                    token,
+                    max_mask,
+                    cap,
+                    bounded,
+                )
+            else:
+                tl.store(cnt_ptr + midx, tl.full([], 0, tl.int64))
+                tl.store(status_ptr + midx, tl.full([], 1, tl.int8))
+    else:
+        in_s = pos < n
+        score = tl.where(in_s, z + gumbel(k0, k1, ids), float("-inf"))
+        j = tl.where(greedy, 0, tl.argmax(score, axis=0).to(tl.int64))
+        token = tl.sum(tl.where(pos == j, ids, 0), axis=0)
+        z_y = tl.sum(tl.where(pos == j, z, 0.0), axis=0)
+        lse = z_max + tl.log(tl.sum(tl.where(in_s, mass, 0.0), axis=0))
+        logprob = tl.where(greedy, 0.0, z_y - lse)
+        if midx >= 0:
+            n_emit = tl.where(bad, 0, n)
+            _store_mask(
+                slot_row,
+                cnt_ptr,
+                status_ptr,
+                midx,
+                ids,
+                pos,
+                n_emit,
+                j,
+                token,
+                max_mask,
+                cap,
+                bounded,
+            )
+    token = tl.where(bad, 0, token)
+    logprob = tl.where(bad, float("nan"), logprob)
+    tl.store(tok_ptr + row, token)
+    tl.store(lp_ptr + row, logprob)
+    tl.store(size_ptr + row, tl.where(bad, 0, n))
+    tl.store(nan_ptr + row, bad.to(tl.int8))
+    tl.store(fb_ptr + row, need_more.to(tl.int8))
+    tl.store(band_ptr + row, n_listed)
