@@ -5,7 +5,9 @@ process (tests) never collide. Label values are bounded: route names, pool names
 URLs from configuration or discovery, error codes and kinds; never user data.
 
 Gauges that mirror live state (in-flight, queue depth, health, circuit state) are read at
-scrape time through `set_function`, so the request path pays nothing for them.
+scrape time through `set_function`, so the request path pays nothing for them. Histograms and
+the request counter are the lock-free types of loop_metrics.py; rare events use
+prometheus_client's own Counter.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from gateway.loop_metrics import CounterChild, HistogramChild, LoopCounter, LoopHistogram
 
 # Seconds. Gateway-added time is sub-millisecond; LLM requests run for seconds to minutes.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -29,17 +33,18 @@ class GatewayMetrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
 
         # --- requests (front door) ---
-        self.requests = Counter(
+        # The per-request metrics are lock-free Loop* types (see loop_metrics.py).
+        self.requests = LoopCounter(
             "maskgate_requests", "Answered requests.", ["route", "pool", "status"], registry=r
         )
-        self.request_duration = Histogram(
+        self.request_duration = LoopHistogram(
             "maskgate_request_duration_seconds",
             "Request arrival to the end of the answer.",
             ["route", "pool"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.overhead = Histogram(
+        self.overhead = LoopHistogram(
             "maskgate_overhead_seconds",
             "Time spent in the gateway, not waiting on an upstream or the admission queue.",
             ["route", "pool"],
@@ -67,7 +72,7 @@ class GatewayMetrics:
         self.queue_capacity = Gauge(
             "maskgate_queue_capacity", "Longest admission queue allowed.", ["pool"], registry=r
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = LoopHistogram(
             "maskgate_queue_wait_seconds",
             "Time queued before a permit (0 for requests admitted at once).",
             ["pool"],
@@ -102,7 +107,7 @@ class GatewayMetrics:
         )
 
         # --- streams ---
-        self.stream_ttfb = Histogram(
+        self.stream_ttfb = LoopHistogram(
             "maskgate_stream_ttfb_seconds",
             "Request arrival to the first streamed chunk sent to the client.",
             ["route", "pool"],
@@ -117,7 +122,7 @@ class GatewayMetrics:
         )
 
         # --- mask responses ---
-        self.mask_support = Histogram(
+        self.mask_support = LoopHistogram(
             "maskgate_mask_support_size",
             "Ids per generated token in returned sampling masks.",
             ["pool"],
@@ -134,8 +139,8 @@ class GatewayMetrics:
 
         # The request path looks labelled children up here: a dict hit instead of
         # prometheus_client's lock-protected label resolution.
-        self._request_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
-        self._status_children: dict[tuple[str, str, int], Counter] = {}
+        self._request_children: dict[tuple[str, str], tuple[HistogramChild, HistogramChild]] = {}
+        self._status_children: dict[tuple[str, str, int], CounterChild] = {}
 
     def observe_request(
         self, route: str, pool: str, status: int, duration: float, overhead: float

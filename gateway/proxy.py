@@ -9,7 +9,6 @@ mask pool.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
 from typing import Any
@@ -76,7 +75,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     rid = request.headers.get("X-Request-Id")
     if not rid or len(rid) > _MAX_RID or not rid.isprintable():
-        rid = os.urandom(16).hex()  # 32 hex digits, like uuid4().hex, at a fifth of the cost
+        rid = state.new_request_id()
     ctx = _Ctx(rid)
     route_label, route = ROUTES.get((request.method, request.path), _OTHER)
     try:

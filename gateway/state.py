@@ -6,6 +6,8 @@ process, as they do in tests.
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -33,6 +35,13 @@ class GatewayState:
     started: bool = False  # the first round of health checks has answered
     api_keys: frozenset[str] = field(default_factory=frozenset)
     mask_allow_keys: frozenset[str] | None = None
+    # Request ids: 16 random hex digits per app, then a counter (32 hex digits in all, like a
+    # uuid4's hex), so the request path makes no system call for randomness.
+    _rid_prefix: str = field(default_factory=lambda: os.urandom(8).hex())
+    _rid_counter: itertools.count[int] = field(default_factory=itertools.count)
+
+    def new_request_id(self) -> str:
+        return f"{self._rid_prefix}{next(self._rid_counter):016x}"
 
     @property
     def ready(self) -> bool:
