@@ -6,7 +6,8 @@ projections ~ N(0, 1/fan_in) (so attention mixes context and the residual stream
 and lm_head ~ N(0, logit_std^2 / hidden), which after the final RMSNorm gives logits with a
 standard deviation of about `logit_std`. That sets how peaked the next-token distribution is:
 with logit_std=3 over 512 tokens a top-p 0.9 mask holds about 35 ids on average; with
-logit_std=5 over 151936 tokens, about 100.
+logit_std=5 over 151936 tokens, about 100. With tied embeddings the embedding takes the
+lm_head's scale (the RMSNorm in front of every layer makes its scale harmless there).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ def random_hf_weights(
 
     h, d = cfg.hidden_size, cfg.head_dim
     q_size, kv_size = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    out = {"model.embed_tokens.weight": normal((cfg.vocab_size, h), 1.0)}
+    # A tied embedding is also the lm_head, so it takes the head's scale.
+    embed_std = logit_std / math.sqrt(h) if cfg.tie_word_embeddings else 1.0
+    out = {"model.embed_tokens.weight": normal((cfg.vocab_size, h), embed_std)}
     for i in range(cfg.num_hidden_layers):
         a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
         out[a + "q_proj.weight"] = normal((q_size, h), 1 / math.sqrt(h))

@@ -1,0 +1,341 @@
+"""Worker decode throughput: ModelRunner with and without masks vs transformers' generate.
+
+Random weights shaped like Qwen2.5-1.5B (vocab 151936) and Llama-3.2-1B, bfloat16. For each
+batch size, B prompts of --prompt-len random tokens are prefilled, then every setting decodes
+--steps timed tokens per row (after --warmup untimed ones) from the same starting position:
+
+  masks_off        top_k=50, top_p=0.9, no masks      (the baseline the mask cost is against)
+  topk_topp_masks  top_k=50, top_p=0.9, masks
+  top_p_off        top_p=0.9 only, no masks
+  top_p_masks      top_p=0.9 only, masks              (the case SGLang reverted)
+
+Throughput is rows x steps / wall time of ModelRunner.run (forward, kernels.sample, and the
+host copy of tokens, log-probs and masks). transformers' `generate` runs the same weights
+with a logits processor that builds the same masks the way the reference does (a full sort
+of every row, then host copies), at the same batch; its decode rate is taken from the
+difference of two runs (--steps + --warmup and --warmup new tokens), so prefill cancels.
+The lm_head is scaled so a top-p 0.9 mask holds ~100 of 151936 ids (see random_weights.py).
+
+    python bench/bench_worker.py                          # both models, batch 1/16/64/128
+    python bench/bench_worker.py --models qwen2.5-1.5b --batches 64 --no-hf
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: import from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from worker.batch import RowWork, SamplingParams
+from worker.model import ModelConfig, load
+from worker.model.loader import build
+from worker.model.random_weights import random_hf_weights
+from worker.runner import ModelRunner
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-1.5b": {
+        "model_type": "qwen2",
+        "vocab_size": 151936,
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+    },
+    "llama-3.2-1b": {
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+    },
+}
+# Not a real shape: for `--device cpu --models smoke`, a check that the script runs.
+SHAPES["smoke"] = {**SHAPES["qwen2.5-1.5b"], "vocab_size": 4096, "hidden_size": 64}
+SHAPES["smoke"].update(intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+SETTINGS: dict[str, tuple[int, float, bool]] = {  # name -> (top_k, top_p, want_mask)
+    "masks_off": (50, 0.9, False),
+    "topk_topp_masks": (50, 0.9, True),
+    "top_p_off": (-1, 0.9, False),
+    "top_p_masks": (-1, 0.9, True),
+}
+HF_SETTINGS = ("topk_topp_masks", "top_p_masks")
+MASK_PAIRS = (("masks_off", "topk_topp_masks"), ("top_p_off", "top_p_masks"))
+LOGIT_STD = 5.0
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_model(name: str, device: str) -> tuple[Any, dict[str, torch.Tensor]]:
+    raw = SHAPES[name]
+    weights = random_hf_weights(
+        ModelConfig.from_hf(raw), seed=0, logit_std=LOGIT_STD, device=device, dtype=torch.bfloat16
+    )
+    tokenizer = load("tiny-random").tokenizer  # unused by decoding; the runner needs ids only
+    eos = frozenset({0})  # unused: the benchmark never stops early
+    loaded = build(name, raw, weights, tokenizer, eos, torch.device(device), torch.bfloat16)
+    return loaded, weights
+
+
+def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespace) -> dict:
+    """Prefill `batch` rows, then time args.steps decode steps of every row."""
+    top_k, top_p, want = SETTINGS[setting]
+    params = SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p)
+    gen = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(10, 1000, (batch, args.prompt_len), generator=gen).tolist()
+    rows = [RowWork(i, p, 0, sample=True, params=params) for i, p in enumerate(prompts)]
+    results, _ = runner.run(rows)
+    tokens = [r.token for r in results if r is not None]
+    mask_s = 0.0
+    mask_ids = overflows = 0
+    t0 = 0.0
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            sync(args.device)
+            t0, mask_s, mask_ids, overflows = time.perf_counter(), 0.0, 0, 0
+        pos = args.prompt_len + step
+        rows = [
+            RowWork(i, [tokens[i]], pos, sample=True, params=params, want_mask=want, step=step)
+            for i in range(batch)
+        ]
+        results, stats = runner.run(rows)
+        tokens = [r.token for r in results if r is not None]
+        mask_s += stats.mask_seconds
+        mask_ids += sum(len(r.mask) for r in results if r is not None and r.mask)
+        overflows += sum(r.mask_status == 1 for r in results if r is not None)
+    wall = time.perf_counter() - t0
+    return {
+        "tokens_per_s": batch * args.steps / wall,
+        "step_ms": 1000 * wall / args.steps,
+        "sampler_share": mask_s / wall,
+        "mean_mask_len": mask_ids / (batch * args.steps) if want else 0.0,
+        "overflows": overflows,
+    }
+
+
+def hf_decode(hf: Any, batch: int, setting: str, args: argparse.Namespace) -> dict:
+    """transformers generate with a sort-based mask processor; decode tokens/s."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    top_k, top_p, _ = SETTINGS[setting]
+
+    class SortMasks(LogitsProcessor):
+        """The reference way: sort each full row, keep the top-k / top-p prefix, copy ids out."""
+
+        def __init__(self) -> None:
+            self.num_ids = 0
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            z, idx = scores.float().sort(dim=-1, descending=True)
+            if top_k > 0:
+                z[:, top_k:] = float("-inf")
+            p = z.softmax(dim=-1)
+            keep = (p.cumsum(dim=-1) - p) < top_p
+            counts = keep.sum(dim=-1).tolist()
+            ids = idx[keep].tolist()
+            self.num_ids += len(ids)
+            assert sum(counts) == len(ids)
+            return scores
+
+    gen = torch.Generator().manual_seed(batch)
+    ids = torch.randint(10, 1000, (batch, args.prompt_len), generator=gen).to(args.device)
+    times = []
+    # The first run only warms up (kernel selection, allocator); then the two timed runs.
+    for new in (2, args.warmup, args.warmup + args.steps):
+        proc = SortMasks()
+        sync(args.device)
+        t0 = time.perf_counter()
+        hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=1.0,
+            top_k=top_k if top_k > 0 else 0,
+            top_p=top_p,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            logits_processor=LogitsProcessorList([proc]),
+            pad_token_id=0,
+            eos_token_id=None,
+        )
+        sync(args.device)
+        times.append(time.perf_counter() - t0)
+    wall = times[2] - times[1]
+    return {"tokens_per_s": batch * args.steps / wall, "step_ms": 1000 * wall / args.steps}
+
+
+def guarded(fn: Any, *args: Any) -> dict:
+    """One measurement; a failure is recorded in the results instead of ending the run."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        traceback.print_exc()
+        return {"tokens_per_s": None, "error": f"{type(e).__name__}: {e}"[:500]}
+
+
+def bench_model(name: str, args: argparse.Namespace, out: list[dict]) -> None:
+    t0 = time.perf_counter()
+    loaded, weights = make_model(name, args.device)
+    max_len = args.prompt_len + args.warmup + args.steps + 1
+    runner = ModelRunner(loaded, max_num_slots=max(args.batches), max_model_len=max_len)
+    print(f"[{name}] built in {time.perf_counter() - t0:.1f} s", flush=True)
+    for batch in args.batches:
+        for setting in SETTINGS:
+            row = {"model": name, "impl": "maskgate", "batch": batch, "setting": setting}
+            out.append({**row, **guarded(decode, runner, batch, setting, args)})
+            print(json.dumps(out[-1]), flush=True)
+    if args.eager:
+        # The effect of decode CUDA graphs: the same runner code with graphs off.
+        del runner
+        eager = ModelRunner(
+            loaded, max_num_slots=max(args.batches), max_model_len=max_len, cuda_graphs=False
+        )
+        for batch in args.batches:
+            row = {"model": name, "impl": "maskgate-eager", "batch": batch, "setting": "masks_off"}
+            out.append({**row, **guarded(decode, eager, batch, "masks_off", args)})
+            print(json.dumps(out[-1]), flush=True)
+        del eager
+    if args.hf:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        hf_config = AutoConfig.for_model(**SHAPES[name])
+        with torch.device(args.device):
+            hf = AutoModelForCausalLM.from_config(
+                hf_config, dtype=torch.bfloat16, attn_implementation="sdpa"
+            ).eval()
+        hf.load_state_dict(weights, strict=False)
+        hf.tie_weights()
+        for batch in args.batches:
+            for setting in HF_SETTINGS:
+                row = {"model": name, "impl": "transformers", "batch": batch, "setting": setting}
+                out.append({**row, **guarded(hf_decode, hf, batch, setting, args)})
+                print(json.dumps(out[-1]), flush=True)
+        del hf
+    del loaded, weights
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def summarize(rows: list[dict]) -> list[str]:
+    get = {(r["model"], r["impl"], r["batch"], r["setting"]): r["tokens_per_s"] for r in rows}
+    lines = [
+        "| model | batch | masks off | top-k+top-p masks | top-p off | top-p masks "
+        "| mask cost (top-k+top-p / top-p) | vs transformers (top-k+top-p / top-p) "
+        "| graphs speed-up |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for batch in sorted({r["batch"] for r in rows if r["model"] == model}):
+            ours = {s: get.get((model, "maskgate", batch, s)) for s in SETTINGS}
+            hf = {s: get.get((model, "transformers", batch, s)) for s in HF_SETTINGS}
+            eager = get.get((model, "maskgate-eager", batch, "masks_off"))
+
+            def ratio(a: float | None, b: float | None, fmt: str, cost: bool = False) -> str:
+                # cost: the share of throughput lost going from a to b.
+                if not a or not b:
+                    return "-"
+                return fmt.format(1 - b / a if cost else a / b)
+
+            cost = " / ".join(
+                ratio(ours[off], ours[m], "{:.1%}", cost=True) for off, m in MASK_PAIRS
+            )
+            speed = " / ".join(ratio(ours[s], hf[s], "{:.1f}x") for s in HF_SETTINGS)
+            cells = [f"{ours[s]:.0f}" if ours[s] else "-" for s in SETTINGS]
+            graphs = ratio(ours["masks_off"], eager, "{:.2f}x")
+            lines.append(
+                f"| {model} | {batch} | {' | '.join(cells)} | {cost} | {speed} | {graphs} |"
+            )
+    return lines
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        series = [("maskgate", s) for s in SETTINGS] + [("maskgate-eager", "masks_off")]
+        series += [("transformers", s) for s in HF_SETTINGS]
+        for impl, setting in series:
+            pts = sorted(
+                (r["batch"], r["tokens_per_s"])
+                for r in rows
+                if (r["model"], r["impl"], r["setting"]) == (model, impl, setting)
+            )
+            if pts:
+                style = "--" if impl != "maskgate" else "-"
+                ax.plot(*zip(*pts, strict=True), style, marker="o", label=f"{impl} {setting}")
+        ax.set(title=f"{model} decode", xlabel="batch", ylabel="tokens/s")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="qwen2.5-1.5b,llama-3.2-1b")
+    ap.add_argument("--batches", default="1,16,64,128")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--no-hf", dest="hf", action="store_false")
+    ap.add_argument("--no-eager", dest="eager", action="store_false")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script only")
+    args = ap.parse_args()
+    args.batches = [int(b) for b in args.batches.split(",")]
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_worker needs a CUDA GPU (or --device cpu for a smoke run)")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    meta = {"gpu": gpu, "torch": torch.__version__, "args": vars(args)}
+    for name in args.models.split(","):
+        bench_model(name, args, rows)
+        # Written after each model, so a run cut short still leaves its results.
+        (out_dir / "worker_decode.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    table = summarize(rows)
+    (out_dir / "worker_decode.md").write_text("\n".join(table) + "\n")
+    plot(rows, out_dir / "worker_decode.png")
+    print("\n".join(table))
+
+
+if __name__ == "__main__":
+    main()
