@@ -44,14 +44,22 @@ class CircuitBreaker:
             return self._clock() - self._opened_at >= self.open_s
         return not self._probe_out
 
-    def acquire(self) -> None:
-        """Called when a request is sent to the endpoint; takes the half-open probe slot."""
+    def acquire(self) -> bool:
+        """Called when a request is sent to the endpoint. True when that request took the
+        half-open probe slot; it must then end in a record_* call or `release_probe`."""
         if self.state is CircuitState.CLOSED:
-            return
+            return False
         if self.state is CircuitState.OPEN and self._clock() - self._opened_at >= self.open_s:
             self.state = CircuitState.HALF_OPEN
         if self.state is CircuitState.HALF_OPEN:
             self._probe_out = True
+            return True
+        return False
+
+    def release_probe(self) -> None:
+        """The probe ended without a verdict (the client left): let the next one through."""
+        if self.state is CircuitState.HALF_OPEN:
+            self._probe_out = False
 
     def record_success(self) -> None:
         self._failures = 0

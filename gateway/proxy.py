@@ -235,13 +235,13 @@ async def _forward(
             break
         if attempt:
             state.metrics.retries.labels(pool.name).inc()
-            await asyncio.sleep(
-                _backoff(attempt, cfg.retries.backoff_base_s, cfg.retries.backoff_max_s)
-            )
+            delay = _backoff(attempt, cfg.retries.backoff_base_s, cfg.retries.backoff_max_s)
+            ctx.waited += delay
+            await asyncio.sleep(delay)
         tried.append(ep)
         ctx.attempts += 1
         ctx.upstream = ep.url
-        ep.circuit.acquire()
+        probe = ep.circuit.acquire()
         ep.outstanding += 1
         t_sent = time.perf_counter()
         try:
@@ -264,7 +264,7 @@ async def _forward(
         ctx.waited += time.perf_counter() - t_sent
         status = upstream.status
         retry_left = attempt + 1 < cfg.retries.max_attempts
-        if status in _RETRY_STATUSES and retry_left and pool.pick([*tried]) is not None:
+        if status in _RETRY_STATUSES and retry_left and pool.pick(tried) is not None:
             _record_status(state, pool, ep, status)
             upstream.release()
             ep.outstanding -= 1
@@ -273,6 +273,8 @@ async def _forward(
             return await _relay(request, state, ctx, pool, ep, upstream, route_label, mask, started)
         finally:
             ep.outstanding -= 1
+            if probe:
+                ep.circuit.release_probe()  # the client left before the probe was judged
     if failure is not None:
         raise failure
     raise _unavailable(pool)
@@ -297,6 +299,7 @@ def _connect_failure(
     if isinstance(e, aiohttp.ServerDisconnectedError):
         # Usually a keep-alive connection the server had just closed: retry, no ejection.
         errors.labels(pool.name, ep.url, "disconnect").inc()
+        ep.circuit.record_neutral()
         return ServerError("upstream_unreachable", "the upstream closed the connection")
     if isinstance(e, TimeoutError):
         errors.labels(pool.name, ep.url, "timeout").inc()

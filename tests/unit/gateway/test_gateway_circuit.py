@@ -56,3 +56,14 @@ def test_backpressure_is_neutral():
     cb.acquire()
     cb.record_neutral()  # a 503 probe frees the slot without deciding anything
     assert cb.state is CircuitState.HALF_OPEN and cb.available()
+
+
+def test_a_probe_without_verdict_frees_the_slot():
+    clock = Clock()
+    cb = CircuitBreaker(1, 1.0, clock)
+    assert cb.acquire() is False  # closed: no probe involved
+    cb.record_failure()
+    clock.now += 1.0
+    assert cb.acquire() is True and not cb.available()
+    cb.release_probe()
+    assert cb.available() and cb.state is CircuitState.HALF_OPEN
