@@ -77,7 +77,10 @@ async def handle(request: web.Request) -> web.StreamResponse:
     if not rid or len(rid) > _MAX_RID or not rid.isprintable():
         rid = state.new_request_id()
     ctx = _Ctx(rid)
-    route_label, route = ROUTES.get((request.method, request.path), _OTHER)
+    path = request.path
+    if len(path) > 1 and path[-1] == "/":
+        path = path.rstrip("/")  # "/generate/" is still /generate: its policy applies
+    route_label, route = ROUTES.get((request.method, path), _OTHER)
     try:
         resp = await _proxy(request, state, ctx, route_label, route, started)
         ctx.status = resp.status

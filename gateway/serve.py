@@ -55,6 +55,15 @@ async def serve(
         mport = await _start_site(probe_runner, config.host, config.metrics_port, reuse_port)
         LOG.info("metrics listening", extra={"host": config.host, "port": mport})
     LOG.info("listening", extra={"host": config.host, "port": port})
+    for name, pool in app[STATE].pools.items():
+        if not pool.endpoints and pool.cfg.dns is None:
+            LOG.warning(
+                "pool %s has no endpoints: its requests get 503 until some are added "
+                "(config, DNS or POST /admin/pools/%s/endpoints)",
+                name,
+                name,
+                extra={"pool": name},
+            )
     if on_listening is not None:
         on_listening(port)
 

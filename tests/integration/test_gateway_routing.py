@@ -139,3 +139,12 @@ async def test_policy_rejection_sends_nothing_upstream(upstreams, gateway, make_
         text = await gw.metrics()
     assert 'maskgate_rejections_total{code="sampling_mask_full_vocabulary"} 1.0' in text
     assert general.requests == [] and mask.requests == []
+
+
+async def test_trailing_slash_does_not_dodge_the_policy(upstreams, gateway, make_config):
+    general = await upstreams()
+    mask = await upstreams()
+    async with gateway(make_config([general.url], [mask.url])) as gw:
+        status, body, _ = await gw.post("/v1/chat/completions/", {**MASK_CHAT, "top_k": -1})
+    assert (status, body["error"]["code"]) == (400, "sampling_mask_full_vocabulary")
+    assert general.requests == [] and mask.requests == []
