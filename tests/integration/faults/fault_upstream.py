@@ -7,7 +7,8 @@ set. Every generated token's mask holds the sampled token, so the gateway's inva
 never fires on a healthy answer.
 
 Knobs (see `Knobs`) are set at start with `--knob value` flags and changed at run time with
-`POST /_control` (a JSON object of knob values). `GET /_control` returns counters and the
+`POST /_control` (a JSON object of knob values; `reset_counts: true` also clears the
+counters and recorded bodies). `GET /_control` returns counters and the
 bodies received. The first line on stdout is `LISTENING <port>`.
 
     python fault_upstream.py --port 0 --chunks 20 --chunk-gap-s 0.1 --fault-rate 0.01
@@ -54,6 +55,7 @@ class Upstream:
         self.rng = random.Random(seed)
         self.counts: collections.Counter[str] = collections.Counter()
         self.bodies: collections.deque[dict[str, Any]] = collections.deque(maxlen=knobs.keep_bodies)
+        self.raw: collections.deque[bytes] = collections.deque(maxlen=knobs.keep_bodies)
         self.inflight = 0
 
     def app(self) -> web.Application:
@@ -72,13 +74,14 @@ class Upstream:
 
     async def control(self, request: web.Request) -> web.Response:
         updates = await request.json()
+        if updates.pop("reset_counts", False):
+            self.counts.clear()
+            self.bodies.clear()
+            self.raw.clear()
         for name, value in updates.items():
             if not hasattr(self.knobs, name):
                 return web.json_response({"error": f"unknown knob {name}"}, status=400)
             setattr(self.knobs, name, value)
-        if updates.get("reset_counts"):
-            self.counts.clear()
-            self.bodies.clear()
         return web.json_response(dataclasses.asdict(self.knobs))
 
     async def stats(self, request: web.Request) -> web.Response:
@@ -109,6 +112,7 @@ class Upstream:
         self.counts["requests"] += 1
         self.counts[path] += 1
         self.bodies.append({"path": path, "body": body, "rid": request.headers.get("x-request-id")})
+        self.raw.append(raw)
         self.inflight += 1
         try:
             return await self._answer(request, path, body)
@@ -133,7 +137,12 @@ class Upstream:
         abort_after = k.abort_after if fault != "abort" else self.rng.randint(1, k.chunks)
         if body.get("stream") is True:
             return await self._stream(request, path, body, abort_after)
-        payload = json.dumps(_complete(path, body, k.chunks)).encode()
+        try:
+            payload = json.dumps(_complete(path, body, k.chunks)).encode()
+        except (TypeError, ValueError, IndexError, AttributeError):
+            # A general request this fake cannot make sense of still gets a 200: the gateway
+            # forwards whatever JSON object it is given, and that is what is tested.
+            payload = b'{"object": "unanswerable"}'
         if k.trickle_gap_s > 0 or fault == "abort":
             return await self._write_slowly(request, payload, abort_at=fault == "abort")
         return web.Response(body=payload, content_type="application/json")
@@ -258,7 +267,8 @@ def _complete(path: str, body: dict[str, Any], chunks: int) -> Any:
     limit = body.get("max_tokens", body.get("max_completion_tokens"))
     n = _tokens(limit, chunks)
     choices = []
-    for i in range(body.get("n") if isinstance(body.get("n"), int) else 1):
+    n = body.get("n")
+    for i in range(min(n, 4) if isinstance(n, int) else 1):
         choice: dict[str, Any] = {"index": i, "finish_reason": "length"}
         if path == "/v1/chat/completions":
             choice["message"] = {"role": "assistant", "content": " tok" * n}
@@ -282,7 +292,8 @@ def _stream_frames(path: str, body: dict[str, Any], chunks: int) -> list[bytes]:
     frames = []
     for t in range(chunks):
         if path == "/generate":
-            sp = _generate_items(body)[0][0]
+            items = _generate_items(body)
+            sp = items[0][0] if items else {}
             meta: dict[str, Any] = {"id": str(body.get("rid", "r")), "completion_tokens": t + 1}
             if body.get("return_sampling_mask") is True:
                 meta.update(_mask_fields(sp, t + 1))
