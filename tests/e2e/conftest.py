@@ -24,7 +24,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 MASK_CAP = 32  # the mask worker's max_mask_tokens: small, so overflows are easy to provoke
-MAX_MODEL_LEN = 512
+MAX_MODEL_LEN = 2048
 START_TIMEOUT_S = 180.0
 
 
@@ -44,6 +44,8 @@ class Cluster:
     gateway: str
     mask: str  # the mask worker, called directly
     general: str
+    mask_cap: int = MASK_CAP
+    max_model_len: int = MAX_MODEL_LEN
 
 
 def _free_port() -> int:

@@ -12,8 +12,6 @@ import aiohttp
 import pytest
 import torch
 
-from tests.e2e.conftest import MASK_CAP, Cluster
-
 pytestmark = pytest.mark.e2e
 
 PROMPT = [1, 40, 41, 42, 43, 44, 45, 46]  # token ids; any ids of the 512-id vocabulary
@@ -90,7 +88,7 @@ def check_masks(
     ids=["topk-topp", "topp-only", "topk-minp"],
 )
 async def test_masks_and_logprobs_match_an_independent_forward_pass(
-    cluster: Cluster, oracle: Any, params: dict[str, Any]
+    cluster: Any, oracle: Any, params: dict[str, Any]
 ) -> None:
     sp = {**params, "max_new_tokens": 12, "sampling_seed": 7}
     status, result = await generate(
@@ -100,7 +98,7 @@ async def test_masks_and_logprobs_match_an_independent_forward_pass(
     check_masks(result, oracle, PROMPT, params)
 
 
-async def test_greedy_masks_are_singletons_with_logprob_zero(cluster: Cluster, oracle: Any) -> None:
+async def test_greedy_masks_are_singletons_with_logprob_zero(cluster: Any, oracle: Any) -> None:
     body = {
         "input_ids": PROMPT,
         "sampling_params": {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True},
@@ -115,7 +113,7 @@ async def test_greedy_masks_are_singletons_with_logprob_zero(cluster: Cluster, o
     assert result["output_ids"] == argmax
 
 
-async def test_top_p_only_chat_through_the_openai_sdk(cluster: Cluster) -> None:
+async def test_top_p_only_chat_through_the_openai_sdk(cluster: Any) -> None:
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=cluster.gateway + "/v1", api_key="unused")
@@ -136,25 +134,25 @@ async def test_top_p_only_chat_through_the_openai_sdk(cluster: Cluster) -> None:
     assert len(meta["output_token_sampling_mask"]) == len(choice["token_ids"])
     assert r.usage is not None and r.usage.completion_tokens == len(choice["token_ids"])
     for token, mask in zip(choice["token_ids"], meta["output_token_sampling_mask"], strict=True):
-        assert token in mask and len(mask) <= MASK_CAP
+        assert token in mask and len(mask) <= cluster.mask_cap
     await client.close()
 
 
 WIDE = {"temperature": 3.0, "top_p": 0.99, "max_new_tokens": 4, "sampling_seed": 11}
 
 
-async def test_exact_mode_overflow_answers_400_naming_the_sizes(cluster: Cluster) -> None:
+async def test_exact_mode_overflow_answers_400_naming_the_sizes(cluster: Any) -> None:
     body = {"input_ids": PROMPT, "sampling_params": WIDE, "return_sampling_mask": True}
     status, result = await generate(cluster.gateway, body)
     assert status == 400, result
     err = result["error"]
     assert err["code"] == "sampling_mask_overflow"
-    assert f"C={MASK_CAP}" in err["message"] and "|S|=" in err["message"]
+    assert f"C={cluster.mask_cap}" in err["message"] and "|S|=" in err["message"]
     assert "bounded" in err["message"]
 
 
 async def test_bounded_mode_truncates_and_flags_with_logprob_over_full_support(
-    cluster: Cluster, oracle: Any
+    cluster: Any, oracle: Any
 ) -> None:
     body = {
         "input_ids": PROMPT,
@@ -176,9 +174,9 @@ async def test_bounded_mode_truncates_and_flags_with_logprob_over_full_support(
         strict=True,
     ):
         support, z = design3(x, 3.0, -1, 0.99, 0.0)
-        assert len(support) > MASK_CAP and flag is True
-        assert len(mask) == MASK_CAP and y in mask
-        head = support[:MASK_CAP]
+        assert len(support) > cluster.mask_cap and flag is True
+        assert len(mask) == cluster.mask_cap and y in mask
+        head = support[: cluster.mask_cap]
         expected_mask = head if y in head else [*head[:-1], y]
         assert mask == expected_mask
         full = float(z[y] - torch.logsumexp(z[support], dim=0))
