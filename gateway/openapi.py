@@ -18,7 +18,8 @@ from typing import Any
 
 from gateway.policy import POLICY_CODES
 
-# Codes the gateway answers outside the mask policy (authentication, routing, upstreams).
+# Codes the gateway answers outside the mask policy (authentication, routing, upstreams,
+# the admin API, the HTTP layer).
 GATEWAY_CODES = (
     "missing_api_key",
     "invalid_api_key",
@@ -29,6 +30,13 @@ GATEWAY_CODES = (
     "upstream_timeout",
     "upstream_error",
     "upstream_stream_error",
+    "unknown_pool",
+    "unknown_endpoint",
+    "invalid_endpoint",
+    "not_found",
+    "method_not_allowed",
+    "http_error",
+    "internal_error",
 )
 ERROR_CODES = (*sorted(POLICY_CODES), *GATEWAY_CODES)
 
@@ -336,6 +344,53 @@ def _get(summary: str, content_type: str = "application/json") -> dict[str, Any]
     }
 
 
+ENDPOINT_LIST = {
+    "type": "object",
+    "description": 'One URL or several: {"url": "http://host:port"} or {"urls": [...]} '
+    "(or ?url=... query parameters). URLs carry no path.",
+    "properties": {
+        "url": {"type": "string"},
+        "urls": {"type": "array", "items": {"type": "string"}},
+    },
+    "anyOf": [{"required": ["url"]}, {"required": ["urls"]}],
+}
+
+
+def _admin_endpoints() -> dict[str, Any]:
+    body = {
+        "required": False,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/EndpointList"}}},
+    }
+    pool = {
+        "name": "pool",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "enum": ["general", "mask"]},
+    }
+    errors = {
+        "400": {"description": "invalid_endpoint or invalid_json", **_error_ref()},
+        "401": {"description": "Missing or invalid (admin) key.", **_error_ref()},
+        "404": {"description": "unknown_pool, or unknown_endpoint on DELETE", **_error_ref()},
+    }
+    return {
+        "parameters": [pool],
+        "post": {
+            "summary": "Add endpoints at run time (RL frameworks register rollout servers)",
+            "requestBody": body,
+            "responses": {
+                "201": {"description": "Added; the pool as it is now"},
+                "200": {"description": "Already present; nothing changed"},
+                **errors,
+            },
+        },
+        "delete": {
+            "summary": "Remove endpoints; requests already sent to them finish",
+            "requestBody": body,
+            "responses": {"200": {"description": "Removed; the pool as it is now"}, **errors},
+        },
+    }
+
+
 _SPEC: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {
@@ -367,8 +422,18 @@ _SPEC: dict[str, Any] = {
         "/readyz": _get("Readiness: 200 while accepting traffic, 503 once draining"),
         "/metrics": _get("Prometheus metrics (prefix maskgate_)", "text/plain"),
         "/openapi.json": _get("This document"),
+        "/admin/pools": _get("Pools, their endpoints, health, in-flight and circuit state"),
+        "/admin/pools/{pool}/endpoints": _admin_endpoints(),
     },
     "components": {
+        "securitySchemes": {
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "Client API key, when `api_keys` is configured; the admin "
+                "API takes the admin key when `admin_key` is configured.",
+            }
+        },
         "schemas": {
             "ChatCompletionRequest": CHAT_REQUEST,
             "CompletionRequest": COMPLETION_REQUEST,
@@ -376,8 +441,10 @@ _SPEC: dict[str, Any] = {
             "SamplingParams": SAMPLING_PARAMS,
             "MaskMetaInfo": _MASK_META,
             "Error": ERROR,
-        }
+            "EndpointList": ENDPOINT_LIST,
+        },
     },
+    "security": [{}, {"bearer": []}],  # authentication is optional (configuration)
 }
 
 
