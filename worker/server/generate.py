@@ -190,6 +190,7 @@ async def _stream(
             resp = await open_stream(request)
         text = out.text(state.tokenizer, partial=True)
         k = ev.index
+        chunk: dict[str, Any]
         if incremental:
             chunk = {
                 "text": text[sent_chars[k] :],
