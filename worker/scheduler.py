@@ -205,12 +205,15 @@ class Scheduler:
 
     def _match_stop(self, seq: Sequence) -> bool:
         assert self.decode is not None, "stop strings need a decode function"
+        longest = max(len(s) for s in seq.rule.stop)
+        # Cheap test on the decoded tail, so a long output is not decoded whole every step.
+        # A new match ends in the newest token and spans at most `longest` characters; a
+        # character takes at most 4 byte-level tokens, plus a few that decode to nothing.
+        tail = self.decode(seq.output_ids[-(4 * longest + 8) :])
+        if not any(s in tail for s in seq.rule.stop):
+            return False
         text = self.decode(seq.output_ids)
-        # Earlier text held no match, so a new match must end past the text scanned so far.
-        start = max(0, seq.scanned_chars - max(len(s) for s in seq.rule.stop) + 1)
-        seq.scanned_chars = len(text)
-        hits = [(text.find(s, start), s) for s in seq.rule.stop]
-        hits = [(i, s) for i, s in hits if i >= 0]
+        hits = [(i, s) for s in seq.rule.stop if (i := text.find(s)) >= 0]
         if not hits:
             return False
         pos, stop = min(hits)

@@ -51,7 +51,6 @@ class Sequence:
     truncated: list[bool] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     matched_stop: int | str | None = None  # the EOS/stop id or the stop string that ended it
-    scanned_chars: int = 0  # decoded output chars already searched for stop strings
     text_limit: int | None = None  # chars of the decoded output kept (cut before a stop string)
     error: ApiError | None = None
     first_token_time: float | None = None

@@ -296,3 +296,13 @@ def test_bad_limits_are_rejected(bad: dict[str, int]) -> None:
     limits = {"max_num_seqs": 4, "max_prefill_tokens": 16, "max_mask_tokens": 4} | bad
     with pytest.raises(ValueError):
         Scheduler(FakeRunner(), **limits)
+
+
+def test_stop_string_late_in_a_long_output_is_found() -> None:
+    # 60 x "b", then "y", "z": the match is found from the decoded tail, cut at char 60.
+    runner = FakeRunner(next_token=lambda row: {60: 24, 61: 25}.get(row.step, 27))
+    sched = make_sched(runner)
+    seq = make_seq("late", [5], max_new=100, stop=("yz",))
+    sched.add(seq)
+    drain(sched, runner)
+    assert len(seq.output_ids) == 62 and seq.matched_stop == "yz" and seq.text_limit == 60
