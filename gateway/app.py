@@ -12,7 +12,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -24,6 +23,7 @@ from gateway.errors import ApiError, ServerError
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool
 from gateway.state import STATE, GatewayState, Resolver
+from gateway.upstream import UpstreamClient, UpstreamError
 
 LOG = logging.getLogger("maskgate")
 _FIRST_LOOKUP_S = 5.0  # the first DNS lookup may hold the start this long, no longer
@@ -61,7 +61,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             else "http_error"
         )
         return render_error(ApiError(code, e.reason, status=e.status))
-    except aiohttp.ClientError as e:  # an upstream failure nobody mapped more precisely
+    except UpstreamError as e:  # an upstream failure nobody mapped more precisely
         request.app[STATE].metrics.rejections.labels("upstream_error").inc()
         return render_error(ServerError("upstream_error", f"upstream failed: {type(e).__name__}"))
     except Exception:
@@ -90,21 +90,11 @@ async def metrics_handler(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def _client_session(app: web.Application) -> AsyncIterator[None]:
+async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    t = state.config.timeouts
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
-    state.session = aiohttp.ClientSession(
-        connector=connector,
-        # No total timeout: streams run as long as chunks keep coming (see proxy.py).
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s, sock_read=t.ttfb_s),
-        auto_decompress=False,  # bodies pass through as sent, Content-Encoding and all
-        # Forward only the client's headers; add none of aiohttp's defaults.
-        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-        cookie_jar=aiohttp.DummyCookieJar(),
-    )
+    state.upstream = UpstreamClient(state.config.timeouts.connect_s)
     yield
-    await state.session.close()
+    await state.upstream.close()
 
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
@@ -149,7 +139,7 @@ def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> we
     # check only has to stop anything larger from being buffered.
     app = web.Application(middlewares=[error_middleware], client_max_size=config.max_body_bytes)
     app[STATE] = state
-    app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_background)
     add_probe_routes(app, with_metrics=config.metrics_port is None)
     add_admin_routes(app)

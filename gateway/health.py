@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import aiohttp
+import orjson
 
 from gateway.config import PoolConfig
 from gateway.pool import Endpoint, Pool
 from gateway.state import GatewayState
+from gateway.upstream import UpstreamError
 
 LOG = logging.getLogger("maskgate.health")
 
@@ -43,15 +44,27 @@ def record_check(ep: Endpoint, ok: bool, cfg: PoolConfig) -> bool:
     return False
 
 
+async def _get(state: GatewayState, ep: Endpoint, path: str) -> tuple[int, bytes]:
+    """GET `path` on the endpoint: (status, body), all within `health_timeout_s`."""
+    timeout = state.config.timeouts.health_timeout_s
+    async with asyncio.timeout(timeout):
+        resp = await state.client().request(ep.url, "GET", path, [], None, timeout_s=timeout)
+        try:
+            body = await resp.read()
+        except BaseException:
+            resp.close()
+            raise
+        resp.release()
+        return resp.status, body
+
+
 async def check_endpoint(state: GatewayState, pool: Pool, ep: Endpoint) -> None:
     path = pool.cfg.health_path
     assert path is not None
-    timeout = aiohttp.ClientTimeout(total=state.config.timeouts.health_timeout_s)
     try:
-        async with state.client().get(ep.url + path, timeout=timeout) as resp:
-            await resp.read()
-            ok = resp.status == 200
-    except (aiohttp.ClientError, TimeoutError):
+        status, _ = await _get(state, ep, path)
+        ok = status == 200
+    except (UpstreamError, TimeoutError):
         ok = False
     if ep.removed:
         return
@@ -67,13 +80,10 @@ async def check_endpoint(state: GatewayState, pool: Pool, ep: Endpoint) -> None:
 
 async def fetch_vocab_size(state: GatewayState, ep: Endpoint) -> int | None:
     """`vocab_size` from SGLang's `GET /get_model_info`; None when the server does not say."""
-    timeout = aiohttp.ClientTimeout(total=state.config.timeouts.health_timeout_s)
     try:
-        async with state.client().get(ep.url + "/get_model_info", timeout=timeout) as resp:
-            if resp.status != 200:
-                return None
-            info = await resp.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError):
+        status, body = await _get(state, ep, "/get_model_info")
+        info = orjson.loads(body) if status == 200 else None
+    except (UpstreamError, TimeoutError, orjson.JSONDecodeError):
         return None
     size = info.get("vocab_size") if isinstance(info, dict) else None
     if isinstance(size, int) and not isinstance(size, bool) and size > 0:

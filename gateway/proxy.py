@@ -13,11 +13,9 @@ import random
 import time
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
-from yarl import URL
 
 from gateway import policy
 from gateway.auth import authenticate, check_mask_allowed
@@ -26,6 +24,7 @@ from gateway.logs import log_access
 from gateway.maskcheck import check_mask_response
 from gateway.pool import Endpoint, Pool
 from gateway.state import STATE, GatewayState
+from gateway.upstream import ConnectError, DisconnectedError, Response, UpstreamError
 
 # RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
 HOP_BY_HOP = frozenset(
@@ -187,8 +186,10 @@ def _unavailable(pool: Pool) -> ApiError:
     )
 
 
-def _upstream_headers(request: web.Request, state: GatewayState, rid: str) -> CIMultiDict[str]:
-    headers: CIMultiDict[str] = CIMultiDict()
+def _upstream_headers(
+    request: web.Request, state: GatewayState, rid: str, mask: bool
+) -> list[tuple[str, str]]:
+    headers: list[tuple[str, str]] = []
     drop_auth = state.config.upstream_api_key is not None or bool(state.api_keys)
     drop = _DROP_REQUEST
     listed = request.headers.get("Connection")
@@ -199,16 +200,18 @@ def _upstream_headers(request: web.Request, state: GatewayState, rid: str) -> CI
         lname = name.lower()
         if lname in drop or (drop_auth and lname == "authorization"):
             continue
-        headers.add(name, value)
+        if lname == "x-request-id" or (mask and lname == "accept-encoding"):
+            continue  # set below / the mask check must read the body uncompressed
+        headers.append((name, value))
     if state.config.upstream_api_key is not None:
-        headers["Authorization"] = f"Bearer {state.config.upstream_api_key}"
-    headers["X-Request-Id"] = rid
+        headers.append(("Authorization", f"Bearer {state.config.upstream_api_key}"))
+    headers.append(("X-Request-Id", rid))
     return headers
 
 
-def _response_headers(upstream: aiohttp.ClientResponse, rid: str) -> CIMultiDict[str]:
+def _response_headers(upstream: Response, rid: str) -> CIMultiDict[str]:
     headers: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.headers.items():
+    for name, value in upstream.headers:
         if name.lower() not in _DROP_RESPONSE:
             headers.add(name, value)
     headers["X-Request-Id"] = rid
@@ -226,10 +229,8 @@ async def _forward(
     started: float,
 ) -> web.StreamResponse:
     cfg = state.config
-    headers = _upstream_headers(request, state, ctx.rid)
-    if mask:
-        headers.popall("Accept-Encoding", None)  # the mask check reads the body
-    session = state.client()
+    headers = _upstream_headers(request, state, ctx.rid, mask)
+    client = state.client()
     tried: list[Endpoint] = []
     failure: ApiError | None = None
     for attempt in range(cfg.retries.max_attempts):
@@ -248,12 +249,13 @@ async def _forward(
         ep.outstanding += 1
         t_sent = time.perf_counter()
         try:
-            upstream = await session.request(
+            upstream = await client.request(
+                ep.url,
                 request.method,
-                URL(ep.url + request.raw_path, encoded=True),
-                data=raw or None,
-                headers=headers,
-                allow_redirects=False,
+                request.raw_path,
+                headers,
+                raw or None,
+                timeout_s=cfg.timeouts.ttfb_s,
             )
         except BaseException as e:
             ep.outstanding -= 1
@@ -294,15 +296,16 @@ def _connect_failure(
 ) -> ApiError | None:
     """Map an exception raised before the response headers to an error; None: re-raise."""
     errors = state.metrics.upstream_errors
-    if isinstance(e, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError):
+    if isinstance(e, ConnectError):
         errors.labels(pool.name, ep.url, "connect").inc()
         ep.circuit.record_failure()
         _eject(pool, ep)
         return ServerError("upstream_unreachable", f"could not connect to {pool.name} upstream")
-    if isinstance(e, aiohttp.ServerDisconnectedError):
-        # Usually a keep-alive connection the server had just closed: retry, no ejection.
+    if isinstance(e, DisconnectedError):
+        # A new connection closed without an answer (stale keep-alive connections are
+        # already retried inside the client): a fault, retried on another endpoint.
         errors.labels(pool.name, ep.url, "disconnect").inc()
-        ep.circuit.record_neutral()
+        ep.circuit.record_failure()
         return ServerError("upstream_unreachable", "the upstream closed the connection")
     if isinstance(e, TimeoutError):
         errors.labels(pool.name, ep.url, "timeout").inc()
@@ -312,7 +315,7 @@ def _connect_failure(
             f"the {pool.name} upstream sent no response within {state.config.timeouts.ttfb_s:g} s",
             status=504,
         )
-    if isinstance(e, aiohttp.ClientError):
+    if isinstance(e, UpstreamError):
         errors.labels(pool.name, ep.url, "protocol").inc()
         ep.circuit.record_failure()
         return ServerError("upstream_error", f"the {pool.name} upstream failed: {type(e).__name__}")
@@ -344,7 +347,7 @@ async def _relay(
     ctx: _Ctx,
     pool: Pool,
     ep: Endpoint,
-    upstream: aiohttp.ClientResponse,
+    upstream: Response,
     route_label: str,
     mask: bool,
     started: float,
@@ -354,16 +357,14 @@ async def _relay(
     done = False
     try:
         ctx.status = upstream.status
-        if upstream.content_type == "text/event-stream" or (
-            upstream.content_length is None and "Transfer-Encoding" in upstream.headers
-        ):
+        if upstream.streamed or upstream.content_type == "text/event-stream":
             out = await _relay_stream(request, state, ctx, pool, ep, upstream, route_label, started)
             done = True
             return out
         t0 = time.perf_counter()
         try:
-            body = await upstream.read()
-        except (aiohttp.ClientError, TimeoutError) as e:
+            body = await _read_whole(upstream, state.config.timeouts.idle_s)
+        except (UpstreamError, TimeoutError) as e:
             state.metrics.upstream_errors.labels(pool.name, ep.url, "body").inc()
             ep.circuit.record_failure()
             raise ServerError(
@@ -371,7 +372,7 @@ async def _relay(
             ) from e
         ctx.waited += time.perf_counter() - t0
         _record_status(state, pool, ep, upstream.status)
-        if mask and upstream.status == 200 and "Content-Encoding" not in upstream.headers:
+        if mask and upstream.status == 200 and upstream.header("Content-Encoding") is None:
             check_mask_response(route_label, body, pool.name, state.metrics)
         done = True
         return web.Response(
@@ -384,13 +385,22 @@ async def _relay(
             upstream.close()
 
 
+async def _read_whole(upstream: Response, timeout_s: float) -> bytes:
+    """The whole body; it usually came with the headers, and then no timer is needed."""
+    body = upstream.take_complete_body()
+    if body is not None:
+        return body
+    async with asyncio.timeout(timeout_s):
+        return await upstream.read()
+
+
 async def _relay_stream(
     request: web.Request,
     state: GatewayState,
     ctx: _Ctx,
     pool: Pool,
     ep: Endpoint,
-    upstream: aiohttp.ClientResponse,
+    upstream: Response,
     route_label: str,
     started: float,
 ) -> web.StreamResponse:
@@ -398,29 +408,22 @@ async def _relay_stream(
     happens meanwhile, so a slow client slows the upstream down (backpressure)."""
     out = web.StreamResponse(status=upstream.status, headers=_response_headers(upstream, ctx.rid))
     await out.prepare(request)
-    conn = upstream.connection
-    if conn is not None and conn.protocol is not None:
-        # From here each read has its own deadline (below) instead of the socket timer.
-        conn.protocol.read_timeout = None
     timeouts = state.config.timeouts
-    reader = upstream.content
     first = True
     while True:
         t_wait = time.perf_counter()
         try:
             # The first chunk may take the time to first byte; later ones the idle timeout.
             async with asyncio.timeout(timeouts.ttfb_s if first else timeouts.idle_s):
-                data, end_of_chunk = await reader.readchunk()
-        except (aiohttp.ClientError, TimeoutError) as e:
+                data = await upstream.readchunk()
+        except (UpstreamError, TimeoutError) as e:
             upstream.close()
             await _end_stream_with_error(state, pool, ep, out, e)
             return out
         now = time.perf_counter()
         ctx.waited += now - t_wait
         if not data:
-            if not end_of_chunk:
-                break  # (b"", False) is aiohttp's end of the body
-            continue
+            break
         if first:
             state.metrics.stream_ttfb.labels(route_label, pool.name).observe(now - started)
             first = False

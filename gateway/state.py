@@ -11,13 +11,13 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import aiohttp
 from aiohttp import web
 
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyConfig
 from gateway.pool import Pool
+from gateway.upstream import UpstreamClient
 
 # (host, port) -> the addresses it resolves to right now (IPv4 or IPv6 literals).
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -30,7 +30,7 @@ class GatewayState:
     metrics: GatewayMetrics
     pools: dict[str, Pool]
     resolver: Resolver | None = None  # None: the event loop's getaddrinfo
-    session: aiohttp.ClientSession | None = None  # set by the cleanup context
+    upstream: UpstreamClient | None = None  # set by the cleanup context
     draining: bool = False  # SIGTERM seen: readiness fails, in-flight work finishes
     started: bool = False  # the first round of health checks has answered
     api_keys: frozenset[str] = field(default_factory=frozenset)
@@ -47,9 +47,9 @@ class GatewayState:
     def ready(self) -> bool:
         return self.started and not self.draining
 
-    def client(self) -> aiohttp.ClientSession:
-        assert self.session is not None, "client session used outside the app's lifetime"
-        return self.session
+    def client(self) -> UpstreamClient:
+        assert self.upstream is not None, "upstream client used outside the app's lifetime"
+        return self.upstream
 
 
 STATE = web.AppKey("maskgate_state", GatewayState)
