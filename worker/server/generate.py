@@ -188,7 +188,7 @@ async def _stream(
             return resp
         if resp is None:
             resp = await open_stream(request)
-        text = out.text(state.tokenizer, partial=True)
+        text = out.stream_text(state.tokenizer)
         k = ev.index
         chunk: dict[str, Any]
         if incremental:

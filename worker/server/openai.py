@@ -218,7 +218,7 @@ async def _stream(
         if out.error is not None:
             await resp.write(sse(out.error.body()))
             return resp
-        text = out.text(tok, partial=True)
+        text = out.stream_text(tok)
         piece, ids = text[sent_chars[k] :], out.ids[sent_ids[k] :]
         if not piece and not out.finished and not reply.token_ids:
             continue  # an incomplete character: wait for the next token

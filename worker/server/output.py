@@ -45,6 +45,10 @@ class SeqOutput:
     matched_stop: int | str | None = None
     text_limit: int | None = None
     error: ApiError | None = None
+    # Incremental detokenization for streams (token offsets into `ids`).
+    streamed: str = ""
+    prefix_offset: int = 0
+    read_offset: int = 0
 
     def apply(self, ev: Event) -> None:
         if ev.token is not None:
@@ -64,15 +68,26 @@ class SeqOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def text(self, tok: Tokenizer, *, partial: bool = False) -> str:
-        """The decoded output, cut before a matched stop string. While still generating
-        (`partial`), a trailing incomplete character is held back."""
+    def text(self, tok: Tokenizer) -> str:
+        """The decoded output, cut before a matched stop string."""
         text = tok.decode(self.ids, skip_special_tokens=True)
-        if self.text_limit is not None:
-            return text[: self.text_limit]
-        if partial and not self.finished:
-            return text.rstrip(REPLACEMENT_CHAR)
-        return text
+        return text if self.text_limit is None else text[: self.text_limit]
+
+    def stream_text(self, tok: Tokenizer) -> str:
+        """The output decoded so far, for streams: each call decodes only the newest tokens
+        (a full decode per step would make a stream O(n^2)); a trailing incomplete character
+        waits for its next token. Once finished, the exact `text`."""
+        if self.finished:
+            return self.text(tok)
+        if len(self.ids) > self.read_offset:
+            done = tok.decode(
+                self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True
+            )
+            now = tok.decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
+            if len(now) > len(done) and not now.endswith(REPLACEMENT_CHAR):
+                self.streamed += now[len(done) :]
+                self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return self.streamed
 
     def openai_finish_reason(self) -> str | None:
         if self.finish_reason in ("stop", "length"):
