@@ -1,6 +1,6 @@
 """`create_app(config)`: the one way a gateway is built, by the CLI and by every test.
 
-Long-lived resources (the upstream client session, health checks, DNS discovery) live in
+Long-lived resources (the upstream connection pools, health checks, DNS discovery) live in
 `app.cleanup_ctx`, so they start and stop with the app; shared state sits under typed
 `web.AppKey`s.
 """

@@ -106,6 +106,8 @@ async def health_loop(state: GatewayState) -> None:
     while True:
         try:
             await check_all(state)
+            live = {ep.url for pool in state.pools.values() for ep in pool.endpoints}
+            state.client().sweep(live)
         except Exception:  # a bug here must not stop health checking for good
             LOG.exception("health check round failed")
         state.started = True

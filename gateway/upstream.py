@@ -425,6 +425,16 @@ class UpstreamClient:
         if idle and conn in idle:
             idle.remove(conn)
 
+    def sweep(self, live: set[str]) -> None:
+        """Close idle connections that outlived `_IDLE_S` or whose endpoint left its pool."""
+        now = time.monotonic()
+        for key, idle in list(self._idle.items()):
+            for conn in list(idle):
+                if key not in live or now - conn.idle_since > _IDLE_S:
+                    conn.abort()
+            if not idle:
+                del self._idle[key]
+
     async def close(self) -> None:
         for conn in list(self._all):
             conn.abort()

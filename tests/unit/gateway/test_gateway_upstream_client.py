@@ -230,3 +230,18 @@ async def test_slow_reader_pauses_the_socket(serve):
     assert got == big and not conn._paused
     r.release()
     await client.close()
+
+
+async def test_sweep_closes_idle_connections_of_removed_endpoints(serve):
+    a = await serve([ok(b"a")])
+    b = await serve([ok(b"b")])
+    client = UpstreamClient(1.0)
+    for s in (a, b):
+        r = await client.request(s.url, "GET", "/", [], None, timeout_s=2)
+        await r.read()
+        r.release()
+    client.sweep({a.url})
+    assert client._take_idle(b.url) is None
+    kept = client._take_idle(a.url)
+    assert kept is not None and not kept.closed
+    await client.close()
