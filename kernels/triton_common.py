@@ -9,15 +9,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-MASK32: tl.constexpr = 0xFFFFFFFF
-MUL_A: tl.constexpr = 0x7FEB352D
-MUL_B: tl.constexpr = 0x045D9F3B
-STEP_SALT: tl.constexpr = 0x2545F491
-ROW_SALT: tl.constexpr = 0x68E31DA4
-U_SCALE: tl.constexpr = 2.0**-23
-GREEDY_T: tl.constexpr = 1e-6
+MASK32 = tl.constexpr(0xFFFFFFFF)
+MUL_A = tl.constexpr(0x7FEB352D)
+MUL_B = tl.constexpr(0x045D9F3B)
+STEP_SALT = tl.constexpr(0x2545F491)
+ROW_SALT = tl.constexpr(0x68E31DA4)
+U_SCALE = tl.constexpr(2.0**-23)
+GREEDY_T = tl.constexpr(1e-6)
 # An empty candidate slot: below every real key.
-EMPTY_KEY: tl.constexpr = -(2**63)
+EMPTY_KEY = tl.constexpr(-(2**63))
 
 
 @triton.jit

@@ -57,7 +57,7 @@ def first_kept_key(x_row, temp, vocab, lo, hi, k, z_norm, top_p, min_p, z_max, B
         count, mass = above(x_row, temp, vocab, mid, z_max, BLOCK)
         z_mid = unpack_z(mid)
         keep = (count < k) & (z_mid > float("-inf"))
-        keep = keep & ((top_p >= 1.0) | (mass / z_norm < top_p))
+        keep = keep & ((top_p >= 1.0) | (tl.math.div_rn(mass, z_norm) < top_p))
         rel = tl.exp(z_mid.to(tl.float64) - z_max.to(tl.float64))
         keep = keep & ((min_p <= 0.0) | (rel >= min_p.to(tl.float64)))
         hi = tl.where(keep, mid, hi)

@@ -1,8 +1,11 @@
 """Pass 2: per row, decide the support from the band candidates, draw, emit the mask slots.
 
-Grid (B,). The candidates of the row are sorted in-kernel as packed (z, id) keys, so the
-emitted mask is already in design order. The rules are those of kernels/resolve.py; rows the
-candidates cannot decide run the bisection fallback (triton_fallback.py) in the same program.
+Grid (B,). Sorting all candidates of a row is the expensive step, so it goes in tiers: the
+best T1 candidates (a z threshold found by bisection, then compacted through scratch memory)
+are sorted in-kernel as packed (z, id) keys and decide most rows; rows they cannot decide try
+the best T2; rows those cannot decide run the bisection fallback (triton_fallback.py) in the
+same program. The emitted mask is the sorted prefix, already in design order. The decision
+rules are those of kernels/resolve.py.
 """
 
 from __future__ import annotations
@@ -34,6 +37,88 @@ def _store_mask(slot_row, cnt_ptr, status_ptr, midx, ids, pos, n, j, token, max_
 
 
 @triton.jit
+def _best_sorted(
+    keys, z, listed, d_max, z_max, scratch, LIMIT: tl.constexpr, NBISECT: tl.constexpr
+):
+    """The best (at most LIMIT) listed candidates, sorted, and the new floor below them.
+
+    keys, z, listed: [CAND_BLOCK] unsorted candidates. Returns ([LIMIT] sorted keys, floor):
+    every token with z > floor is among the returned keys.
+    """
+    lo = tl.maximum(d_max, z_max - 30.0)
+    hi = z_max
+    if tl.sum((listed & (z >= lo)).to(tl.int32), axis=0) > LIMIT:
+        for _ in range(NBISECT):
+            mid = lo + (hi - lo) * 0.5
+            over = tl.sum((listed & (z >= mid)).to(tl.int32), axis=0) > LIMIT
+            lo = tl.where(over, mid, lo)
+            hi = tl.where(over, hi, mid)
+        lo = hi
+    pick = listed & (z >= lo)
+    rank = tl.cumsum(pick.to(tl.int32), axis=0) - 1
+    pick = pick & (rank < LIMIT)  # ties at the row max beyond LIMIT: lowest ids first
+    floor = tl.maximum(d_max, tl.max(tl.where(listed & ~pick, z, float("-inf")), axis=0))
+    tl.store(scratch + rank, keys, mask=pick)
+    n_pick = tl.sum(pick.to(tl.int32), axis=0)
+    tl.debug_barrier()  # the scattered stores before the block load
+    slots = tl.arange(0, LIMIT)
+    best = tl.load(scratch + slots, mask=slots < n_pick, other=EMPTY_KEY)
+    return tl.sort(best, 0, descending=True), floor
+
+
+@triton.jit
+def _decide(keys, d_max, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, BLOCK: tl.constexpr):
+    """|S| from sorted keys whose tokens above d_max form an exact prefix of design order.
+
+    Returns (n, undecided, z, ids, mass), the last three per sorted slot.
+    """
+    pos = tl.arange(0, BLOCK)
+    ids = unpack_id(keys)
+    z = tl.where(keys == EMPTY_KEY, float("-inf"), unpack_z(keys))
+    complete = d_max == float("-inf")
+    listed = z > d_max
+    n_listed = tl.sum(listed.to(tl.int64), axis=0)
+    big = BLOCK + 1
+    k_known = ~k_on | complete | (k <= n_listed)
+    cut_k = tl.where(k_on, tl.minimum(k, n_listed), n_listed)
+    cut_k = tl.where(k_known, cut_k, big)
+    cut_k = tl.where(~k_on & ~complete, big, cut_k)
+    mass = tl.where(listed, tl.exp(z - z_max), 0.0)
+    z_k = tl.sum(tl.where(pos < tl.minimum(cut_k, n_listed), mass, 0.0), axis=0)
+    z_norm = tl.where(k_on, z_k, z_sum)
+    before = tl.cumsum(mass, axis=0) - mass
+    # IEEE division: dyadic boundaries (e.g. 55 / 110 == 0.5) must compare exactly.
+    frac = tl.math.div_rn(before, tl.zeros_like(before) + z_norm)
+    cut_p = tl.sum((listed & (frac < top_p)).to(tl.int64), axis=0)
+    next_kept = tl.math.div_rn(tl.sum(mass, axis=0), z_norm) < top_p
+    cut_p = tl.where(complete | (cut_p < n_listed) | ~next_kept, cut_p, big)
+    p_blind = p_on & k_on & ~k_known
+    min_p64 = min_p.to(tl.float64)
+    rel = tl.exp(z.to(tl.float64) - z_max.to(tl.float64))
+    cut_m = tl.sum((listed & (rel >= min_p64)).to(tl.int64), axis=0)
+    beyond = tl.exp(d_max.to(tl.float64) - z_max.to(tl.float64)) >= min_p64
+    cut_m = tl.where(complete | (cut_m < n_listed) | ~beyond, cut_m, big)
+    n = tl.minimum(cut_k, tl.where(p_on, cut_p, big))
+    n = tl.minimum(n, tl.where(m_on, cut_m, big))
+    n = tl.where(complete, tl.minimum(n, n_listed), n)
+    undecided = (n > n_listed) | p_blind
+    return tl.maximum(n, 1), undecided, z, ids, mass
+
+
+@triton.jit
+def _draw(z, ids, mass, n, greedy, k0, k1, z_max, BLOCK: tl.constexpr):
+    """Gumbel-max over the first n sorted slots: (token, logprob, slot of the token)."""
+    pos = tl.arange(0, BLOCK)
+    in_s = pos < n
+    score = tl.where(in_s, z + gumbel(k0, k1, ids), float("-inf"))
+    j = tl.where(greedy, 0, tl.argmax(score, axis=0).to(tl.int64))
+    token = tl.sum(tl.where(pos == j, ids, 0), axis=0)
+    z_y = tl.sum(tl.where(pos == j, z, 0.0), axis=0)
+    lse = z_max + tl.log(tl.sum(tl.where(in_s, mass, 0.0), axis=0))
+    return token, tl.where(greedy, 0.0, z_y - lse), j
+
+
+@triton.jit
 def resolve_kernel(
     cand_ptr,
     m_ptr,
@@ -49,7 +134,7 @@ def resolve_kernel(
     bounded_ptr,
     seed_ptr,
     step_ptr,
-    midx_ptr,  # [B] int32 mask index of the row, -1 when it asked for no mask
+    midx_ptr,  # [B] int64 mask index of the row, -1 when it asked for no mask
     tok_ptr,
     lp_ptr,
     size_ptr,
@@ -59,7 +144,7 @@ def resolve_kernel(
     cnt_ptr,
     status_ptr,
     slot_ptr,  # [R] int64, [R] int8, [R, cap] int32
-    scratch_ptr,  # [B, CAP_BLOCK] int64, fallback gather space
+    scratch_ptr,  # [B, T1 + T2 + CAP_BLOCK] int64 compaction space
     vocab,
     n_chunks,
     max_mask,
@@ -67,8 +152,11 @@ def resolve_kernel(
     NCAND: tl.constexpr,
     CAND_BLOCK: tl.constexpr,
     NCH_BLOCK: tl.constexpr,
+    T1: tl.constexpr,
+    T2: tl.constexpr,
     CAP_BLOCK: tl.constexpr,
     FB_BLOCK: tl.constexpr,
+    NBISECT: tl.constexpr,
     HAS_STEP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -86,16 +174,6 @@ def resolve_kernel(
     bad = bad | (~greedy & (tl.max(f_c & 2, axis=0) > 0))
     z_sum = tl.sum(tl.where(m_c > float("-inf"), s_c * tl.exp(m_c - z_max), 0.0), axis=0)
     d_max = tl.max(d_c, axis=0)
-    complete = d_max == float("-inf")
-
-    pos = tl.arange(0, CAND_BLOCK)
-    keys = tl.load(cand_ptr + row * NCAND + pos, mask=pos < NCAND, other=EMPTY_KEY)
-    keys = tl.sort(keys, 0, descending=True)  # design order: z desc, then id asc
-    ids = unpack_id(keys)
-    z = tl.where(keys == EMPTY_KEY, float("-inf"), unpack_z(keys))
-    listed = z > d_max  # every token with z > d_max is a candidate: an exact prefix
-    n_listed = tl.sum(listed.to(tl.int64), axis=0)
-    big = CAND_BLOCK + 1
 
     k = tl.load(topk_ptr + row).to(tl.int64)
     k_on = (k > 0) & (k < vocab)
@@ -103,30 +181,6 @@ def resolve_kernel(
     p_on = top_p < 1.0
     min_p = tl.load(minp_ptr + row)
     m_on = min_p > 0.0
-
-    k_known = ~k_on | complete | (k <= n_listed)
-    cut_k = tl.where(k_on, tl.minimum(k, n_listed), n_listed)
-    cut_k = tl.where(k_known, cut_k, big)
-    cut_k = tl.where(~k_on & ~complete, big, cut_k)
-    mass = tl.where(listed, tl.exp(z - z_max), 0.0)
-    z_k = tl.sum(tl.where(pos < tl.minimum(cut_k, n_listed), mass, 0.0), axis=0)
-    z_norm = tl.where(k_on, z_k, z_sum)
-    before = tl.cumsum(mass, axis=0) - mass
-    cut_p = tl.sum((listed & (before / z_norm < top_p)).to(tl.int64), axis=0)
-    next_kept = tl.sum(mass, axis=0) / z_norm < top_p
-    cut_p = tl.where(complete | (cut_p < n_listed) | ~next_kept, cut_p, big)
-    p_blind = p_on & k_on & ~k_known
-    min_p64 = min_p.to(tl.float64)
-    rel = tl.exp(z.to(tl.float64) - z_max.to(tl.float64))
-    cut_m = tl.sum((listed & (rel >= min_p64)).to(tl.int64), axis=0)
-    beyond = tl.exp(d_max.to(tl.float64) - z_max.to(tl.float64)) >= min_p64
-    cut_m = tl.where(complete | (cut_m < n_listed) | ~beyond, cut_m, big)
-    n = tl.minimum(cut_k, tl.where(p_on, cut_p, big))
-    n = tl.minimum(n, tl.where(m_on, cut_m, big))
-    n = tl.where(complete, tl.minimum(n, n_listed), n)
-    need_more = ((n > n_listed) | p_blind) & ~greedy & ~bad
-    n = tl.where(greedy, 1, tl.maximum(n, 1))
-
     seed = tl.load(seed_ptr + row)
     step = tl.full([], 0, tl.int64)
     if HAS_STEP:
@@ -134,49 +188,53 @@ def resolve_kernel(
     k0, k1 = row_keys(seed, step)
     midx = tl.load(midx_ptr + row)
     bounded = tl.load(bounded_ptr + row) != 0
-    slot_row = slot_ptr + midx.to(tl.int64) * cap
-    x_row = x_ptr + row * stride_x
-    if need_more:
-        k_eff = tl.where(k_on, k, vocab + 1)
-        t_cut, n, mass_s = fallback_support(
-            x_row, temp, vocab, tl.max(keys, axis=0), k_eff, top_p, min_p, z_max, z_sum, FB_BLOCK
-        )
-        y_key = fallback_draw(x_row, temp, vocab, t_cut, k0, k1, FB_BLOCK)
-        token = unpack_id(y_key)
-        logprob = unpack_z(y_key) - (z_max + tl.log(mass_s))
+    slot_row = slot_ptr + midx * cap
+    scratch = scratch_ptr + row * (T1 + T2 + CAP_BLOCK)
+
+    pos = tl.arange(0, CAND_BLOCK)
+    keys = tl.load(cand_ptr + row * NCAND + pos, mask=pos < NCAND, other=EMPTY_KEY)
+    z_all = tl.where(keys == EMPTY_KEY, float("-inf"), unpack_z(keys))
+    listed = z_all > d_max  # every token with z > d_max is a candidate
+    tl.store(band_ptr + row, tl.sum(listed.to(tl.int64), axis=0))
+
+    best, floor = _best_sorted(keys, z_all, listed, d_max, z_max, scratch, T1, NBISECT)
+    n, undecided, z, ids, mass = _decide(
+        best, floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T1
+    )
+    n = tl.where(greedy, 1, n)
+    token, logprob, j = _draw(z, ids, mass, n, greedy, k0, k1, z_max, T1)
+    fallback = tl.full([], 0, tl.int8)
+    if greedy | bad | ~undecided:
         if midx >= 0:
-            j = position_of(x_row, temp, vocab, y_key, z_max, FB_BLOCK)
-            over = n > max_mask
-            if (~over) | bounded:
-                t_emit = t_cut
-                if over:  # the first cap tokens: the cap-th key is the cut
-                    off = tl.full([], 2.0, tl.float32)  # top-p and min-p off for this search
-                    t_emit = first_kept_key(
-                        x_row,
-                        temp,
-                        vocab,
-                        t_cut - 1,
-                        tl.max(keys, axis=0),
-                        cap.to(tl.int64),
-                        z_sum,
-                        off,
-                        off * 0.0,
-                        z_max,
-                        FB_BLOCK,
-                    )
-                scratch_row = scratch_ptr + row * CAP_BLOCK
-                got = fallback_gather(x_row, temp, vocab, t_emit, scratch_row, FB_BLOCK)
-                tl.debug_barrier()  # the gather's scattered stores before the block load
-                e_pos = tl.arange(0, CAP_BLOCK)
-                e_keys = tl.load(scratch_row + e_pos, mask=e_pos < got, other=EMPTY_KEY)
-                e_keys = tl.sort(e_keys, 0, descending=True)
+            _store_mask(
+                slot_row,
+                cnt_ptr,
+                status_ptr,
+                midx,
+                ids,
+                tl.arange(0, T1),
+                tl.where(bad, 0, n),
+                j,
+                token,
+                max_mask,
+                cap,
+                bounded,
+            )
+    else:
+        best2, floor2 = _best_sorted(keys, z_all, listed, d_max, z_max, scratch + T1, T2, NBISECT)
+        n, undecided, z2, ids2, mass2 = _decide(
+            best2, floor2, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
+        )
+        if ~undecided:
+            token, logprob, j = _draw(z2, ids2, mass2, n, greedy, k0, k1, z_max, T2)
+            if midx >= 0:
                 _store_mask(
                     slot_row,
                     cnt_ptr,
                     status_ptr,
                     midx,
-                    unpack_id(e_keys),
-                    e_pos,
+                    ids2,
+                    tl.arange(0, T2),
                     n,
                     j,
                     token,
@@ -184,38 +242,64 @@ def resolve_kernel(
                     cap,
                     bounded,
                 )
-            else:
-                tl.store(cnt_ptr + midx, tl.full([], 0, tl.int64))
-                tl.store(status_ptr + midx, tl.full([], 1, tl.int8))
-    else:
-        in_s = pos < n
-        score = tl.where(in_s, z + gumbel(k0, k1, ids), float("-inf"))
-        j = tl.where(greedy, 0, tl.argmax(score, axis=0).to(tl.int64))
-        token = tl.sum(tl.where(pos == j, ids, 0), axis=0)
-        z_y = tl.sum(tl.where(pos == j, z, 0.0), axis=0)
-        lse = z_max + tl.log(tl.sum(tl.where(in_s, mass, 0.0), axis=0))
-        logprob = tl.where(greedy, 0.0, z_y - lse)
-        if midx >= 0:
-            n_emit = tl.where(bad, 0, n)
-            _store_mask(
-                slot_row,
-                cnt_ptr,
-                status_ptr,
-                midx,
-                ids,
-                pos,
-                n_emit,
-                j,
-                token,
-                max_mask,
-                cap,
-                bounded,
+        else:
+            fallback = tl.full([], 1, tl.int8)
+            x_row = x_ptr + row * stride_x
+            top_key = tl.max(keys, axis=0)
+            k_eff = tl.where(k_on, k, vocab + 1)
+            t_cut, n, mass_s = fallback_support(
+                x_row, temp, vocab, top_key, k_eff, top_p, min_p, z_max, z_sum, FB_BLOCK
             )
+            y_key = fallback_draw(x_row, temp, vocab, t_cut, k0, k1, FB_BLOCK)
+            token = unpack_id(y_key)
+            logprob = unpack_z(y_key) - (z_max + tl.log(mass_s))
+            if midx >= 0:
+                over = n > max_mask
+                if (~over) | bounded:
+                    j = position_of(x_row, temp, vocab, y_key, z_max, FB_BLOCK)
+                    t_emit = t_cut
+                    if over:  # the first cap tokens: the cap-th key is the cut
+                        off = tl.full([], 2.0, tl.float32)  # top-p and min-p off here
+                        t_emit = first_kept_key(
+                            x_row,
+                            temp,
+                            vocab,
+                            t_cut - 1,
+                            top_key,
+                            cap.to(tl.int64),
+                            z_sum,
+                            off,
+                            off * 0.0,
+                            z_max,
+                            FB_BLOCK,
+                        )
+                    gather = scratch + T1 + T2
+                    got = fallback_gather(x_row, temp, vocab, t_emit, gather, FB_BLOCK)
+                    tl.debug_barrier()  # the gather's scattered stores before the load
+                    e_pos = tl.arange(0, CAP_BLOCK)
+                    e_keys = tl.load(gather + e_pos, mask=e_pos < got, other=EMPTY_KEY)
+                    e_keys = tl.sort(e_keys, 0, descending=True)
+                    _store_mask(
+                        slot_row,
+                        cnt_ptr,
+                        status_ptr,
+                        midx,
+                        unpack_id(e_keys),
+                        e_pos,
+                        n,
+                        j,
+                        token,
+                        max_mask,
+                        cap,
+                        bounded,
+                    )
+                else:
+                    tl.store(cnt_ptr + midx, tl.full([], 0, tl.int64))
+                    tl.store(status_ptr + midx, tl.full([], 1, tl.int8))
     token = tl.where(bad, 0, token)
     logprob = tl.where(bad, float("nan"), logprob)
     tl.store(tok_ptr + row, token)
     tl.store(lp_ptr + row, logprob)
     tl.store(size_ptr + row, tl.where(bad, 0, n))
     tl.store(nan_ptr + row, bad.to(tl.int8))
-    tl.store(fb_ptr + row, need_more.to(tl.int8))
-    tl.store(band_ptr + row, n_listed)
+    tl.store(fb_ptr + row, fallback)
