@@ -235,6 +235,8 @@ def profile_run(args: argparse.Namespace) -> dict[str, str]:
                 _, err = spy_proc.communicate(timeout=60)
                 if spy_proc.returncode != 0:
                     raise SystemExit(f"py-spy failed: {err.decode()[-2000:]}")
+                # The flame graph's title holds the command line: no absolute paths in results.
+                path.write_text(path.read_text().replace(f"{procs.REPO}/", ""))
                 files[fmt] = path.name
         finally:
             proxy.stop()
@@ -266,6 +268,15 @@ def versions() -> dict[str, str]:
         "wrk": cmd(["wrk", "-v"]),
         "sglang_router": router,
         "git_commit": cmd(["git", "-C", str(procs.REPO), "rev-parse", "--short", "HEAD"]),
+        # Uncommitted gateway changes at the start (a shared working tree may have some).
+        "gateway_dirty": " ".join(
+            subprocess.run(
+                ["git", "-C", str(procs.REPO), "status", "--porcelain", "gateway"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.split()
+        ),
         "cpu": next(
             (
                 ln.split(":", 1)[1].strip()

@@ -137,6 +137,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         )
     axes[0].set(
         xscale="log",
+        yscale="log",  # nginx direct is an order of magnitude above the proxies
         xlabel="concurrency (wrk connections)",
         ylabel="requests/s",
         title="Throughput",

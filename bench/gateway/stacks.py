@@ -31,6 +31,38 @@ def _name(frame: str) -> str:
     return f"{path}:{m['func']}"
 
 
+# Who a sample's time belongs to: the first frame from the leaf up whose file matches a rule.
+# Shared helpers (aiohttp's writer and stream reader serve both sides) match no rule, so the
+# caller above them decides.
+OWNERS = (
+    ("aiohttp client", ("aiohttp/client", "aiohttp/connector.py")),
+    ("aiohttp server", ("aiohttp/web_",)),
+    ("gateway logic", ("gateway/", "prometheus_client/", "logging/", "json/")),
+    ("event loop", ("asyncio/", "uvloop", "selectors.py")),
+)
+
+
+def owner(frames: list[str]) -> str:
+    for frame in reversed(frames):
+        for name, prefixes in OWNERS:
+            if frame.startswith(prefixes):
+                return name
+    if any(frame.startswith("aiohttp/") for frame in frames):
+        return "aiohttp I/O, caller unseen"  # asyncio splits stacks at every resumption
+    return "other"
+
+
+def by_owner(text: str) -> tuple[int, Counter[str]]:
+    total, owners = 0, Counter[str]()
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m:
+            n = int(m["count"])
+            total += n
+            owners[owner([_name(f) for f in m["stack"].split(";") if f])] += n
+    return total, owners
+
+
 def summarise(text: str) -> tuple[int, Counter[str], Counter[str]]:
     total, own, incl = 0, Counter[str](), Counter[str]()
     for line in text.splitlines():
@@ -54,8 +86,13 @@ def main() -> None:
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--match", default="", help="only inclusive rows containing this text")
     args = p.parse_args()
-    total, own, incl = summarise(args.raw.read_text())
-    print(f"{total} samples\n\nself time:")
+    text = args.raw.read_text()
+    total, owners = by_owner(text)
+    print(f"{total} samples\n\nby owner:")
+    for name, n in owners.most_common():
+        print(f"{100 * n / total:6.1f}%  {name}")
+    total, own, incl = summarise(text)
+    print("\nself time:")
     for name, n in own.most_common(args.top):
         print(f"{100 * n / total:6.1f}%  {name}")
     print("\ninclusive time:")
