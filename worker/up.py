@@ -96,6 +96,9 @@ def main(argv: Sequence[str]) -> int:
         except ModelFetchError as e:
             say(f"error: {e}")
             return 1
+        except KeyboardInterrupt:
+            say("interrupted")
+            return 130
     children = _plan(args, run_dir)
     gateway = children[-1]
     stop = _install_stop_handlers()
@@ -131,9 +134,9 @@ def main(argv: Sequence[str]) -> int:
 def _plan(args: argparse.Namespace, run_dir: Path) -> list[Child]:
     py = sys.executable
     host = "127.0.0.1"
-    worker_env = {k: v for k, v in os.environ.items() if not k.startswith("MASKGATE_WORKER_")}
-    # The gateway reads MASKGATE_* settings; worker variables there would be unknown keys.
-    gateway_env = dict(worker_env)
+    # Each child reads its own MASKGATE_* variables (the gateway skips MASKGATE_WORKER_*);
+    # the flags below win over them.
+    env = dict(os.environ)
     children = []
     for role, port in (("general", args.general_port), ("mask", args.mask_port)):
         port = port or _free_port(host)
@@ -144,15 +147,14 @@ def _plan(args: argparse.Namespace, run_dir: Path) -> list[Child]:
         argv += ["--max-num-seqs", str(args.max_num_seqs)]
         url = f"http://{host}:{port}"
         log_path = run_dir / f"{role}-worker.log"
-        children.append(Child(f"{role} worker", argv, url, "/health", log_path, worker_env))
+        children.append(Child(f"{role} worker", argv, url, "/health", log_path, env))
     gport = args.port if args.port and _port_free(args.host, args.port) else 0
     gport = gport or _free_port(args.host)
     argv = [py, "-m", "worker.cli", "gateway", "--host", args.host, "--port", str(gport)]
     argv += ["--general-endpoint", children[0].url, "--mask-endpoint", children[1].url]
     argv += ["--max-mask-tokens", str(args.max_mask_tokens)]
     show = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    gw = Child("gateway", argv, f"http://{show}:{gport}", "/readyz", run_dir / "gateway.log")
-    gw.env = gateway_env
+    gw = Child("gateway", argv, f"http://{show}:{gport}", "/readyz", run_dir / "gateway.log", env)
     return [*children, gw]
 
 
@@ -213,14 +215,16 @@ def _stop_all(children: list[Child], say: _Say) -> None:
     for child in reversed(live):  # the gateway first, so no request reaches a stopped worker
         assert child.proc is not None
         child.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
+    t0 = time.monotonic()
     for child in live:
         assert child.proc is not None
         try:
-            child.proc.wait(max(0.1, deadline - time.monotonic()))
+            child.proc.wait(max(0.1, t0 + STOP_TIMEOUT_S - time.monotonic()))
+            say(f"{child.name} stopped ({time.monotonic() - t0:.1f} s)")
         except subprocess.TimeoutExpired:
             child.proc.kill()
             child.proc.wait()
+            say(f"{child.name} killed after {STOP_TIMEOUT_S:.0f} s")
     for child in children:
         if child.log is not None:
             child.log.close()
