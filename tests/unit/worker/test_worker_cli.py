@@ -1,0 +1,58 @@
+"""The `maskgate` command: torch-free import, subcommand dispatch, the worker's config path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.settings import ConfigError
+from worker.cli import main
+from worker.config import load_config
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_importing_the_cli_loads_no_torch() -> None:
+    # `maskgate gateway` must run in the gateway image, which has no torch.
+    code = "import sys, worker.cli; print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_usage_and_unknown_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "gateway" in capsys.readouterr().out
+    assert main(["--help"]) == 0
+    assert main(["serve"]) == 2
+    assert "unknown command 'serve'" in capsys.readouterr().err
+
+
+def test_worker_config_file_env_and_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "worker.yaml"
+    cfg.write_text("model: smollm2\nmax_num_seqs: 8\nport: 9000\n")
+    monkeypatch.setenv("MASKGATE_WORKER_MAX_NUM_SEQS", "12")
+    monkeypatch.setenv("MASKGATE_WORKER_ROLE", "mask")
+    assert main(["worker", "--config", str(cfg), "--port", "9100", "--check-config"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    # file < environment < flags
+    assert (got["model"], got["max_num_seqs"], got["role"], got["port"]) == (
+        "smollm2",
+        12,
+        "mask",
+        9100,
+    )
+
+
+def test_bad_worker_config_names_the_field(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["worker", "--max-num-seqs", "0", "--check-config"]) == 2
+    assert "max_num_seqs" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="max_mask_tokns"):
+        load_config(overrides={"max_mask_tokns": 5}, env={})
