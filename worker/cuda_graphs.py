@@ -71,7 +71,7 @@ class DecodeGraphs:
         window = self.model.config.sliding_window
         group = AttnGroup(
             slots=slots,
-            mask=key_mask(pos, keys, window)[:, None, None, :],
+            mask=key_mask(pos, keys, window, self.kv.k.dtype)[:, None, None, :],
             num_rows=b,
             lq=1,
             num_tokens=b,

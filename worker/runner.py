@@ -158,6 +158,7 @@ class ModelRunner:
             row_starts=[r.start_pos for r in ordered],
             num_heads_per_kv=self.config.num_attention_heads // self.config.num_key_value_heads,
             sliding_window=self.config.sliding_window,
+            dtype=self.loaded.dtype,
         )
         hidden = self.model(flat[0], flat[1], self.kv_layers, batch)
         if not last:

@@ -23,7 +23,10 @@ class AttnGroup:
     """Rows that share one padded attention call."""
 
     slots: torch.Tensor  # [R] int64 KV slot per row
-    mask: torch.Tensor  # [R, 1, G * Lq, K] bool (or [R, 1, 1, K] for decode): visible keys
+    # [R, 1, G * Lq, K] (or [R, 1, 1, K] for decode), in the model's dtype: 0 where the key is
+    # visible, -inf elsewhere. Additive rather than bool: torch converts a bool mask inside
+    # every SDPA call, and its CPU kernel is several times slower with one.
+    mask: torch.Tensor
     num_rows: int
     lq: int  # padded query length per row
     num_tokens: int  # real tokens in the group (<= num_rows * lq)
@@ -39,14 +42,17 @@ class AttnBatch:
     prefill: AttnGroup | None  # the remaining tokens
 
 
-def key_mask(qpos: torch.Tensor, num_keys: int, sliding_window: int | None) -> torch.Tensor:
-    """qpos: [..., Lq] int64 -> [..., Lq, num_keys] bool, True where the key is visible."""
+def key_mask(
+    qpos: torch.Tensor, num_keys: int, sliding_window: int | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """qpos: [..., Lq] int64 -> [..., Lq, num_keys] additive mask (0 visible, -inf hidden)."""
     keys = torch.arange(num_keys, device=qpos.device)
     qpos = qpos.unsqueeze(-1)
-    mask = keys <= qpos
+    hidden = keys > qpos
     if sliding_window is not None:
-        mask &= keys > qpos - sliding_window
-    return mask
+        hidden |= keys <= qpos - sliding_window
+    zeros = torch.zeros(hidden.shape, dtype=dtype, device=qpos.device)
+    return zeros.masked_fill_(hidden, float("-inf"))
 
 
 def attend(
@@ -78,6 +84,7 @@ def build_attn_batch(
     row_starts: list[int],
     num_heads_per_kv: int,
     sliding_window: int | None,
+    dtype: torch.dtype,
 ) -> AttnBatch:
     """Plan one step; rows must be ordered decode rows (length 1) first, then prefill rows.
 
@@ -93,7 +100,7 @@ def build_attn_batch(
         num_keys = max(row_starts[:num_decode]) + 1
         decode = AttnGroup(
             slots=write_slots[:num_decode],
-            mask=key_mask(qpos, num_keys, sliding_window)[:, None, None, :],
+            mask=key_mask(qpos, num_keys, sliding_window, dtype)[:, None, None, :],
             num_rows=num_decode,
             lq=1,
             num_tokens=num_decode,
@@ -118,7 +125,7 @@ def build_attn_batch(
         qpos = positions[num_decode:]
         if pad_index is not None:
             qpos = qpos.index_select(0, pad_index)
-        mask = key_mask(qpos.view(len(lens), lq), num_keys, sliding_window)
+        mask = key_mask(qpos.view(len(lens), lq), num_keys, sliding_window, dtype)
         prefill = AttnGroup(
             slots=torch.tensor(row_slots[num_decode:], device=device),
             mask=mask.repeat(1, num_heads_per_kv, 1)[:, None],
