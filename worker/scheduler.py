@@ -149,16 +149,25 @@ class Scheduler:
     # --- internals ------------------------------------------------------------------------
 
     def _decode_row(self, seq: Sequence) -> RowWork:
-        return RowWork(
-            slot=_slot(seq),
-            token_ids=[seq.output_ids[-1]],
-            start_pos=seq.next_position(),
-            sample=True,
-            params=seq.params,
-            want_mask=seq.want_mask,
-            bounded=seq.bounded,
-            step=seq.num_output_tokens,
-        )
+        # One RowWork per sequence, updated in place each decode step: building a fresh one
+        # per row per step was the scheduler's largest cost at batch 128. The runner reads
+        # rows only during run(), so reuse is safe.
+        row = seq.decode_row
+        n = len(seq.output_ids)
+        if row is None:
+            row = seq.decode_row = RowWork(
+                slot=_slot(seq),
+                token_ids=[],
+                start_pos=0,
+                sample=True,
+                params=seq.params,
+                want_mask=seq.want_mask,
+                bounded=seq.bounded,
+            )
+        row.token_ids = [seq.output_ids[-1]]
+        row.start_pos = len(seq.prompt_ids) + n - 1
+        row.step = n
+        return row
 
     def _prefill_row(self, seq: Sequence, budget: int) -> RowWork:
         start = seq.num_prefilled

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 
 from gateway.errors import ApiError
-from worker.batch import SamplingParams
+from worker.batch import RowWork, SamplingParams
 
 
 class SeqStatus(Enum):
@@ -53,6 +53,7 @@ class Sequence:
     matched_stop: int | str | None = None  # the EOS/stop id or the stop string that ended it
     text_limit: int | None = None  # chars of the decoded output kept (cut before a stop string)
     error: ApiError | None = None
+    decode_row: RowWork | None = None  # reused by the scheduler each decode step
     first_token_time: float | None = None
     last_token_time: float | None = None
 

@@ -6,6 +6,7 @@ last fed token + 1), so each test can predict the whole trajectory.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -39,7 +40,8 @@ class FakeRunner:
         self.held: set[int] = set()
 
     def run(self, rows: list[RowWork]) -> tuple[list[RowResult | None], StepStats]:
-        self.steps.append(rows)
+        # Copies: the scheduler reuses a sequence's decode RowWork from step to step.
+        self.steps.append([dataclasses.replace(r) for r in rows])
         slots = [r.slot for r in rows]
         assert len(slots) == len(set(slots)), "one row per slot per step"
         out: list[RowResult | None] = []
