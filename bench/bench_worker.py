@@ -313,7 +313,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,16,64,128")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--no-hf", dest="hf", action="store_false")
     ap.add_argument("--no-eager", dest="eager", action="store_false")
     ap.add_argument("--out", default="bench/results")

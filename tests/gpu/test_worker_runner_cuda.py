@@ -17,6 +17,8 @@ pytestmark = [
 
 
 def test_cuda_eager_and_graph_decode_match_cpu() -> None:
+    # float32 everywhere; the tolerance allows for TF32 inside CUDA attention kernels, while
+    # a wrong position, slot or mask moves logits (std ~3) by O(1).
     kw = {"max_num_slots": 6, "max_model_len": 320}
     cpu = ModelRunner("tiny-random", **kw)
     graphs = ModelRunner(load("tiny-random", "cuda", torch.float32), **kw)
@@ -27,16 +29,16 @@ def test_cuda_eager_and_graph_decode_match_cpu() -> None:
     seqs = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (250, 7, 120, 1, 64)]
     prefill = [RowWork(i, s, 0, sample=True) for i, s in enumerate(seqs)]
     outs = [r.logits(prefill).cpu() for r in (cpu, graphs, eager)]
-    torch.testing.assert_close(outs[1], outs[0], atol=1e-3, rtol=0)
-    torch.testing.assert_close(outs[2], outs[0], atol=1e-3, rtol=0)
+    torch.testing.assert_close(outs[1], outs[0], atol=2e-2, rtol=0)
+    torch.testing.assert_close(outs[2], outs[0], atol=2e-2, rtol=0)
     pos = [len(s) for s in seqs]
     for step in range(12):
         # Vary the batch: all five rows, then three, so several batch buckets are captured.
         live = range(5) if step % 2 == 0 else (0, 2, 4)
         rows = [RowWork(i, [(step * 31 + i) % 500 + 3], pos[i], sample=True) for i in live]
         outs = [r.logits(rows).cpu() for r in (cpu, graphs, eager)]
-        torch.testing.assert_close(outs[1], outs[0], atol=1e-3, rtol=0)
-        torch.testing.assert_close(outs[2], outs[0], atol=1e-3, rtol=0)
+        torch.testing.assert_close(outs[1], outs[0], atol=2e-2, rtol=0)
+        torch.testing.assert_close(outs[2], outs[0], atol=2e-2, rtol=0)
         for i in live:
             pos[i] += 1
     assert graphs.graphs is not None and graphs.graphs.num_replays == 12
