@@ -8,7 +8,6 @@ does) or deltas with `incremental_streaming_output`, then `data: [DONE]`.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +26,7 @@ from worker.params import (
 )
 from worker.sequence import Sequence
 from worker.server.output import SSE_DONE, SeqOutput, collect, follow, open_stream, sse
-from worker.server.state import WorkerState, admit, check_prompt
+from worker.server.state import WorkerState, admit, check_prompt, request_id
 
 _KNOWN = frozenset(
     {
@@ -55,7 +54,7 @@ class Item:
 
 async def handle_generate(request: web.Request) -> web.StreamResponse:
     state, body, _ = await admit(request, Route.GENERATE)
-    items, is_batch = parse_request(body, state)
+    items, is_batch = parse_request(body, state, request_id(request))
     bounded = body.get("sampling_mask_mode") == "bounded"
     seqs: list[Sequence] = []
     outs: list[SeqOutput] = []
@@ -88,7 +87,9 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     return web.json_response(results if many else results[0], dumps=_dumps)
 
 
-def parse_request(body: dict[str, Any], state: WorkerState) -> tuple[list[Item], bool]:
+def parse_request(
+    body: dict[str, Any], state: WorkerState, default_rid: str
+) -> tuple[list[Item], bool]:
     """Validate the body; one Item per prompt. Raises ApiError (400) on any bad field."""
     for name, value in body.items():
         if name in _KNOWN or value in (None, False, [], {}, ""):
@@ -110,7 +111,7 @@ def parse_request(body: dict[str, Any], state: WorkerState) -> tuple[list[Item],
         raise invalid("sampling_mask_mode", f"must be 'exact' or 'bounded', got {mode!r}")
     opt_bool(body, "stream")
     opt_bool(body, "incremental_streaming_output")
-    rids = _rids(body.get("rid"), size, is_batch)
+    rids = _rids(body.get("rid"), size, is_batch, default_rid)
     items = []
     for ids, gp, flag, rid in zip(prompts, parsed, flags, rids, strict=True):
         if flag not in (None, True, False):
@@ -146,10 +147,9 @@ def _per_item(value: Any, size: int, is_batch: bool, name: str) -> list[Any]:
     return [value] * size
 
 
-def _rids(value: Any, size: int, is_batch: bool) -> list[str]:
+def _rids(value: Any, size: int, is_batch: bool, default: str) -> list[str]:
     if value is None:
-        base = uuid.uuid4().hex
-        return [base] if not is_batch else [f"{base}-{i}" for i in range(size)]
+        value = default
     if isinstance(value, str):
         return [value] if not is_batch else [f"{value}-{i}" for i in range(size)]
     if (

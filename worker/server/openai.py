@@ -10,7 +10,6 @@ a worker serves one model and answers with its name.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 import orjson
@@ -22,7 +21,7 @@ from worker.engine import RequestHandle
 from worker.params import GenParams, invalid, opt_bool, parse_openai_params
 from worker.sequence import Sequence
 from worker.server.output import SSE_DONE, SeqOutput, collect, follow, open_stream, sse
-from worker.server.state import WorkerState, admit, check_prompt
+from worker.server.state import WorkerState, admit, check_prompt, request_id
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -106,7 +105,7 @@ async def _serve(
     meta = bool(opt_bool(body, "return_meta_info"))
     token_ids = bool(opt_bool(body, "return_token_ids"))
     bounded = masked and body.get("sampling_mask_mode") == "bounded"
-    rid = uuid.uuid4().hex
+    rid = request_id(request)
     seqs: list[Sequence] = []
     outs: list[SeqOutput] = []
     for p, ids in enumerate(prompts):

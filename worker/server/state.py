@@ -3,6 +3,7 @@ size/JSON check, the worker's role, and the mask policy shared with the gateway.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,3 +108,10 @@ def check_prompt(ids: list[int], state: WorkerState, param: str) -> list[int]:
             "invalid_parameter", f"{param} must hold token ids in [0, {vocab})", param=param
         )
     return ids
+
+
+def request_id(request: web.Request) -> str:
+    """The gateway's `x-request-id` when there is one (so logs and responses line up across
+    the hop), else a fresh id."""
+    rid = request.headers.get("x-request-id", "")
+    return rid if 0 < len(rid) <= 128 and rid.isprintable() else uuid.uuid4().hex

@@ -176,3 +176,19 @@ async def test_info_endpoints_and_metric_names(client: TestClient) -> None:
     ):
         assert f"\n{name}" in text, name
     assert "maskgate_worker_generated_tokens_total 2.0" in text
+
+
+async def test_request_ids_follow_x_request_id_or_rid(client: TestClient) -> None:
+    headers = {"x-request-id": "req-42"}
+    r = await client.post(
+        "/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 1}}, headers=headers
+    )
+    assert (await r.json())["meta_info"]["id"] == "req-42"
+    r = await client.post(
+        "/generate",
+        json={"text": ["a", "b"], "rid": "mine", "sampling_params": {"max_new_tokens": 1}},
+        headers=headers,
+    )
+    assert [x["meta_info"]["id"] for x in await r.json()] == ["mine-0", "mine-1"]
+    r = await client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}, headers=headers)
+    assert (await r.json())["id"] == "cmpl-req-42"
