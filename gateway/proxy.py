@@ -385,13 +385,19 @@ async def _relay(
             upstream.close()
 
 
-async def _read_whole(upstream: Response, timeout_s: float) -> bytes:
-    """The whole body; it usually came with the headers, and then no timer is needed."""
+async def _read_whole(upstream: Response, idle_s: float) -> bytes:
+    """The whole body, each piece within `idle_s` of the last (no limit on the total). It
+    usually came with the headers, and then no timer is needed."""
     body = upstream.take_complete_body()
     if body is not None:
         return body
-    async with asyncio.timeout(timeout_s):
-        return await upstream.read()
+    pieces = []
+    while True:
+        async with asyncio.timeout(idle_s):
+            piece = await upstream.readchunk()
+        if not piece:
+            return b"".join(pieces)
+        pieces.append(piece)
 
 
 async def _relay_stream(
@@ -410,6 +416,7 @@ async def _relay_stream(
     await out.prepare(request)
     timeouts = state.config.timeouts
     first = True
+    at_boundary = True  # the client has whole SSE frames only (nothing or "...\n\n" last)
     while True:
         t_wait = time.perf_counter()
         try:
@@ -418,7 +425,7 @@ async def _relay_stream(
                 data = await upstream.readchunk()
         except (UpstreamError, TimeoutError) as e:
             upstream.close()
-            await _end_stream_with_error(state, pool, ep, out, e)
+            await _end_stream_with_error(state, pool, ep, out, e, at_boundary)
             return out
         now = time.perf_counter()
         ctx.waited += now - t_wait
@@ -428,6 +435,7 @@ async def _relay_stream(
             state.metrics.stream_ttfb.labels(route_label, pool.name).observe(now - started)
             first = False
         await out.write(data)  # ConnectionResetError when the client is gone
+        at_boundary = data.endswith((b"\n\n", b"\r\n\r\n"))
         ctx.waited += time.perf_counter() - now  # waiting on the client is not overhead
     _record_status(state, pool, ep, upstream.status)
     await out.write_eof()
@@ -435,7 +443,12 @@ async def _relay_stream(
 
 
 async def _end_stream_with_error(
-    state: GatewayState, pool: Pool, ep: Endpoint, out: web.StreamResponse, e: BaseException
+    state: GatewayState,
+    pool: Pool,
+    ep: Endpoint,
+    out: web.StreamResponse,
+    e: BaseException,
+    at_boundary: bool,
 ) -> None:
     kind = "timeout" if isinstance(e, TimeoutError) else "stream"
     state.metrics.upstream_errors.labels(pool.name, ep.url, kind).inc()
@@ -446,5 +459,6 @@ async def _end_stream_with_error(
         f"the {pool.name} upstream failed mid-stream ({type(e).__name__}); "
         "the answer is incomplete",
     )
-    await out.write(error_event(err))
+    # After a partial frame, end it first: the error must arrive as an event of its own.
+    await out.write(error_event(err) if at_boundary else b"\n\n" + error_event(err))
     await out.write_eof()

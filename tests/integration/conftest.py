@@ -52,6 +52,7 @@ class FakeUpstream:
     healthy: bool = True
     chunks: int = 3  # SSE chunks per stream
     drop_after: int | None = None  # streams: cut the connection after this many chunks
+    drop_mid_frame: bool = False  # ...after sending half of the next frame
     vocab_size: int | None = 1000
     mask_ids_outside: bool = False  # answer masks whose sampled token is not inside
     received: list[Received] = field(default_factory=list)
@@ -130,15 +131,19 @@ class FakeUpstream:
         for i in range(self.chunks):
             if i and self.chunk_gap_s:
                 await asyncio.sleep(self.chunk_gap_s)
-            if self.drop_after is not None and i == self.drop_after:
-                assert request.transport is not None
-                request.transport.close()  # an upstream crash mid-stream
-                return resp
             chunk = {
                 "choices": [{"index": 0, "delta": {"content": f"t{i}"}}],
                 "upstream": self.name,
             }
-            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            frame = b"data: " + orjson.dumps(chunk) + b"\n\n"
+            if self.drop_after is not None and i == self.drop_after:
+                if self.drop_mid_frame:
+                    await resp.write(frame[: len(frame) // 2])
+                    await asyncio.sleep(0.05)
+                assert request.transport is not None
+                request.transport.close()  # an upstream crash mid-stream
+                return resp
+            await resp.write(frame)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

@@ -77,6 +77,21 @@ async def test_mid_stream_upstream_failure_ends_with_an_error_event(
     assert 'maskgate_stream_errors_total{pool="general"} 1.0' in text
 
 
+async def test_error_event_after_a_partial_frame_is_an_event_of_its_own(
+    upstreams, gateway, make_config
+):
+    up = await upstreams(chunks=5, drop_after=1, drop_mid_frame=True)
+    async with gateway(make_config([up.url])) as gw:
+        resp = await gw.client.post(gw.url + "/v1/completions", json=STREAM)
+        raw = await resp.read()
+    frames = raw.split(b"\n\n")
+    assert frames[-1] == b""  # the stream ends on a frame boundary
+    assert frames[0].startswith(b"data: {")  # the whole first frame
+    assert not frames[1].startswith(b'data: {"error')  # the cut frame, ended on its own
+    error = orjson.loads(frames[2][len(b"data: ") :])["error"]
+    assert error["code"] == "upstream_stream_error"
+
+
 async def test_idle_timeout_between_chunks_ends_the_stream(upstreams, gateway, make_config):
     up = await upstreams(chunks=3, chunk_gap_s=1.0)
     async with gateway(make_config([up.url], timeouts={"idle_s": 0.2})) as gw:
