@@ -391,7 +391,7 @@ async def _read_whole(upstream: Response, idle_s: float) -> bytes:
     body = upstream.take_complete_body()
     if body is not None:
         return body
-    pieces = []
+    pieces: list[bytes] = []
     while True:
         async with asyncio.timeout(idle_s):
             piece = await upstream.readchunk()
