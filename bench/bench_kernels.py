@@ -27,7 +27,14 @@ import triton.language as tl
 import kernels
 from kernels.inputs import check_inputs
 from kernels.triton_band import band_kernel
-from kernels.triton_path import DELTA, NBISECT, band_config, mask_index, sample_triton
+from kernels.triton_path import (
+    BAND_WARPS,
+    DELTA,
+    NBISECT,
+    band_config,
+    mask_index,
+    sample_triton,
+)
 from kernels.workloads import entropy_nats, flat_logits, peaked_logits
 
 SETTINGS = {  # name: (top_k, top_p, min_p)
@@ -53,39 +60,44 @@ def _floor_kernel(x_ptr, m_ptr, s_ptr, stride_x, vocab, n_chunks, CHUNK: tl.cons
     tl.store(s_ptr + row * n_chunks + chunk, tl.sum(tl.exp(x - m), axis=0))
 
 
-def floor_pass(x: torch.Tensor) -> None:
+def floor_pass(x: torch.Tensor, chunk: int) -> None:
     batch, vocab = x.shape
-    cfg = band_config(vocab)
-    m = torch.empty(batch, cfg.n_chunks, device=x.device)
+    n_chunks = triton.cdiv(vocab, chunk)
+    m = torch.empty(batch, n_chunks, device=x.device)
     s = torch.empty_like(m)
-    _floor_kernel[(batch, cfg.n_chunks)](
-        x, m, s, x.stride(0), vocab, cfg.n_chunks, CHUNK=cfg.chunk, num_warps=8
+    _floor_kernel[(batch, n_chunks)](
+        x, m, s, x.stride(0), vocab, n_chunks, CHUNK=chunk, num_warps=8
     )
 
 
-def band_pass(x: torch.Tensor, temp: torch.Tensor) -> None:
+def floor_time(it, rep_ms: int) -> float:
+    """The floor is the faster of two chunkings, so it is not handicapped by our choice."""
+    return min(bench(lambda c=c: floor_pass(next(it)["logits"], c), rep_ms) for c in (2048, 4096))
+
+
+def band_pass(x: torch.Tensor, temp: torch.Tensor, nbisect: int = NBISECT) -> None:
     """Pass 1 of kernels.sample alone, to split its time from the resolve pass."""
     batch, vocab = x.shape
     cfg = band_config(vocab)
-    cand = torch.empty(batch, cfg.ncand, dtype=torch.int64, device=x.device)
+    cand_x = torch.empty(batch, cfg.ncand, device=x.device)
+    cand_id = torch.empty(batch, cfg.ncand, dtype=torch.int32, device=x.device)
     m, s, d = (torch.empty(batch, cfg.n_chunks, device=x.device) for _ in range(3))
-    flags = torch.empty(batch, cfg.n_chunks, dtype=torch.int32, device=x.device)
     band_kernel[(batch, cfg.n_chunks)](
         x,
         temp,
-        cand,
+        cand_x,
+        cand_id,
         m,
         s,
         d,
-        flags,
         x.stride(0),
         vocab,
         cfg.n_chunks,
         CHUNK=cfg.chunk,
         KC=cfg.kc,
         DELTA=DELTA,
-        NBISECT=NBISECT,
-        num_warps=8 if cfg.chunk >= 2048 else 4,
+        NBISECT=nbisect,
+        num_warps=BAND_WARPS,
     )
 
 
@@ -205,7 +217,7 @@ def run_case(batch, vocab, dtype, setting, flat, rep_ms):
     }
     row["sample_us"] = bench(lambda: kernels.sample(**_args(next(it)), max_mask_tokens=CAP), rep_ms)
     row["graph_us"] = graph_time(bufs, rep_ms)
-    row["floor_us"] = bench(lambda: floor_pass(next(it)["logits"]), rep_ms)
+    row["floor_us"] = floor_time(it, rep_ms)
     row["band_us"] = bench(
         lambda: band_pass(*(lambda b: (b["logits"], b["temperature"]))(next(it))), rep_ms
     )
@@ -224,9 +236,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="only the target cases")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--rep-ms", type=int, default=40)
+    ap.add_argument("--split", action="store_true", help="time pass 1 variants and exit")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.split:
+        split_times(args.rep_ms)
+        return
     cases = []
     if args.quick:
         for batch, setting in itertools.product([1, 128], SETTINGS):
@@ -292,6 +308,26 @@ def main() -> None:
     ]
     if b1:
         print(f"B=1 V=151936 fp32 graph us: median {statistics.median(b1):.1f}")
+
+
+def split_times(rep_ms: int) -> None:
+    """Where the time goes at V=151936 fp32: floor, pass 1 with and without bisection."""
+    for batch in (1, 128):
+        bufs = [make_inputs(batch, 151936, torch.float32, "p0.95", False, i) for i in range(4)]
+        it = itertools.cycle(bufs)
+
+        def band(nbisect: int, it=it) -> None:
+            b = next(it)
+            band_pass(b["logits"], b["temperature"], nbisect)
+
+        floor = floor_time(it, rep_ms)
+        pass1 = bench(lambda: band(NBISECT), rep_ms)
+        pass1_flat = bench(lambda: band(0), rep_ms)
+        graph = graph_time(bufs, rep_ms)
+        print(
+            f"split B={batch}: floor {floor:.1f} us, pass1 {pass1:.1f} us, pass1 without "
+            f"bisection {pass1_flat:.1f} us, whole sample (graph) {graph:.1f} us"
+        )
 
 
 def save(rows, out: pathlib.Path) -> None:

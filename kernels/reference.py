@@ -62,7 +62,7 @@ def reference(
     nan_rows = (
         torch.isnan(z32).any(dim=1)
         | ~(z32 > float("-inf")).any(dim=1)
-        | (~greedy & torch.isposinf(z32).any(dim=1))
+        | torch.isposinf(z32).any(dim=1)
     )
     z32 = z32.masked_fill(nan_rows[:, None], 0.0)
     zs, order = torch.sort(z32.double(), dim=1, descending=True, stable=True)

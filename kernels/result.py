@@ -28,7 +28,7 @@ class SampleResult:
     mask_offsets: torch.Tensor  # [R+1] int64, CSR offsets into mask_ids
     mask_ids: torch.Tensor  # [>= N] int32, each row's ids in design order (3.9)
     mask_status: torch.Tensor  # [R] int8: STATUS_OK | STATUS_OVERFLOW | STATUS_TRUNCATED
-    nan_rows: torch.Tensor  # [B] bool: NaN in the row, +inf in z, or no finite logit
+    nan_rows: torch.Tensor  # [B] bool: a NaN or +inf in z (greedy rows too), or no finite z
     fallback_rows: torch.Tensor  # [B] bool: rows whose support needed the slow full pass
     support_sizes: torch.Tensor  # [B] int64: |S| (0 for flagged rows)
 

@@ -71,7 +71,8 @@ def sample_torch(inp: SampleInputs) -> SampleResult:
     greedy = inp.temperature.double() < GREEDY_T
     z = scaled_logits(x, inp.temperature)
     z_top = z.amax(dim=1)  # NaN propagates through amax
-    nan_rows = torch.isnan(z_top) | (z_top == NEG_INF) | (~greedy & (z_top == float("inf")))
+    # A NaN or +inf anywhere (also a z that overflowed), or no finite logit: never sampled.
+    nan_rows = torch.isnan(z_top) | (z_top == NEG_INF) | (z_top == float("inf"))
     z = z.masked_fill(nan_rows[:, None], 0.0)  # keeps the arithmetic finite; rows overridden
     keys = order_keys(z)  # [B, V] int64
 

@@ -20,11 +20,15 @@ from kernels.triton_band import band_kernel
 from kernels.triton_emit import emit_kernel
 from kernels.triton_resolve import resolve_kernel
 
-CHUNK_MAX = 4096  # logits per band program: 16 KiB of fp32, held in registers
+# Logits per band program. 2048 over 8 warps is 8 per thread: few registers, so several
+# programs share an SM and hide each other's load latency (4096 ran at 5x the floor).
+CHUNK_MAX = 2048
+BAND_WARPS = 8
 CAND_TARGET = 2048  # candidate keys per row that pass 1 keeps (at most)
 KC_MIN = 16
 DELTA = 12.0  # band depth below each chunk max, in nats (exp(-12) = 6e-6)
 NBISECT = 6  # band threshold bisection steps: DELTA / 64 resolution is plenty
+RESOLVE_BISECT = 8  # threshold steps picking a tier's best candidates
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
 FB_BLOCK = 2048
 # Largest mask a row may emit on CUDA: the fallback sorts up to this many keys in registers.
@@ -93,17 +97,17 @@ def sample_triton(
     if band_sizes is None:
         band_sizes = torch.empty(batch, dtype=torch.int64, device=dev)
 
-    cand = torch.empty(batch, cfg.ncand, dtype=torch.int64, device=dev)
+    cand_x = torch.empty(batch, cfg.ncand, dtype=torch.float32, device=dev)
+    cand_id = torch.empty(batch, cfg.ncand, dtype=torch.int32, device=dev)
     m_c, s_c, d_c = (torch.empty(batch, cfg.n_chunks, device=dev) for _ in range(3))
-    flags = torch.empty(batch, cfg.n_chunks, dtype=torch.int32, device=dev)
     band_kernel[(batch, cfg.n_chunks)](
         x,
         inp.temperature,
-        cand,
+        cand_x,
+        cand_id,
         m_c,
         s_c,
         d_c,
-        flags,
         x.stride(0),
         vocab,
         cfg.n_chunks,
@@ -111,7 +115,7 @@ def sample_triton(
         KC=cfg.kc,
         DELTA=DELTA,
         NBISECT=NBISECT,
-        num_warps=8 if cfg.chunk >= 2048 else 4,
+        num_warps=BAND_WARPS,
     )
 
     tokens = torch.empty(batch, dtype=torch.int64, device=dev)
@@ -132,11 +136,11 @@ def sample_triton(
         seed = inp.seed
     step = inp.step if inp.step is not None else seed
     resolve_kernel[(batch,)](
-        cand,
+        cand_x,
+        cand_id,
         m_c,
         s_c,
         d_c,
-        flags,
         x,
         x.stride(0),
         inp.temperature,
@@ -168,7 +172,7 @@ def sample_triton(
         T2=t2,
         CAP_BLOCK=cap_block,
         FB_BLOCK=FB_BLOCK,
-        NBISECT=12,
+        NBISECT=RESOLVE_BISECT,
         HAS_STEP=inp.step is not None,
         num_warps=8 if cand_block >= 2048 else 4,
     )

@@ -13,7 +13,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.triton_common import EMPTY_KEY, GREEDY_T, gumbel, row_keys, unpack_id, unpack_z
+from kernels.triton_common import (
+    EMPTY_KEY,
+    GREEDY_T,
+    gumbel,
+    pack_key,
+    row_keys,
+    scale,
+    unpack_id,
+    unpack_z,
+)
 from kernels.triton_fallback import (
     fallback_draw,
     fallback_gather,
@@ -120,11 +129,11 @@ def _draw(z, ids, mass, n, greedy, k0, k1, z_max, BLOCK: tl.constexpr):
 
 @triton.jit
 def resolve_kernel(
-    cand_ptr,
+    cand_x_ptr,
+    cand_id_ptr,
     m_ptr,
     s_ptr,
-    d_ptr,
-    flag_ptr,  # pass-1 outputs
+    d_ptr,  # pass-1 outputs
     x_ptr,
     stride_x,
     temp_ptr,
@@ -166,12 +175,12 @@ def resolve_kernel(
     m_c = tl.load(m_ptr + stat, mask=in_ch, other=float("-inf"))
     s_c = tl.load(s_ptr + stat, mask=in_ch, other=0.0)
     d_c = tl.load(d_ptr + stat, mask=in_ch, other=float("-inf"))
-    f_c = tl.load(flag_ptr + stat, mask=in_ch, other=0)
     z_max = tl.max(m_c, axis=0)
     temp = tl.load(temp_ptr + row)
     greedy = temp.to(tl.float64) < GREEDY_T
-    bad = (tl.max(f_c & 1, axis=0) > 0) | (z_max == float("-inf"))
-    bad = bad | (~greedy & (tl.max(f_c & 2, axis=0) > 0))
+    # A NaN or +inf anywhere (s_c is NaN then), or no finite logit: never sampled.
+    bad = (tl.max((s_c != s_c).to(tl.int32), axis=0) > 0) | (z_max == float("-inf"))
+    bad = bad | (z_max == float("inf"))
     z_sum = tl.sum(tl.where(m_c > float("-inf"), s_c * tl.exp(m_c - z_max), 0.0), axis=0)
     d_max = tl.max(d_c, axis=0)
 
@@ -192,8 +201,11 @@ def resolve_kernel(
     scratch = scratch_ptr + row * (T1 + T2 + CAP_BLOCK)
 
     pos = tl.arange(0, CAND_BLOCK)
-    keys = tl.load(cand_ptr + row * NCAND + pos, mask=pos < NCAND, other=EMPTY_KEY)
-    z_all = tl.where(keys == EMPTY_KEY, float("-inf"), unpack_z(keys))
+    cand = row * NCAND + pos
+    x_c = tl.load(cand_x_ptr + cand, mask=pos < NCAND, other=float("-inf"))
+    ids_c = tl.load(cand_id_ptr + cand, mask=pos < NCAND, other=0).to(tl.int64)
+    z_all = scale(x_c, temp)  # exact z for the candidates only
+    keys = tl.where(z_all > float("-inf"), pack_key(z_all, ids_c), EMPTY_KEY)
     listed = z_all > d_max  # every token with z > d_max is a candidate
     tl.store(band_ptr + row, tl.sum(listed.to(tl.int64), axis=0))
 
@@ -203,6 +215,9 @@ def resolve_kernel(
     )
     n = tl.where(greedy, 1, n)
     token, logprob, j = _draw(z, ids, mass, n, greedy, k0, k1, z_max, T1)
+    # Greedy: the largest key of all candidates (its chunk always writes it), even when ties
+    # leave nothing listed above d_max.
+    token = tl.where(greedy, unpack_id(tl.max(keys, axis=0)), token)
     fallback = tl.full([], 0, tl.int8)
     if greedy | bad | ~undecided:
         if midx >= 0:
@@ -211,7 +226,7 @@ def resolve_kernel(
                 cnt_ptr,
                 status_ptr,
                 midx,
-                ids,
+                tl.where(greedy, token, ids),
                 tl.arange(0, T1),
                 tl.where(bad, 0, n),
                 j,
