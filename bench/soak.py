@@ -17,6 +17,9 @@ first and last minute, and the gateway's RSS and open fds at the start and the e
 
     .venv/bin/python bench/soak.py                      # 10 minutes (plus ~1 min set-up)
     .venv/bin/python bench/soak.py --duration-s 60      # a quick look
+
+The gateway and the fake upstream run from `git archive` of --rev (default HEAD), so edits
+to the working tree during a run cannot leak into it.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ import aiohttp
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-UPSTREAM = REPO / "tests" / "integration" / "faults" / "fault_upstream.py"
+UPSTREAM_PATH = "tests/integration/faults/fault_upstream.py"
 RESULTS = REPO / "bench" / "results"
 RETRYABLE, NON_RETRYABLE = ("503", "reset"), ("500", "abort")
+CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=60)  # a stuck request counts as an error
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 # (weight, path, body): ~70% general, ~30% mask; a quarter of all requests stream.
@@ -73,11 +77,28 @@ MIX: list[tuple[float, str, dict[str, Any]]] = [
 ]
 
 
-def start_upstream(seed: int) -> tuple[subprocess.Popen[bytes], str]:
+def snapshot(rev: str, into: Path) -> str:
+    """Export `gateway/` and the fake upstream at `rev` into `into`; returns the commit.
+
+    The soak runs for minutes: it must not pick up files that change meanwhile."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    archive = subprocess.run(
+        ["git", "archive", commit, "gateway", UPSTREAM_PATH],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return commit
+
+
+def start_upstream(src: Path, seed: int) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen(
         [
             sys.executable,
-            str(UPSTREAM),
+            str(src / UPSTREAM_PATH),
             "--port",
             "0",
             "--seed",
@@ -98,7 +119,7 @@ def start_upstream(seed: int) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def start_gateway(
-    general: list[str], mask: list[str], workdir: Path
+    src: Path, general: list[str], mask: list[str], workdir: Path
 ) -> tuple[subprocess.Popen[bytes], int]:
     import yaml
 
@@ -121,10 +142,10 @@ def start_gateway(
     log = (workdir / "soak-gateway.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "--config", str(path), "--log-level", "info"],
-        cwd=REPO,
+        cwd=src,
         stdout=log,
         stderr=log,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(src)},
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -173,23 +194,28 @@ def pick(rng: random.Random) -> tuple[str, dict[str, Any]]:
     return MIX[-1][1], MIX[-1][2]
 
 
-async def closed_loop(base: str, concurrency: int, seconds: float) -> float:
+async def closed_loop(base: str, concurrency: int, seconds: float) -> tuple[float, dict[str, int]]:
+    """Successful requests per second with `concurrency` always in flight, and failures."""
     rng = random.Random(1)
     done = 0
+    failed: dict[str, int] = {}
     stop = time.monotonic() + seconds
     conn = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=conn) as session:
+    async with aiohttp.ClientSession(connector=conn, timeout=CLIENT_TIMEOUT) as session:
 
         async def worker() -> None:
             nonlocal done
             while time.monotonic() < stop:
                 path, body = pick(rng)
-                await one_request(session, base + path, body)
-                done += 1
+                outcome = await one_request(session, base + path, body)
+                if outcome == "ok":
+                    done += 1
+                else:
+                    failed[outcome] = failed.get(outcome, 0) + 1
 
         t0 = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return done / (time.monotonic() - t0)
+        return done / (time.monotonic() - t0), failed
 
 
 async def open_loop(
@@ -199,7 +225,7 @@ async def open_loop(
     rec = Recorder()
     conn = aiohttp.TCPConnector(limit=0)
     tasks: set[asyncio.Task[None]] = set()
-    async with aiohttp.ClientSession(connector=conn) as session:
+    async with aiohttp.ClientSession(connector=conn, timeout=CLIENT_TIMEOUT) as session:
         t0 = time.monotonic()
 
         async def fire(scheduled: float, path: str, body: dict[str, Any]) -> None:
@@ -252,15 +278,20 @@ async def control(urls: list[str], **knobs: Any) -> list[dict[str, Any]]:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="maskgate-soak-"))
-    ups = [start_upstream(seed) for seed in range(4)]
+    src = workdir / "src"
+    src.mkdir()
+    commit = snapshot(args.rev, src)
+    ups = [start_upstream(src, seed) for seed in range(4)]
     general, mask = [u for _, u in ups[:2]], [u for _, u in ups[2:]]
-    gw_proc, port = start_gateway(general, mask, workdir)
+    gw_proc, port = start_gateway(src, general, mask, workdir)
     base = f"http://127.0.0.1:{port}"
     gw = psutil.Process(gw_proc.pid)
     try:
         await asyncio.sleep(2)  # first health checks
         await closed_loop(base, args.concurrency, 3)  # warm-up
-        max_rps = await closed_loop(base, args.concurrency, args.measure_s)
+        max_rps, failed = await closed_loop(base, args.concurrency, args.measure_s)
+        if failed:  # no faults are injected yet: any failure is the gateway's
+            raise RuntimeError(f"requests failed without faults: {failed}; logs in {workdir}")
         rate = args.rate_fraction * max_rps
         print(
             f"max {max_rps:.0f} req/s (closed loop, concurrency {args.concurrency}); "
@@ -277,7 +308,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         stats = await control(general + mask, fault_rate=0.0)
         async with aiohttp.ClientSession() as s, s.get(base + "/metrics") as r:
             metrics = await r.text()
-        return summarize(args, max_rps, rate, rec, stats, start, end, samples, load0, metrics)
+        result = summarize(args, max_rps, rate, rec, stats, start, end, samples, load0, metrics)
+        return {**result, "commit": commit}
     finally:
         gw_proc.terminate()
         gw_proc.wait(timeout=30)
@@ -354,9 +386,6 @@ def summarize(
         "loadavg_at_start": load0,
         "loadavg_at_end": os.getloadavg(),
         "cpus": os.cpu_count(),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip(),
     }
 
 
@@ -394,6 +423,7 @@ def main() -> None:
     p.add_argument("--rate-fraction", type=float, default=0.8)
     p.add_argument("--fault-rate", type=float, default=0.01)
     p.add_argument("--out", default="soak", help="result file stem under bench/results/")
+    p.add_argument("--rev", default="HEAD", help="git revision of the gateway to soak")
     args = p.parse_args()
     result = asyncio.run(main_async(args))
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -91,6 +91,7 @@ class Upstream:
 
     async def health(self, request: web.Request) -> web.Response:
         self.counts["health"] += 1
+        self.counts["health_ok" if self.knobs.healthy else "health_fail"] += 1
         return web.json_response({}, status=200 if self.knobs.healthy else 503)
 
     async def models(self, request: web.Request) -> web.Response:

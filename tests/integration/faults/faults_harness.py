@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 UPSTREAM_SCRIPT = HERE / "fault_upstream.py"
-START_TIMEOUT_S = 15.0
+START_TIMEOUT_S = 30.0  # generous: CI machines are small and busy
 
 # Short timeouts keep every case within a few seconds (seconds).
 TIMEOUTS = {
@@ -151,10 +151,13 @@ class Procs:
         args = [sys.executable, str(UPSTREAM_SCRIPT), "--host", host, "--port", str(port)]
         for name, value in knobs.items():
             args += ["--" + name.replace("_", "-"), str(value)]
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        n = sum(1 for p in self.tmp.iterdir() if p.name.startswith("upstream"))
+        log = self.tmp / f"upstream{n}.log"
+        with log.open("wb") as err:
+            proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err)
         self.started.append(proc)
         line = _read_line(proc, START_TIMEOUT_S)
-        assert line.startswith("LISTENING "), f"upstream did not start: {line!r}"
+        assert line.startswith("LISTENING "), f"upstream did not start: {log.read_text()}"
         return UpstreamProc(proc, host, int(line.split()[1]))
 
     async def gateway(self, config: dict[str, Any], wrap: list[str] | None = None) -> GatewayProc:

@@ -40,21 +40,21 @@ async def test_flapping_endpoint_is_ejected_and_readmitted_per_thresholds(
     before = gw.resources()
 
     for _ in range(FLAPS):
-        checks0 = await a.count("health")
+        fails0 = await a.count("health_fail")
         await a.control(healthy=False)
         await wait_until(lambda: _is(gw, "general", a, 0.0), timeout=5.0, what="ejection")
         # Ejected only once the threshold of failed checks in a row was reached.
-        assert await a.count("health") - checks0 >= UNHEALTHY_AFTER
+        assert await a.count("health_fail") - fails0 >= UNHEALTHY_AFTER
         served = await a.count()
         for _ in range(10):
             async with client.post(gw.url + "/v1/chat/completions", json=CHAT) as resp:
                 assert resp.status == 200
         assert await a.count() == served  # out of rotation
 
-        checks1 = await a.count("health")
+        oks1 = await a.count("health_ok")
         await a.control(healthy=True)
         await wait_until(lambda: _is(gw, "general", a, 1.0), timeout=5.0, what="readmission")
-        assert await a.count("health") - checks1 >= HEALTHY_AFTER
+        assert await a.count("health_ok") - oks1 >= HEALTHY_AFTER
         served = await a.count()
         for _ in range(20):
             async with client.post(gw.url + "/v1/chat/completions", json=CHAT) as resp:

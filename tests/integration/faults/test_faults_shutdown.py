@@ -14,7 +14,7 @@ from faults_harness import CHAT, MASK_GENERATE, Procs, Stream, gateway_config, w
 pytestmark = pytest.mark.integration
 
 CHUNKS, GAP_S = 20, 0.1  # each stream runs ~2 s
-DELAY_S, GRACE_S = 0.5, 10.0
+DELAY_S, GRACE_S = 1.5, 10.0
 
 
 async def test_sigterm_drains_every_stream_in_flight(

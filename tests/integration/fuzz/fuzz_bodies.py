@@ -13,6 +13,7 @@ truncation) is reachable.
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -323,7 +324,8 @@ def mutated_mask_case(draw: st.DrawFn) -> tuple[str, bytes, Any]:
         if draw(st.integers(0, 4)) == 0:
             target.pop(name, None)
         else:
-            target[name] = draw(HOSTILE)
+            # A copy: the sampled constants must never be shared or mutated in place.
+            target[name] = copy.deepcopy(draw(HOSTILE))
     return path, encode(body), body
 
 
