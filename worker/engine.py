@@ -55,10 +55,17 @@ class RequestHandle:
     async def next_event(self, timeout: float) -> Event | None:
         """The next event, or None after `timeout` seconds without one (the caller then
         checks whether its client is still there)."""
-        try:
-            ev = await asyncio.wait_for(self.queue.get(), timeout)
-        except TimeoutError:
-            return None
+        if self.queue.empty():
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that races with the result, and events arrive every step, so a
+            # disconnected client's cancellation would often be lost.
+            try:
+                async with asyncio.timeout(timeout):
+                    ev = await self.queue.get()
+            except TimeoutError:
+                return None
+        else:
+            ev = self.queue.get_nowait()
         if ev.finished:
             self.num_open -= 1
         return ev

@@ -125,12 +125,18 @@ class SeqOutput:
 async def follow(request: web.Request, handle: RequestHandle) -> AsyncIterator[Event]:
     """The request's events until every sequence finished. Raises ClientGone when the
     client disconnects; the caller aborts the handle in a `finally`."""
+    checked = time.monotonic()
     while handle.num_open:
         ev = await handle.next_event(DISCONNECT_POLL_S)
         if ev is not None:
             yield ev
-        elif request.transport is None or request.transport.is_closing():
-            raise ClientGone
+        # Checked while events flow too, not only when they pause: handler cancellation is
+        # the fast path, this is the guarantee.
+        now = time.monotonic()
+        if ev is None or now - checked >= DISCONNECT_POLL_S:
+            checked = now
+            if request.transport is None or request.transport.is_closing():
+                raise ClientGone
 
 
 async def collect(request: web.Request, handle: RequestHandle, outs: list[SeqOutput]) -> None:
