@@ -48,6 +48,8 @@ class WorkerConfig(BaseModel):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     # /generate streams: cumulative text/ids/meta_info per chunk (SGLang default) or deltas.
     incremental_streaming_output: bool = False
+    # SIGTERM: stop listening, give in-flight requests this long to finish, then stop.
+    shutdown_grace_s: float = Field(60.0, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
