@@ -26,15 +26,7 @@ import triton.language as tl
 
 import kernels
 from kernels.inputs import check_inputs
-from kernels.triton_band import band_kernel
-from kernels.triton_path import (
-    BAND_WARPS,
-    DELTA,
-    NBISECT,
-    band_config,
-    mask_index,
-    sample_triton,
-)
+from kernels.triton_path import NBISECT, band_config, launch_band, mask_index, sample_triton
 from kernels.workloads import entropy_nats, flat_logits, peaked_logits
 
 SETTINGS = {  # name: (top_k, top_p, min_p)
@@ -75,30 +67,14 @@ def floor_time(it, rep_ms: int) -> float:
     return min(bench(lambda c=c: floor_pass(next(it)["logits"], c), rep_ms) for c in (2048, 4096))
 
 
-def band_pass(x: torch.Tensor, temp: torch.Tensor, nbisect: int = NBISECT) -> None:
+def band_pass(x: torch.Tensor, temp: torch.Tensor, nbisect: int = NBISECT, sub: int = 1) -> None:
     """Pass 1 of kernels.sample alone, to split its time from the resolve pass."""
     batch, vocab = x.shape
-    cfg = band_config(vocab)
+    cfg = band_config(vocab, sub=sub)
     cand_x = torch.empty(batch, cfg.ncand, device=x.device)
     cand_id = torch.empty(batch, cfg.ncand, dtype=torch.int32, device=x.device)
     m, s, d = (torch.empty(batch, cfg.n_chunks, device=x.device) for _ in range(3))
-    band_kernel[(batch, cfg.n_chunks)](
-        x,
-        temp,
-        cand_x,
-        cand_id,
-        m,
-        s,
-        d,
-        x.stride(0),
-        vocab,
-        cfg.n_chunks,
-        CHUNK=cfg.chunk,
-        KC=cfg.kc,
-        DELTA=DELTA,
-        NBISECT=nbisect,
-        num_warps=BAND_WARPS,
-    )
+    launch_band(x, temp, cand_x, cand_id, m, s, d, cfg, nbisect)
 
 
 def sort_path(x, temp, top_k, top_p, min_p):
@@ -237,9 +213,13 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--rep-ms", type=int, default=40)
     ap.add_argument("--split", action="store_true", help="time pass 1 variants and exit")
+    ap.add_argument("--plot-only", metavar="JSON", help="redraw the PNG from a results file")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.plot_only:
+        plot(json.loads(pathlib.Path(args.plot_only).read_text()), out / "kernels_bench.png")
+        return
     if args.split:
         split_times(args.rep_ms)
         return
@@ -316,17 +296,19 @@ def split_times(rep_ms: int) -> None:
         bufs = [make_inputs(batch, 151936, torch.float32, "p0.95", False, i) for i in range(4)]
         it = itertools.cycle(bufs)
 
-        def band(nbisect: int, it=it) -> None:
+        def band(nbisect: int, sub: int = 1, it=it) -> None:
             b = next(it)
-            band_pass(b["logits"], b["temperature"], nbisect)
+            band_pass(b["logits"], b["temperature"], nbisect, sub)
 
         floor = floor_time(it, rep_ms)
         pass1 = bench(lambda: band(NBISECT), rep_ms)
         pass1_flat = bench(lambda: band(0), rep_ms)
+        tiled = {sub: bench(lambda sub=sub: band(NBISECT, sub), rep_ms) for sub in (2, 4)}
         graph = graph_time(bufs, rep_ms)
         print(
             f"split B={batch}: floor {floor:.1f} us, pass1 {pass1:.1f} us, pass1 without "
-            f"bisection {pass1_flat:.1f} us, whole sample (graph) {graph:.1f} us"
+            f"bisection {pass1_flat:.1f} us, tiled pass1 (2, 4 chunks) {tiled[2]:.1f} / "
+            f"{tiled[4]:.1f} us, whole sample (graph) {graph:.1f} us"
         )
 
 

@@ -17,6 +17,7 @@ import triton
 from kernels.inputs import SampleInputs
 from kernels.result import SampleResult
 from kernels.triton_band import band_kernel
+from kernels.triton_band_tiled import band_tiled_kernel
 from kernels.triton_emit import emit_kernel
 from kernels.triton_resolve import resolve_kernel
 
@@ -40,20 +41,45 @@ class BandConfig:
     chunk: int
     kc: int
     n_chunks: int
+    sub: int = 1  # chunks per pass-1 program; > 1 takes band_tiled_kernel
 
     @property
     def ncand(self) -> int:
         return self.n_chunks * self.kc
 
 
-def band_config(vocab: int, chunk: int | None = None, kc: int | None = None) -> BandConfig:
+def band_config(
+    vocab: int, chunk: int | None = None, kc: int | None = None, sub: int = 1
+) -> BandConfig:
     """Chunk size and candidates per chunk for a vocabulary (tests shrink them)."""
     chunk = chunk or min(CHUNK_MAX, triton.next_power_of_2(vocab))
     n_chunks = triton.cdiv(vocab, chunk)
     if kc is None:
         per_chunk = max(KC_MIN, CAND_TARGET // n_chunks)
         kc = min(chunk, 1 << (per_chunk.bit_length() - 1))  # a power of two for tl.arange
-    return BandConfig(chunk=chunk, kc=kc, n_chunks=n_chunks)
+    return BandConfig(chunk=chunk, kc=kc, n_chunks=n_chunks, sub=sub)
+
+
+def launch_band(
+    x: torch.Tensor,
+    temperature: torch.Tensor,
+    cand_x: torch.Tensor,
+    cand_id: torch.Tensor,
+    m_c: torch.Tensor,
+    s_c: torch.Tensor,
+    d_c: torch.Tensor,
+    cfg: BandConfig,
+    nbisect: int = NBISECT,
+) -> None:
+    """Pass 1: one program per chunk (band_kernel) or per tile of cfg.sub chunks."""
+    batch, vocab = x.shape
+    common = (x, temperature, cand_x, cand_id, m_c, s_c, d_c, x.stride(0), vocab, cfg.n_chunks)
+    consts = {"CHUNK": cfg.chunk, "KC": cfg.kc, "DELTA": DELTA, "NBISECT": nbisect}
+    if cfg.sub > 1:
+        grid = (batch, triton.cdiv(cfg.n_chunks, cfg.sub))
+        band_tiled_kernel[grid](*common, SUB=cfg.sub, **consts, num_warps=BAND_WARPS)
+    else:
+        band_kernel[(batch, cfg.n_chunks)](*common, **consts, num_warps=BAND_WARPS)
 
 
 def mask_index(want_mask: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -100,23 +126,7 @@ def sample_triton(
     cand_x = torch.empty(batch, cfg.ncand, dtype=torch.float32, device=dev)
     cand_id = torch.empty(batch, cfg.ncand, dtype=torch.int32, device=dev)
     m_c, s_c, d_c = (torch.empty(batch, cfg.n_chunks, device=dev) for _ in range(3))
-    band_kernel[(batch, cfg.n_chunks)](
-        x,
-        inp.temperature,
-        cand_x,
-        cand_id,
-        m_c,
-        s_c,
-        d_c,
-        x.stride(0),
-        vocab,
-        cfg.n_chunks,
-        CHUNK=cfg.chunk,
-        KC=cfg.kc,
-        DELTA=DELTA,
-        NBISECT=NBISECT,
-        num_warps=BAND_WARPS,
-    )
+    launch_band(x, inp.temperature, cand_x, cand_id, m_c, s_c, d_c, cfg)
 
     tokens = torch.empty(batch, dtype=torch.int64, device=dev)
     logprobs = torch.empty(batch, dtype=torch.float32, device=dev)

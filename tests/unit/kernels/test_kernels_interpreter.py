@@ -96,6 +96,31 @@ print(json.dumps(out))
 """
 
 
+TILED = """
+from kernels.triton_path import launch_band
+vocab = 700
+g = torch.Generator().manual_seed(3)
+x = adversarial_logits(list(ADVERSARIAL_KINDS) * 2, vocab, g)
+x[0, 5] = float("nan")
+x[1, 9] = float("inf")
+b = x.shape[0]
+temp = torch.tensor([1.0, 0.0, 0.5, 2.0] * 3)
+outs = []
+for sub in (1, 4):
+    cfg = band_config(vocab, chunk=64, kc=8, sub=sub)
+    cx = torch.full((b, cfg.ncand), 7.0)
+    ci = torch.full((b, cfg.ncand), -5, dtype=torch.int32)
+    stats = [torch.full((b, cfg.n_chunks), 3.0) for _ in range(3)]
+    launch_band(x, temp, cx, ci, *stats, cfg)
+    outs.append([cx, ci] + [torch.nan_to_num(t, nan=1234.0) for t in stats])
+one, tiled = outs
+used = one[0] > float("-inf")
+same = torch.equal(one[0], tiled[0]) and torch.equal(one[1][used], tiled[1][used])
+same = same and all(torch.equal(a, c) for a, c in zip(one[2:], tiled[2:]))
+print(json.dumps({"same": same}))
+"""
+
+
 def interpret(body: str) -> dict:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
@@ -116,6 +141,10 @@ def test_interpreted_grid_matches_oracle_and_torch_path() -> None:
     assert out["rows"] == 24
     assert out["fallback"] > 0  # the shrunken band sends some rows down the bisection path
     assert out["same_tokens"] and out["same_sizes"]
+
+
+def test_tiled_pass_one_writes_what_the_chunked_one_does() -> None:
+    assert interpret(TILED)["same"]
 
 
 def test_interpreted_edge_rows_match_torch_path() -> None:
