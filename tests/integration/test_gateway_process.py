@@ -69,12 +69,12 @@ async def wait_ready(session: aiohttp.ClientSession, url: str) -> None:
 
 
 async def test_sigterm_fails_readiness_then_drains_in_flight_work(upstreams, tmp_path):
-    slow = await upstreams(name="slow", delay_s=1.0)
+    slow = await upstreams(name="slow", delay_s=2.0)
     streamer = await upstreams(name="streamer", chunks=5, chunk_gap_s=0.2)
     config: dict[str, Any] = {
         "host": "127.0.0.1",
         "port": 0,
-        "shutdown_delay_s": 0.5,
+        "shutdown_delay_s": 1.5,
         "shutdown_grace_s": 10,
         "pools": {"general": {"endpoints": [slow.url]}, "mask": {"endpoints": [streamer.url]}},
         "timeouts": {"health_interval_s": 0.1},

@@ -120,8 +120,8 @@ async def test_circuit_opens_on_5xx_but_not_on_429_or_503(upstreams, gateway, ma
         [flaky.url],
         [busy.url],
         pools={
-            "general": {"circuit": {"failure_threshold": 3, "open_s": 0.3}},
-            "mask": {"circuit": {"failure_threshold": 3, "open_s": 0.3}},
+            "general": {"circuit": {"failure_threshold": 3, "open_s": 1.0}},
+            "mask": {"circuit": {"failure_threshold": 3, "open_s": 1.0}},
         },
         retries={"max_attempts": 1},
     )
@@ -139,24 +139,25 @@ async def test_circuit_opens_on_5xx_but_not_on_429_or_503(upstreams, gateway, ma
         mask_ep = gw.state.pools["mask"].endpoints[0]
         assert mask_ep.circuit.state.name == "CLOSED"  # backpressure is not a fault
         # After open_s one probe goes through; its success closes the circuit.
-        await asyncio.sleep(0.35)
+        await asyncio.sleep(1.05)
         assert (await gw.post("/v1/completions", BODY))[0] == 200
         assert gw.state.pools["general"].endpoints[0].circuit.state.name == "CLOSED"
     assert len(flaky.requests) == 4
 
 
-async def test_queue_full_is_429_and_queue_timeout_is_503(upstreams, gateway, make_config):
-    slow = await upstreams(name="slow", delay_s=0.5)
+async def test_queue_full_is_429_and_queue_timeout_is_503(upstreams, gateway, make_config, until):
+    slow = await upstreams(name="slow", delay_s=1.5)
     config = make_config(
         [],
         [slow.url],
-        pools={"mask": {"max_concurrency": 1, "max_queue": 1, "queue_timeout_s": 0.2}},
+        pools={"mask": {"max_concurrency": 1, "max_queue": 1, "queue_timeout_s": 0.5}},
     )
     async with gateway(config) as gw:
+        admission = gw.state.pools["mask"].admission
         first = asyncio.create_task(gw.post("/generate", MASK_GEN))
-        await asyncio.sleep(0.05)  # holds the only permit
+        await until(lambda: admission.active == 1)  # holds the only permit
         queued = asyncio.create_task(gw.post("/generate", MASK_GEN))
-        await asyncio.sleep(0.05)  # holds the only queue slot
+        await until(lambda: admission.depth == 1)  # holds the only queue slot
         status, body, resp = await gw.post("/generate", MASK_GEN)
         assert (status, body["error"]["code"]) == (429, "pool_overloaded")
         assert resp.headers["Retry-After"] == "1"
@@ -172,7 +173,7 @@ async def test_queue_full_is_429_and_queue_timeout_is_503(upstreams, gateway, ma
 
 
 async def test_queue_is_fifo_and_permit_is_held_until_the_stream_ends(
-    upstreams, gateway, make_config
+    upstreams, gateway, make_config, until
 ):
     up = await upstreams(name="up", chunks=4, chunk_gap_s=0.1)
     config = make_config([up.url], pools={"general": {"max_concurrency": 1, "max_queue": 8}})
@@ -186,11 +187,12 @@ async def test_queue_is_fifo_and_permit_is_held_until_the_stream_ends(
                 await r.read()
             order.append(i)
 
+        pool = gw.state.pools["general"]
         tasks = []
         for i in range(3):
             tasks.append(asyncio.create_task(stream(i)))
-            await asyncio.sleep(0.03)
-        pool = gw.state.pools["general"]
+            # One at a time, so the arrival order is known: 1 running, then 1 and 2 queued.
+            await until(lambda i=i: (pool.admission.active, pool.admission.depth) == (1, i))
         assert pool.admission.active == 1 and pool.admission.depth == 2
         await asyncio.gather(*tasks)
         assert order == [0, 1, 2]
