@@ -268,8 +268,8 @@ def _complete(path: str, body: dict[str, Any], chunks: int) -> Any:
     limit = body.get("max_tokens", body.get("max_completion_tokens"))
     n = _tokens(limit, chunks)
     choices = []
-    n = body.get("n")
-    for i in range(min(n, 4) if isinstance(n, int) else 1):
+    n_choices = body.get("n")
+    for i in range(min(n_choices, 4) if isinstance(n_choices, int) else 1):
         choice: dict[str, Any] = {"index": i, "finish_reason": "length"}
         if path == "/v1/chat/completions":
             choice["message"] = {"role": "assistant", "content": " tok" * n}
