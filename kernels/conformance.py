@@ -50,8 +50,8 @@ def check_result(
     inverse = torch.empty_like(ref.order)
     inverse.scatter_(1, ref.order, torch.arange(vocab, device=dev).expand(batch, -1))
     tok_pos = inverse.gather(1, tokens_t.clamp(0, vocab - 1)[:, None]).squeeze(1)
-    ref_lp = ref.z.gather(1, tok_pos[:, None]).squeeze(1) - ref.log_norm
-    ref_lp = torch.where(ref.greedy, 0.0, ref_lp).cpu().tolist()
+    ref_lp_t = ref.z.gather(1, tok_pos[:, None]).squeeze(1) - ref.log_norm
+    ref_lp = torch.where(ref.greedy, 0.0, ref_lp_t).cpu().tolist()
     tok_pos_l = tok_pos.cpu().tolist()
     ref_sizes = ref.support_sizes.cpu().tolist()
     ambiguous = ref.ambiguous.cpu().tolist()
