@@ -36,7 +36,7 @@ def _name(frame: str) -> str:
 # caller above them decides.
 OWNERS = (
     ("aiohttp client", ("aiohttp/client", "aiohttp/connector.py")),
-    ("gateway upstream client", ("gateway/upstream.py",)),
+    ("gateway upstream client", ("gateway/upstream.py", "gateway/http1.py")),
     ("aiohttp server", ("aiohttp/web_",)),
     ("gateway logic", ("gateway/", "prometheus_client/", "logging/", "json/")),
     ("asyncio.timeout", ("asyncio/timeouts.py",)),
