@@ -14,7 +14,7 @@ set-ups that are compared with each other:
 Then an RSS run: the single-process gateway (split layout) under load for --rss-seconds,
 sampled once a second. Optionally a py-spy profile of the gateway under load.
 
-    .venv/bin/python bench/bench_gateway.py                       # everything (~12 min)
+    .venv/bin/python bench/bench_gateway.py --profile-seconds 15  # everything (~13 min)
     .venv/bin/python bench/bench_gateway.py --rss-seconds 0       # skip the RSS run
     .venv/bin/python bench/bench_gateway.py --setups direct,router --rss-seconds 0
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -43,6 +42,7 @@ import psutil
 
 from bench.gateway import procs, report
 from bench.gateway.load import Load, run_wrk
+from bench.gateway.machine import set_priority, versions
 from bench.gateway.rss import RssSampler, tree_rss_mib
 from bench.gateway.upstream import Nginx
 
@@ -65,7 +65,8 @@ FLOORS = [(f"aiohttp-{m}", "split") for m in ("answer", "proxy", "lean")]
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated wrk connection counts")
-    p.add_argument("--seconds", type=float, default=5, help="seconds per measured wrk run")
+    # Whole seconds throughout: wrk takes no fractions.
+    p.add_argument("--seconds", type=int, default=5, help="seconds per measured wrk run")
     p.add_argument(
         "--repeat",
         type=int,
@@ -73,18 +74,18 @@ def parse_args() -> argparse.Namespace:
         help="measured runs per point; the median by req/s is kept (all are recorded)",
     )
     p.add_argument(
-        "--warmup", type=float, default=3, help="discarded seconds before each measurement"
+        "--warmup", type=int, default=3, help="discarded seconds before each measurement"
     )
     p.add_argument(
         "--setups", default=",".join(sorted({s for s, _ in PLAN})), help="subset of set-ups to run"
     )
     p.add_argument("--layouts", default="split,shared", help="subset of core layouts to run")
     p.add_argument(
-        "--rss-seconds", type=float, default=300, help="gateway RSS run length; 0 skips it"
+        "--rss-seconds", type=int, default=300, help="gateway RSS run length; 0 skips it"
     )
     p.add_argument("--rss-concurrency", type=int, default=64)
     p.add_argument(
-        "--profile-seconds", type=float, default=0, help="py-spy the gateway under load; 0 skips"
+        "--profile-seconds", type=int, default=0, help="py-spy the gateway under load; 0 skips"
     )
     p.add_argument("--profile-concurrency", type=int, default=64)
     p.add_argument(
@@ -242,69 +243,6 @@ def profile_run(args: argparse.Namespace) -> dict[str, str]:
             proxy.stop()
     print(f"profile: {files}")
     return files
-
-
-def versions() -> dict[str, str]:
-    def cmd(argv: list[str]) -> str:
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=10)
-        except OSError:
-            return "missing"
-        return (
-            (out.stdout + out.stderr).strip().splitlines()[0]
-            if (out.stdout + out.stderr).strip()
-            else "?"
-        )
-
-    try:
-        from importlib.metadata import version
-
-        router = version("sglang-router")
-    except Exception:
-        router = "missing"
-    return {
-        "python": platform.python_version(),
-        "nginx": cmd(["nginx", "-v"]),
-        "wrk": cmd(["wrk", "-v"]),
-        "sglang_router": router,
-        "git_commit": cmd(["git", "-C", str(procs.REPO), "rev-parse", "--short", "HEAD"]),
-        # Uncommitted gateway changes at the start (a shared working tree may have some).
-        "gateway_dirty": " ".join(
-            subprocess.run(
-                ["git", "-C", str(procs.REPO), "status", "--porcelain", "gateway"],
-                capture_output=True,
-                text=True,
-                check=False,
-            ).stdout.split()
-        ),
-        "cpu": next(
-            (
-                ln.split(":", 1)[1].strip()
-                for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")
-            ),
-            platform.processor(),
-        ),
-        "cpus": str(os.cpu_count()),
-    }
-
-
-def set_priority(nice: int) -> int | None:
-    """Renice the bench (inherited by all it starts) and, with scheduler autogroups on, its
-    session's group: the kernel first shares CPU between sessions' groups and applies a
-    process's nice only inside its group, so a process nice alone does nothing against other
-    sessions' work. Returns the group's previous nice, to restore it; None if unchanged."""
-    autogroup = Path("/proc/self/autogroup")
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-        if not autogroup.exists():
-            return None
-        before = int(autogroup.read_text().split()[-1])  # "/autogroup-9 nice 0"
-        autogroup.write_text(str(nice))
-        return before
-    except (PermissionError, OSError) as e:
-        print(f"cannot set niceness {nice} ({e}); numbers may be skewed by other work")
-        return None
 
 
 def main() -> None:
