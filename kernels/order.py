@@ -39,6 +39,12 @@ def order_keys(z: torch.Tensor) -> torch.Tensor:
     return (ordered_bits(z).to(torch.int64) << 32) | low
 
 
+def pack_keys(z: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Keys of given tokens: z float32 and ids int64 of the same shape (-0.0 allowed)."""
+    z = torch.where(z == 0, torch.zeros_like(z), z)
+    return (ordered_bits(z).to(torch.int64) << 32) | (LOW32 - ids)
+
+
 def key_ids(keys: torch.Tensor) -> torch.Tensor:
     """Token ids back from keys (int64)."""
     return LOW32 - (keys & LOW32)

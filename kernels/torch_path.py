@@ -1,8 +1,10 @@
 """The vectorised torch sampler (CPU tensors): the worker's CPU path, same semantics as Triton.
 
-Shape of the work: one top-k over packed order keys gives every row its first tokens in design
-order; resolve_support decides |S| from that prefix, and only the rows it cannot decide (flat
-rows, long top-p tails) pay for a longer prefix and, last, a full sort of their keys.
+Shape of the work: one float top-k per row finds the value t of its 512th largest z; every token
+with z > t is then in the top-k output, and sorting just those by packed (z, id) order keys
+gives an exact prefix of the design order. resolve_support decides |S| from that prefix; only
+the rows it cannot decide (flat rows, long top-p tails) pay for a longer prefix and, last, a
+full sort of their keys. Greedy rows are one argmax (first maximal index = lowest id).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import torch
 
 from kernels.inputs import SampleInputs
 from kernels.noise import gumbel, row_keys
-from kernels.order import GREEDY_T, key_ids, order_keys, scaled_logits
+from kernels.order import GREEDY_T, key_ids, order_keys, pack_keys
 from kernels.resolve import resolve_support
 from kernels.result import STATUS_OK, STATUS_OVERFLOW, STATUS_TRUNCATED, SampleResult
 
@@ -26,6 +28,31 @@ def _tiers(vocab: int) -> list[int]:
 
 
 NEG_INF = float("-inf")
+EMPTY_KEY = -(2**63)
+
+
+def listed_prefix(
+    z: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tokens of each row above its length-th largest z, in design order.
+
+    z: [R, V] float32 (NaN-free). Returns ids [R, L] int64 and zs [R, L] float32 (-inf after
+    the listed prefix), complete [R] (no finite token unlisted) and z_beyond [R] (an upper
+    bound on every unlisted z).
+    """
+    if length >= z.shape[1]:  # the full sort
+        ids = key_ids(order_keys(z).sort(dim=1, descending=True).values)
+        zs = z.gather(1, ids)
+        return ids, zs, torch.ones(z.shape[0], dtype=torch.bool), zs[:, -1]
+    vals, idx = z.topk(length, dim=1)  # [R, L] values descending; ties cut arbitrarily
+    t = vals[:, -1]
+    above = vals > t[:, None]  # exactly the tokens with z > t, whatever topk did with ties
+    keys = torch.where(above, pack_keys(vals, idx), EMPTY_KEY)
+    keys = keys.sort(dim=1, descending=True).values
+    listed = keys != EMPTY_KEY
+    ids = torch.where(listed, key_ids(keys), 0)
+    zs = torch.where(listed, z.gather(1, ids), NEG_INF)
+    return ids, zs, t == NEG_INF, t
 
 
 def noise_keys(inp: SampleInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,12 +96,15 @@ def sample_torch(inp: SampleInputs) -> SampleResult:
     x = inp.logits.float()  # [B, V]
     batch, vocab = x.shape
     greedy = inp.temperature.double() < GREEDY_T
-    z = scaled_logits(x, inp.temperature)
-    z_top = z.amax(dim=1)  # NaN propagates through amax
+    safe_t = torch.where(greedy, torch.ones_like(inp.temperature), inp.temperature)
+    z = x / safe_t[:, None]  # IEEE float32 division (design 3.2); greedy rows keep x
+    z_max = z.amax(dim=1)  # NaN propagates through amax
     # A NaN or +inf anywhere (also a z that overflowed), or no finite logit: never sampled.
-    nan_rows = torch.isnan(z_top) | (z_top == NEG_INF) | (z_top == float("inf"))
-    z = z.masked_fill(nan_rows[:, None], 0.0)  # keeps the arithmetic finite; rows overridden
-    keys = order_keys(z)  # [B, V] int64
+    nan_rows = torch.isnan(z_max) | (z_max == NEG_INF) | (z_max == float("inf"))
+    if bool(nan_rows.any()):  # keep the arithmetic finite; the rows are overridden
+        z = z.masked_fill(nan_rows[:, None], 0.0)
+        z_max = z_max.masked_fill(nan_rows, 0.0)
+    z_sum = torch.exp(z - z_max[:, None]).sum(dim=1)  # full normaliser, design 3.5 without k
 
     top_k = inp.top_k.to(torch.int64)
     top_k = torch.where((top_k > 0) & (top_k < vocab), top_k, 0)
@@ -85,26 +115,22 @@ def sample_torch(inp: SampleInputs) -> SampleResult:
     logprob = torch.zeros(batch, dtype=torch.float32)
     j = torch.zeros(batch, dtype=torch.int64)
     padded = torch.zeros(batch, cap, dtype=torch.int64)  # first cap ids of each row
-    z_max = z.amax(dim=1)
-    z_sum = torch.exp(z - z_max[:, None]).sum(dim=1)  # full normaliser, design 3.5 without k
-    finite = (z > NEG_INF).sum(dim=1)
-    rows = torch.arange(batch)
     fallback = torch.zeros(batch, dtype=torch.bool)
+    if bool(greedy.any()):  # design 3.1: argmax, lowest id among ties (torch's first max)
+        g_rows = greedy.nonzero().squeeze(1)
+        token[g_rows] = z[g_rows].argmax(dim=1)
+        padded[g_rows, 0] = token[g_rows]
+    rows = (~greedy & ~nan_rows).nonzero().squeeze(1)
     for tier, length in enumerate(_tiers(vocab)):
-        r_keys = keys if tier == 0 else keys[rows]
-        if length < vocab:  # ids of the first `length` tokens of each row, in design order
-            ids = key_ids(r_keys.topk(length, dim=1).values)
-        else:
-            ids = key_ids(r_keys.sort(dim=1, descending=True).values)
-        r_z = z if tier == 0 else z[rows]
-        zs = r_z.gather(1, ids)  # [rows, L]
-        complete = finite[rows] <= length
+        if rows.numel() == 0:
+            break
+        if tier > 0:
+            fallback[rows] = True
+        ids, zs, complete, z_beyond = listed_prefix(z[rows], length)
         params = (top_k[rows], inp.top_p[rows], inp.min_p[rows])
-        r_n, more = resolve_support(zs, complete, zs[:, -1], z_max[rows], z_sum[rows], *params)
-        r_greedy = greedy[rows]
-        more &= ~r_greedy & ~nan_rows[rows]
-        r_n = torch.where(r_greedy, 1, r_n)
-        r_tok, r_lp, r_j = draw_from_prefix(zs, ids, r_n, z_max[rows], k0[rows], k1[rows], r_greedy)
+        r_n, more = resolve_support(zs, complete, z_beyond, z_max[rows], z_sum[rows], *params)
+        no = torch.zeros_like(more)
+        r_tok, r_lp, r_j = draw_from_prefix(zs, ids, r_n, z_max[rows], k0[rows], k1[rows], no)
         done = ~more
         d_rows = rows[done]
         n[d_rows], token[d_rows], logprob[d_rows], j[d_rows] = (
@@ -116,9 +142,6 @@ def sample_torch(inp: SampleInputs) -> SampleResult:
         width = min(cap, length)
         padded[d_rows, :width] = ids[done, :width]
         rows = rows[more]
-        if rows.numel() == 0:
-            break
-        fallback[rows] = True
 
     n = torch.where(nan_rows, 0, n)
     token = torch.where(nan_rows, 0, token)
