@@ -39,6 +39,10 @@ class WorkerConfig(BaseModel):
     max_num_seqs: int = Field(64, ge=1)  # sequences decoding at once
     max_prefill_tokens: int = Field(2048, ge=1)  # prompt tokens fed per step (chunk size)
     cuda_graphs: bool = True  # capture decode batch buckets as CUDA graphs (CUDA only)
+    # torch intra-op threads (CPU compute); None: torch's default (all cores). Several
+    # workers on one machine must split the cores: oversubscribed OpenMP threads made a
+    # CPU decode step up to 10x slower.
+    cpu_threads: int | None = Field(None, ge=1)
 
     # Masks (design 3 and the section 2 policy the worker applies to its own input).
     max_mask_tokens: int = Field(4096, ge=1)  # cap C on |mask| per token

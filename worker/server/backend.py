@@ -35,6 +35,8 @@ def load_backend(config: WorkerConfig) -> Backend:
     elif device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device")
     dtype = None if config.dtype == "auto" else getattr(torch, config.dtype)
+    if config.cpu_threads is not None:
+        torch.set_num_threads(config.cpu_threads)
     log.info("loading model %s on %s", config.model, device)
     loaded = load(config.model, device, dtype, progress=lambda msg: log.info("%s", msg))
     runner = ModelRunner(
