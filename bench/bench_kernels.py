@@ -1,7 +1,7 @@
 """Benchmark kernels.sample (Triton) against (a) a one-pass floor, (b) the sort-based path and
-(c) a torch.topk(1024) path, on the issue's grid. Needs CUDA.
+(c) a torch.topk(1024) path, on the issue's grid. Needs CUDA (except --cpu).
 
-  python bench/bench_kernels.py [--quick] [--out bench/results]
+  python bench/bench_kernels.py [--quick | --split | --cpu] [--out bench/results]
 
 Prints a table and writes kernels_bench.json, kernels_bench.csv and kernels_bench.png.
 Logits: Zipf-shaped peaked rows (kernels.workloads.peaked_logits, alpha 1.6, about 2.7 nats;
@@ -19,6 +19,7 @@ import itertools
 import json
 import pathlib
 import statistics
+import time
 
 import torch
 import triton
@@ -214,6 +215,7 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=int, default=40)
     ap.add_argument("--split", action="store_true", help="time pass 1 variants and exit")
     ap.add_argument("--plot-only", metavar="JSON", help="redraw the PNG from a results file")
+    ap.add_argument("--cpu", action="store_true", help="time the CPU torch path instead")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -222,6 +224,9 @@ def main() -> None:
         return
     if args.split:
         split_times(args.rep_ms)
+        return
+    if args.cpu:
+        cpu_bench(out)
         return
     cases = []
     if args.quick:
@@ -310,6 +315,72 @@ def split_times(rep_ms: int) -> None:
             f"bisection {pass1_flat:.1f} us, tiled pass1 (2, 4 chunks) {tiled[2]:.1f} / "
             f"{tiled[4]:.1f} us, whole sample (graph) {graph:.1f} us"
         )
+
+
+def cpu_bench(out: pathlib.Path, repeats: int = 7) -> None:
+    """The CPU torch path (the worker's path without CUDA): median wall and CPU time."""
+    rows = []
+    print(f"{'B':>4} {'V':>6} {'setting':>9} {'|S|':>6} {'fb%':>5} {'wall_ms':>8} {'cpu_ms':>7}")
+    for vocab, batch, setting in itertools.product([32000, 49152], [1, 8, 16, 64], SETTINGS):
+        g = torch.Generator().manual_seed(batch)
+        logits = peaked_logits(batch, vocab, ALPHA, g)
+        k, p, mp = SETTINGS[setting]
+        args = (
+            logits,
+            torch.ones(batch),
+            torch.full((batch,), k, dtype=torch.int32),
+            torch.full((batch,), p),
+            torch.full((batch,), mp),
+            torch.ones(batch, dtype=torch.bool),
+        )
+        res = kernels.sample(*args, max_mask_tokens=CAP)
+        wall, cpu = [], []
+        for _ in range(repeats):
+            w0, c0 = time.perf_counter(), time.process_time()
+            kernels.sample(*args, max_mask_tokens=CAP)
+            wall.append(time.perf_counter() - w0)
+            cpu.append(time.process_time() - c0)
+        row = {
+            "B": batch,
+            "V": vocab,
+            "setting": setting,
+            "threads": torch.get_num_threads(),
+            "support_mean": float(res.support_sizes.float().mean()),
+            "fallback_rate": float(res.fallback_rows.float().mean()),
+            "wall_ms": statistics.median(wall) * 1e3,
+            "cpu_ms": statistics.median(cpu) * 1e3,
+        }
+        rows.append(row)
+        print(
+            f"{batch:>4} {vocab:>6} {setting:>9} {row['support_mean']:>6.1f} "
+            f"{100 * row['fallback_rate']:>5.1f} {row['wall_ms']:>8.1f} {row['cpu_ms']:>7.1f}"
+        )
+    (out / "kernels_cpu_bench.json").write_text(json.dumps(rows, indent=1))
+    with open(out / "kernels_cpu_bench.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (vocab, setting), group in itertools.groupby(rows, key=lambda r: (r["V"], r["setting"])):
+        group = list(group)
+        ax.plot(
+            [r["B"] for r in group],
+            [r["wall_ms"] for r in group],
+            marker="o",
+            label=f"V={vocab} {setting}",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch rows")
+    ax.set_ylabel("median wall time (ms)")
+    ax.set_title("kernels.sample, CPU torch path")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "kernels_cpu_bench.png", dpi=120)
 
 
 def save(rows, out: pathlib.Path) -> None:
