@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from typing import Any
 
 import aiohttp
 import pytest
@@ -63,7 +64,7 @@ async def test_sigstop_before_headers_answers_504_within_ttfb(
     [("general", "/v1/chat/completions", CHAT), ("mask", "/generate", MASK_GENERATE)],
 )
 async def test_sigstop_mid_stream_ends_the_stream_within_idle_timeout(
-    procs: Procs, client: aiohttp.ClientSession, pool: str, path: str, body: dict
+    procs: Procs, client: aiohttp.ClientSession, pool: str, path: str, body: dict[str, Any]
 ) -> None:
     up = procs.upstream(chunks=3, chunk_gap_s=0.05)
     other = procs.upstream()

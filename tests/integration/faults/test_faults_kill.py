@@ -4,7 +4,9 @@ while idle (the next request gets a connect error and is retried on another endp
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
+from typing import Any
 
 import aiohttp
 import pytest
@@ -12,6 +14,7 @@ from faults_harness import (
     CHAT,
     MASK_GENERATE,
     TIMEOUTS,
+    GatewayProc,
     Procs,
     Stream,
     assert_no_leak,
@@ -30,9 +33,9 @@ ROUNDS = 3  # kills per test: a per-fault leak would show as growth well past th
     [("general", "/v1/chat/completions", CHAT), ("mask", "/generate", MASK_GENERATE)],
 )
 async def test_sigkill_mid_stream_ends_the_stream_with_an_error_event(
-    procs: Procs, client: aiohttp.ClientSession, pool: str, path: str, body: dict
+    procs: Procs, client: aiohttp.ClientSession, pool: str, path: str, body: dict[str, Any]
 ) -> None:
-    knobs = {"chunks": 40, "chunk_gap_s": 0.05}
+    knobs: dict[str, Any] = {"chunks": 40, "chunk_gap_s": 0.05}
     up = procs.upstream(**knobs)
     other = procs.upstream()  # the pool that must never see this traffic
     general, mask = ([up.url], [other.url]) if pool == "general" else ([other.url], [up.url])
@@ -62,9 +65,8 @@ async def test_sigkill_mid_stream_ends_the_stream_with_an_error_event(
         assert gw.alive()
         # Same port again: the gateway's health checks readmit it.
         up = procs.upstream(port=up.port, **knobs)
-        await wait_until(
-            lambda url=up.url: _healthy(gw, pool, url), timeout=5.0, what="upstream readmitted"
-        )
+        readmitted = functools.partial(_healthy, gw, pool, up.url)
+        await wait_until(readmitted, timeout=5.0, what="upstream readmitted")
 
     text = await gw.metrics()
     assert sample(text, "maskgate_stream_errors_total", pool=pool) == ROUNDS
@@ -75,7 +77,7 @@ async def test_sigkill_mid_stream_ends_the_stream_with_an_error_event(
     await assert_no_leak(gw, before)
 
 
-async def _healthy(gw, pool: str, url: str) -> bool:  # type: ignore[no-untyped-def]
+async def _healthy(gw: GatewayProc, pool: str, url: str) -> bool:
     ep = await gw.endpoint(pool, url)
     return bool(ep and ep["healthy"] and ep["circuit"] == "closed")
 

@@ -4,6 +4,8 @@ client as sent, counts as an endpoint fault and opens the circuit after the thre
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 import pytest
 from faults_harness import (
@@ -21,7 +23,7 @@ BURST = 5
 REQUESTS = 30  # enough that the failing endpoint is picked for its whole burst
 
 
-async def _send(client: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, dict]:
+async def _send(client: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, dict]:
     async with client.post(url, json=body) as resp:
         return resp.status, await resp.json()
 
@@ -31,7 +33,7 @@ async def _send(client: aiohttp.ClientSession, url: str, body: dict) -> tuple[in
     [("general", "/v1/chat/completions", CHAT), ("mask", "/generate", MASK_GENERATE)],
 )
 async def test_503_burst_is_retried_on_another_endpoint(
-    procs: Procs, client: aiohttp.ClientSession, pool: str, path: str, body: dict
+    procs: Procs, client: aiohttp.ClientSession, pool: str, path: str, body: dict[str, Any]
 ) -> None:
     a, b, other = procs.upstream(), procs.upstream(), procs.upstream()
     general, mask = (

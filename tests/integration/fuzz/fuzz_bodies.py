@@ -150,7 +150,7 @@ def valid_sampling(draw: st.DrawFn) -> dict[str, Any]:
     elif draw(st.booleans()):
         out["min_p"] = draw(st.one_of(st.none(), _number(0, 1)))
     # Neutral logit transforms are allowed.
-    neutral = {
+    neutral: dict[str, st.SearchStrategy[Any]] = {
         "frequency_penalty": st.sampled_from([0, 0.0, None]),
         "presence_penalty": st.sampled_from([0, 0.0, None]),
         "repetition_penalty": st.sampled_from([1, 1.0, None]),
