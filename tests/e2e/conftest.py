@@ -102,7 +102,7 @@ def _stop(procs: list[Proc]) -> None:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     log_dir = tmp_path_factory.mktemp("e2e-logs")
     common = ["--model", "tiny-random", "--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN)]
-    common += ["--max-num-seqs", "8", "--max-mask-tokens", str(MASK_CAP)]
+    common += ["--max-num-seqs", "8", "--max-mask-tokens", str(MASK_CAP), "--cpu-threads", "1"]
     procs = [
         _start("mask-worker", ["worker", *common, "--role", "mask"], _free_port(), log_dir),
         _start("general-worker", ["worker", *common, "--role", "general"], _free_port(), log_dir),
