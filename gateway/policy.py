@@ -173,7 +173,7 @@ def _check_openai(
 def _check_generate(
     body: Mapping[str, Any], cfg: PolicyConfig, vocab_size: int | None
 ) -> dict[str, Any]:
-    size = _batch_size(body)  # None: a single request
+    size = batch_size(body)
     flags = _mask_flags(body, size)
     items = _sampling_items(body, size)
     _check_bool(body, "stream", required=False)
@@ -205,7 +205,8 @@ def _check_generate(
     return _write_generate_params(body, size, flags, items, resolved)
 
 
-def _batch_size(body: Mapping[str, Any]) -> int | None:
+def batch_size(body: Mapping[str, Any]) -> int | None:
+    """The item count of a /generate batch, or None for a single request."""
     text = body.get("text")
     ids = body.get("input_ids")
     if isinstance(text, list):

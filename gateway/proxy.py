@@ -137,12 +137,7 @@ def _set_rid(body: dict[str, Any], rid: str) -> None:
     """SGLang's `rid`: a string, or one per item of a batch. A client's own rid is kept."""
     if "rid" in body:
         return
-    text, ids = body.get("text"), body.get("input_ids")
-    size = None
-    if isinstance(text, list):
-        size = len(text)
-    elif isinstance(ids, list) and ids and isinstance(ids[0], list):
-        size = len(ids)
+    size = policy.batch_size(body)
     body["rid"] = rid if size is None else [f"{rid}-{i}" for i in range(size)]
 
 
