@@ -8,6 +8,7 @@ key it sets always mean the same thing.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"maskgate gateway: {e}", file=sys.stderr)
         return 2
     if getattr(args, "check_config", False):
-        print(config.model_dump_json(indent=2))
+        print(redacted_json(config))
         return 0
 
     from gateway.logs import configure_logging
@@ -117,3 +118,19 @@ def main(argv: list[str] | None = None) -> int:
 
     run(config)
     return 0
+
+
+_SECRET_FIELDS = ("api_keys", "mask_allow_keys", "admin_key", "upstream_api_key")
+
+
+def redacted_json(config: GatewayConfig) -> str:
+    """The merged config for `--check-config`, with every key replaced by a marker: the
+    output lands in terminals and CI logs."""
+    data = config.model_dump(mode="json")
+    for name in _SECRET_FIELDS:
+        value = data.get(name)
+        if isinstance(value, list):
+            data[name] = ["<redacted>"] * len(value)
+        elif value is not None:
+            data[name] = "<redacted>"
+    return json.dumps(data, indent=2)
