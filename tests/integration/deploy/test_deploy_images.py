@@ -206,4 +206,6 @@ def test_gateway_image_install_runs_the_deployed_config(tmp_path: Path, kit) -> 
         timeout=60,
     )
     assert probe.returncode == 0, probe.stdout + probe.stderr
-    assert '"image-test-key"' in probe.stdout
+    # The key from the environment was applied (one entry) and printed redacted.
+    assert '"api_keys": [\n    "<redacted>"\n  ]' in probe.stdout
+    assert "image-test-key" not in probe.stdout

@@ -88,4 +88,4 @@ def test_check_config_prints_the_merged_config(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "http://m:30000" in out
     # Keys never reach the terminal: they are replaced by a marker.
-    assert '"admin_key": "<redacted>"' in out and "adm" not in out
+    assert '"admin_key": "<redacted>"' in out and '"adm"' not in out
