@@ -1,0 +1,103 @@
+"""Device helpers of resolve_kernel: pick and sort the best candidates, decide |S|, draw, and
+write a row's mask slot. The decision rules mirror kernels/resolve.py (the CPU path).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.triton_common import EMPTY_KEY, gumbel, unpack_id, unpack_z
+
+
+@triton.jit
+def store_mask(slot_row, cnt_ptr, status_ptr, midx, ids, pos, n, j, token, max_mask, cap, bounded):
+    """Writes the first ids of a sorted block as the row's mask slot (design 3.9, 3.10)."""
+    over = n > max_mask
+    count = tl.where(over, tl.where(bounded, cap, 0), n)
+    status = tl.where(over, tl.where(bounded, 2, 1), 0)
+    swap = over & bounded & (j >= cap) & (pos == cap - 1)
+    out = tl.where(swap, token, ids)
+    tl.store(slot_row + pos, out.to(tl.int32), mask=pos < count)
+    tl.store(cnt_ptr + midx, count.to(tl.int64))
+    tl.store(status_ptr + midx, status.to(tl.int8))
+
+
+@triton.jit
+def best_sorted(keys, z, listed, d_max, z_max, scratch, LIMIT: tl.constexpr, NBISECT: tl.constexpr):
+    """The best (at most LIMIT) listed candidates, sorted, and the new floor below them.
+
+    keys, z, listed: [CAND_BLOCK] unsorted candidates. Returns ([LIMIT] sorted keys, floor):
+    every token with z > floor is among the returned keys.
+    """
+    lo = tl.maximum(d_max, z_max - 30.0)
+    hi = z_max
+    if tl.sum((listed & (z >= lo)).to(tl.int32), axis=0) > LIMIT:
+        for _ in range(NBISECT):
+            mid = lo + (hi - lo) * 0.5
+            over = tl.sum((listed & (z >= mid)).to(tl.int32), axis=0) > LIMIT
+            lo = tl.where(over, mid, lo)
+            hi = tl.where(over, hi, mid)
+        lo = hi
+    pick = listed & (z >= lo)
+    rank = tl.cumsum(pick.to(tl.int32), axis=0) - 1
+    pick = pick & (rank < LIMIT)  # ties at the row max beyond LIMIT: lowest ids first
+    floor = tl.maximum(d_max, tl.max(tl.where(listed & ~pick, z, float("-inf")), axis=0))
+    tl.store(scratch + rank, keys, mask=pick)
+    n_pick = tl.sum(pick.to(tl.int32), axis=0)
+    tl.debug_barrier()  # the scattered stores before the block load
+    slots = tl.arange(0, LIMIT)
+    best = tl.load(scratch + slots, mask=slots < n_pick, other=EMPTY_KEY)
+    return tl.sort(best, 0, descending=True), floor
+
+
+@triton.jit
+def decide(keys, d_max, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, BLOCK: tl.constexpr):
+    """|S| from sorted keys whose tokens above d_max form an exact prefix of design order.
+
+    Returns (n, undecided, z, ids, mass), the last three per sorted slot.
+    """
+    pos = tl.arange(0, BLOCK)
+    ids = unpack_id(keys)
+    z = tl.where(keys == EMPTY_KEY, float("-inf"), unpack_z(keys))
+    complete = d_max == float("-inf")
+    listed = z > d_max
+    n_listed = tl.sum(listed.to(tl.int64), axis=0)
+    big = BLOCK + 1
+    k_known = ~k_on | complete | (k <= n_listed)
+    cut_k = tl.where(k_on, tl.minimum(k, n_listed), n_listed)
+    cut_k = tl.where(k_known, cut_k, big)
+    cut_k = tl.where(~k_on & ~complete, big, cut_k)
+    mass = tl.where(listed, tl.exp(z - z_max), 0.0)
+    z_k = tl.sum(tl.where(pos < tl.minimum(cut_k, n_listed), mass, 0.0), axis=0)
+    z_norm = tl.where(k_on, z_k, z_sum)
+    before = tl.cumsum(mass, axis=0) - mass
+    # IEEE division: dyadic boundaries (e.g. 55 / 110 == 0.5) must compare exactly.
+    frac = tl.math.div_rn(before, tl.zeros_like(before) + z_norm)
+    cut_p = tl.sum((listed & (frac < top_p)).to(tl.int64), axis=0)
+    next_kept = tl.math.div_rn(tl.sum(mass, axis=0), z_norm) < top_p
+    cut_p = tl.where(complete | (cut_p < n_listed) | ~next_kept, cut_p, big)
+    p_blind = p_on & k_on & ~k_known
+    min_p64 = min_p.to(tl.float64)
+    rel = tl.exp(z.to(tl.float64) - z_max.to(tl.float64))
+    cut_m = tl.sum((listed & (rel >= min_p64)).to(tl.int64), axis=0)
+    beyond = tl.exp(d_max.to(tl.float64) - z_max.to(tl.float64)) >= min_p64
+    cut_m = tl.where(complete | (cut_m < n_listed) | ~beyond, cut_m, big)
+    n = tl.minimum(cut_k, tl.where(p_on, cut_p, big))
+    n = tl.minimum(n, tl.where(m_on, cut_m, big))
+    n = tl.where(complete, tl.minimum(n, n_listed), n)
+    undecided = (n > n_listed) | p_blind
+    return tl.maximum(n, 1), undecided, z, ids, mass
+
+
+@triton.jit
+def draw(z, ids, mass, n, greedy, k0, k1, z_max, BLOCK: tl.constexpr):
+    """Gumbel-max over the first n sorted slots: (token, logprob, slot of the token)."""
+    pos = tl.arange(0, BLOCK)
+    in_s = pos < n
+    score = tl.where(in_s, z + gumbel(k0, k1, ids), float("-inf"))
+    j = tl.where(greedy, 0, tl.argmax(score, axis=0).to(tl.int64))
+    token = tl.sum(tl.where(pos == j, ids, 0), axis=0)
+    z_y = tl.sum(tl.where(pos == j, z, 0.0), axis=0)
+    lse = z_max + tl.log(tl.sum(tl.where(in_s, mass, 0.0), axis=0))
+    return token, tl.where(greedy, 0.0, z_y - lse), j
