@@ -25,7 +25,15 @@ from worker.params import (
     unsupported,
 )
 from worker.sequence import Sequence
-from worker.server.output import SSE_DONE, SeqOutput, collect, follow, open_stream, sse
+from worker.server.output import (
+    SSE_DONE,
+    SeqOutput,
+    collect,
+    follow,
+    holdback,
+    open_stream,
+    sse,
+)
 from worker.server.state import WorkerState, admit, check_prompt, request_id
 
 _KNOWN = frozenset(
@@ -71,7 +79,15 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
                     bounded=bounded and item.want_mask,
                 )
             )
-            outs.append(SeqOutput(rid, len(item.prompt_ids), item.want_mask, bounded))
+            outs.append(
+                SeqOutput(
+                    rid,
+                    len(item.prompt_ids),
+                    item.want_mask,
+                    bounded,
+                    holdback=holdback(item.params.rule.stop),
+                )
+            )
     many = is_batch or len(seqs) > 1
     handle = state.engine.submit(seqs)
     try:

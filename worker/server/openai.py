@@ -20,7 +20,15 @@ from gateway.policy import Route
 from worker.engine import RequestHandle
 from worker.params import GenParams, invalid, opt_bool, parse_openai_params
 from worker.sequence import Sequence
-from worker.server.output import SSE_DONE, SeqOutput, collect, follow, open_stream, sse
+from worker.server.output import (
+    SSE_DONE,
+    SeqOutput,
+    collect,
+    follow,
+    holdback,
+    open_stream,
+    sse,
+)
 from worker.server.state import WorkerState, admit, check_prompt, request_id
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -114,7 +122,8 @@ async def _serve(
             seq = Sequence(f"{rid}-{k}", ids, params.choice_params(j), params.rule)
             seq.want_mask, seq.bounded = masked, bounded
             seqs.append(seq)
-            outs.append(SeqOutput(f"{rid}-{k}", len(ids), masked, bounded))
+            hold = holdback(params.rule.stop)
+            outs.append(SeqOutput(f"{rid}-{k}", len(ids), masked, bounded, holdback=hold))
     total = sum(len(p) for p in prompts)
     reply = _Reply(state, route, rid, outs, prompt_tokens=total, meta=meta, token_ids=token_ids)
     handle = state.engine.submit(seqs)

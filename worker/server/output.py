@@ -36,6 +36,9 @@ class SeqOutput:
     prompt_tokens: int
     want_mask: bool
     bounded: bool
+    # Streams hold back this many trailing characters (longest stop string - 1), so text
+    # that may turn out to start a stop string is never sent before the match is known.
+    holdback: int = 0
     start: float = field(default_factory=time.monotonic)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -87,7 +90,7 @@ class SeqOutput:
             if len(now) > len(done) and not now.endswith(REPLACEMENT_CHAR):
                 self.streamed += now[len(done) :]
                 self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return self.streamed
+        return self.streamed[: max(0, len(self.streamed) - self.holdback)]
 
     def openai_finish_reason(self) -> str | None:
         if self.finish_reason in ("stop", "length"):
@@ -120,6 +123,10 @@ class SeqOutput:
         if self.finish_reason == "abort":
             return {"type": "abort", "message": "aborted"}
         return None
+
+
+def holdback(stops: tuple[str, ...]) -> int:
+    return max((len(s) for s in stops), default=1) - 1
 
 
 async def follow(request: web.Request, handle: RequestHandle) -> AsyncIterator[Event]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -192,3 +193,19 @@ async def test_request_ids_follow_x_request_id_or_rid(client: TestClient) -> Non
     assert [x["meta_info"]["id"] for x in await r.json()] == ["mine-0", "mine-1"]
     r = await client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}, headers=headers)
     assert (await r.json())["id"] == "cmpl-req-42"
+
+
+async def test_streams_never_send_text_past_a_stop_string(client: TestClient) -> None:
+    body: dict[str, Any] = {"input_ids": [1, 5, 9], "sampling_params": GREEDY}
+    _, free = await post(client, "/generate", body)
+    stop = free["text"][4:6]
+    sp = {**GREEDY, "stop": [stop]}
+    stream = {**body, "sampling_params": sp, "stream": True, "incremental_streaming_output": True}
+    r = await client.post("/generate", json=stream)
+    pieces = [
+        orjson.loads(line[6:])["text"]
+        for line in (await r.text()).splitlines()
+        if line.startswith("data: {")
+    ]
+    assert "".join(pieces) == free["text"][: free["text"].index(stop)]
+    assert all(stop not in "".join(pieces[: i + 1]) for i in range(len(pieces)))
