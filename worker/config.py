@@ -48,6 +48,9 @@ class WorkerConfig(BaseModel):
     max_mask_tokens: int = Field(4096, ge=1)  # cap C on |mask| per token
     max_mask_ids_per_request: int = Field(64 * 1024 * 1024, ge=1)
     reject_logit_transforms: bool = True
+    # kernel: the row-filtered kernels (kernels.sample). sort_all_rows: the benchmark baseline
+    # (worker/sort_all.py), a full-vocabulary sort of every row whenever any row asks.
+    mask_impl: Literal["kernel", "sort_all_rows"] = "kernel"
 
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     # /generate streams: cumulative text/ids/meta_info per chunk (SGLang default) or deltas.
