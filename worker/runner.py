@@ -20,6 +20,7 @@ from worker.cuda_graphs import DecodeGraphs
 from worker.kv_cache import allocate_kv_cache, bytes_per_slot
 from worker.model import LoadedModel, load
 from worker.model.attention import build_attn_batch
+from worker.sort_all import sample_sort_all_rows
 
 # Default KV budget when none is given: on CPU a fixed 2 GiB; on CUDA the free memory after
 # loading the weights, less headroom for activations, logits and CUDA graphs.
@@ -43,7 +44,12 @@ class ModelRunner:
         max_mask_tokens: int = 4096,
         cuda_graphs: bool = True,
         progress: Callable[[str], None] | None = None,
+        mask_impl: str = "kernel",
     ) -> None:
+        if mask_impl not in ("kernel", "sort_all_rows"):
+            raise ValueError(f"mask_impl must be 'kernel' or 'sort_all_rows', got {mask_impl!r}")
+        # sort_all_rows: the benchmark baseline (worker/sort_all.py), same arguments and result.
+        self.sample_fn = kernels.sample if mask_impl == "kernel" else sample_sort_all_rows
         if isinstance(model, str):
             model = load(model, device, dtype, progress)
         self.loaded = model
@@ -192,7 +198,7 @@ class ModelRunner:
         ).to(dev)
         want_mask = torch.tensor([r.want_mask for r in rows], dtype=torch.bool)
         timer = _Timer(dev)
-        res = kernels.sample(
+        res = self.sample_fn(
             logits,
             floats[:, 0].contiguous(),
             ints[:, 0].to(torch.int32),
