@@ -46,6 +46,7 @@ def load_backend(config: WorkerConfig) -> Backend:
         kv_cache_bytes=None if config.kv_memory_gb is None else int(config.kv_memory_gb * 2**30),
         max_mask_tokens=config.max_mask_tokens,
         cuda_graphs=config.cuda_graphs,
+        mask_impl=config.mask_impl,
     )
     log.info(
         "runner ready: %d KV slots x %d tokens, vocab %d",
