@@ -67,6 +67,7 @@ def build_worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-memory-gb", type=float, metavar="GB", help="KV cache budget")
     p.add_argument("--max-prefill-tokens", type=int, metavar="N", help="prefill chunk (2048)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="eager decode on CUDA")
+    p.add_argument("--mask-impl", choices=["kernel", "sort_all_rows"], help="default kernel")
     p.add_argument("--cpu-threads", type=int, metavar="N", help="torch threads (all cores)")
     p.add_argument("--shutdown-grace-s", type=float, metavar="S", help="drain time (60)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
