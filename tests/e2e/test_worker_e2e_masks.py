@@ -5,6 +5,7 @@ section 3 applied below in float64."""
 from __future__ import annotations
 
 import math
+import re
 import struct
 from typing import Any
 
@@ -182,3 +183,20 @@ async def test_bounded_mode_truncates_and_flags_with_logprob_over_full_support(
         full = float(z[y] - torch.logsumexp(z[support], dim=0))
         assert lp == pytest.approx(full, abs=1e-4)
         assert math.isfinite(lp)
+
+
+async def test_the_gateway_parses_the_workers_masks_without_violations(cluster: Any) -> None:
+    # Runs after the tests above in this file: the gateway has parsed their mask responses.
+    body = {
+        "input_ids": PROMPT,
+        "sampling_params": {"temperature": 0.9, "top_k": 12, "max_new_tokens": 6},
+        "return_sampling_mask": True,
+    }
+    status, _ = await generate(cluster.gateway, body)
+    assert status == 200
+    async with aiohttp.ClientSession() as s, s.get(cluster.gateway + "/metrics") as r:
+        text = await r.text()
+    count = re.search(r'^maskgate_mask_support_size_count\{pool="mask"\} (\S+)$', text, re.M)
+    assert count is not None and float(count.group(1)) >= 6
+    violations = re.findall(r"^maskgate_mask_invariant_violations_total\{.*\} (\S+)$", text, re.M)
+    assert all(float(v) == 0 for v in violations), violations
