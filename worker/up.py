@@ -100,6 +100,8 @@ def main(argv: Sequence[str]) -> int:
             say("interrupted")
             return 130
     children = _plan(args, run_dir)
+    if args.port and not children[-1].url.endswith(f":{args.port}"):
+        say(f"port {args.port} is taken; the gateway uses a free one")
     gateway = children[-1]
     stop = _install_stop_handlers()
     clean = False
