@@ -1,0 +1,1 @@
+"""Helpers of bench/bench_isolation.py: checkpoint, processes, load, report."""

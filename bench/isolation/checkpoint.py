@@ -1,0 +1,67 @@
+"""A random-weights checkpoint shaped like Qwen2.5-1.5B, written once as a Hugging Face directory.
+
+The worker loads models from a directory (config.json, safetensors, tokenizer). No tokenizer
+of the real model is available offline, so the directory carries tiny-random's byte-level
+tokenizer (512 ids): prompts are sent as input_ids, and output ids past the tokenizer decode to
+nothing, which only empties the `text` field. Weights follow worker/model/random_weights.py
+with logit_std 5, where a top-p 0.9 mask holds about 100 of 151936 ids (as bench_worker.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from worker.model.config import ModelConfig
+from worker.model.random_weights import random_hf_weights
+from worker.model.tiny_random import tiny_tokenizer
+
+QWEN25_15B: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "vocab_size": 151936,
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "torch_dtype": "bfloat16",
+}
+LOGIT_STD = 5.0
+SEED = 0
+
+
+def write_checkpoint(path: Path, device: str) -> float:
+    """Write the checkpoint to `path` (skipped when already there); returns seconds spent.
+
+    The weights are drawn on `device` (seconds on a GPU, minutes on a CPU) and saved as bf16.
+    """
+    t0 = time.monotonic()
+    if (path / "model.safetensors").is_file():
+        return 0.0
+    path.mkdir(parents=True, exist_ok=True)
+    weights = random_hf_weights(
+        ModelConfig.from_hf(QWEN25_15B),
+        seed=SEED,
+        logit_std=LOGIT_STD,
+        device=device,
+        dtype=torch.bfloat16,
+    )
+    cpu = {k: v.cpu().contiguous() for k, v in weights.items()}
+    del weights
+    save_file(cpu, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(QWEN25_15B, indent=2) + "\n")
+    tiny_tokenizer().save_pretrained(str(path))
+    return time.monotonic() - t0
