@@ -1,7 +1,7 @@
 """Benchmark kernels.sample (Triton) against (a) a one-pass floor, (b) the sort-based path and
 (c) a torch.topk(1024) path, on the issue's grid. Needs CUDA (except --cpu).
 
-  python bench/bench_kernels.py [--quick | --split | --cpu] [--out bench/results]
+  python bench/bench_kernels.py [--quick | --split | --cpu] [--variants a,b] [--out DIR]
 
 Prints a table and writes kernels_bench.json, kernels_bench.csv and kernels_bench.png.
 Logits: Zipf-shaped peaked rows (kernels.workloads.peaked_logits, alpha 1.6, about 2.7 nats;
@@ -38,6 +38,18 @@ SETTINGS = {  # name: (top_k, top_p, min_p)
 ALPHA = 1.6
 CAP = 4096
 N_BUFFERS = 4
+# Pass-1 variants (band_config keyword arguments): the bisecting band_kernel, the tiled one,
+# and band_multi_kernel with a chunk size and chunks per program.
+VARIANTS = {
+    "bisect": {"group": 0},
+    "tiled2": {"group": 0, "sub": 2},
+    "tiled4": {"group": 0, "sub": 4},
+    "m2048g1": {"chunk": 2048, "group": 1},
+    "m2048g2": {"chunk": 2048, "group": 2},
+    "m2048g4": {"chunk": 2048, "group": 4},
+    "m4096g1": {"chunk": 4096, "group": 1},
+    "m4096g2": {"chunk": 4096, "group": 2},
+}
 
 
 @triton.jit
@@ -68,14 +80,14 @@ def floor_time(it, rep_ms: int) -> float:
     return min(bench(lambda c=c: floor_pass(next(it)["logits"], c), rep_ms) for c in (2048, 4096))
 
 
-def band_pass(x: torch.Tensor, temp: torch.Tensor, nbisect: int = NBISECT, sub: int = 1) -> None:
+def band_pass(x: torch.Tensor, temp: torch.Tensor, variant: str | None = None) -> None:
     """Pass 1 of kernels.sample alone, to split its time from the resolve pass."""
     batch, vocab = x.shape
-    cfg = band_config(vocab, sub=sub)
+    cfg = band_config(vocab, **VARIANTS[variant]) if variant else band_config(vocab)
     cand_x = torch.empty(batch, cfg.ncand, device=x.device)
     cand_id = torch.empty(batch, cfg.ncand, dtype=torch.int32, device=x.device)
     m, s, d = (torch.empty(batch, cfg.n_chunks, device=x.device) for _ in range(3))
-    launch_band(x, temp, cand_x, cand_id, m, s, d, cfg, nbisect)
+    launch_band(x, temp, cand_x, cand_id, m, s, d, cfg, NBISECT)
 
 
 def sort_path(x, temp, top_k, top_p, min_p):
@@ -145,20 +157,22 @@ def bench(fn, rep_ms: int) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median") * 1e3
 
 
-def graph_time(inp_list, rep_ms: int) -> float:
+def graph_time(inp_list, rep_ms: int, variant: str | None = None) -> float:
     """kernels.sample launches captured once in a CUDA graph, replayed."""
     inps = [check_inputs(**_args(b), max_mask_tokens=CAP) for b in inp_list[:1]]
+    vocab = inps[0].logits.shape[1]
+    cfg = band_config(vocab, **VARIANTS[variant]) if variant else None
     index = mask_index(inps[0].want_mask, inps[0].logits.device)
     torch.cuda.synchronize()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(2):
-            sample_triton(inps[0], index=index)
+            sample_triton(inps[0], cfg, index=index)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        sample_triton(inps[0], index=index)
+        sample_triton(inps[0], cfg, index=index)
     return bench(graph.replay, rep_ms)
 
 
@@ -169,7 +183,8 @@ def _args(b):
     }
 
 
-def run_case(batch, vocab, dtype, setting, flat, rep_ms):
+def run_case(batch, vocab, dtype, setting, flat, rep_ms, variants=()):
+    """One grid case; `variants` adds a graph time per named pass-1 variant (graph_us_NAME)."""
     bufs = [make_inputs(batch, vocab, dtype, setting, flat, seed=i) for i in range(N_BUFFERS)]
     it = itertools.cycle(bufs)
     res = kernels.sample(**_args(bufs[0]), max_mask_tokens=CAP)
@@ -194,6 +209,8 @@ def run_case(batch, vocab, dtype, setting, flat, rep_ms):
     }
     row["sample_us"] = bench(lambda: kernels.sample(**_args(next(it)), max_mask_tokens=CAP), rep_ms)
     row["graph_us"] = graph_time(bufs, rep_ms)
+    for name in variants:
+        row[f"graph_us_{name}"] = graph_time(bufs, rep_ms, name)
     row["floor_us"] = floor_time(it, rep_ms)
     row["band_us"] = bench(
         lambda: band_pass(*(lambda b: (b["logits"], b["temperature"]))(next(it))), rep_ms
@@ -216,14 +233,20 @@ def main() -> None:
     ap.add_argument("--split", action="store_true", help="time pass 1 variants and exit")
     ap.add_argument("--plot-only", metavar="JSON", help="redraw the PNG from a results file")
     ap.add_argument("--cpu", action="store_true", help="time the CPU torch path instead")
+    ap.add_argument(
+        "--variants",
+        default="",
+        help=f"pass-1 variants to add graph times for: {','.join(VARIANTS)}",
+    )
     args = ap.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.plot_only:
         plot(json.loads(pathlib.Path(args.plot_only).read_text()), out / "kernels_bench.png")
         return
     if args.split:
-        split_times(args.rep_ms)
+        split_times(args.rep_ms, out, variants or list(VARIANTS))
         return
     if args.cpu:
         cpu_bench(out)
@@ -232,6 +255,8 @@ def main() -> None:
     if args.quick:
         for batch, setting in itertools.product([1, 128], SETTINGS):
             cases.append((batch, 151936, torch.float32, setting, False))
+        for setting in SETTINGS:
+            cases.append((128, 151936, torch.bfloat16, setting, False))
         cases.append((128, 151936, torch.float32, "p0.95", True))
     else:  # the target cases first, so a run cut short still has them
         for vocab, batch, setting in itertools.product(
@@ -253,7 +278,7 @@ def main() -> None:
     )
     print(header)
     for batch, vocab, dtype, setting, flat in cases:
-        r = run_case(batch, vocab, dtype, setting, flat, args.rep_ms)
+        r = run_case(batch, vocab, dtype, setting, flat, args.rep_ms, variants)
         rows.append(r)
         save(rows, out)
         print(
@@ -263,7 +288,8 @@ def main() -> None:
             f"{r['floor_us']:>7.1f} {r['graph_us'] / r['floor_us']:>7.2f} "
             f"{r.get('sort_us', float('nan')):>8.1f} "
             f"{r.get('sort_us', float('nan')) / r['sample_us']:>7.1f} "
-            f"{r.get('topk_us', float('nan')):>8.1f} {r['graph_GBps']:>6.0f}",
+            f"{r.get('topk_us', float('nan')):>8.1f} {r['graph_GBps']:>6.0f}"
+            + "".join(f" {v}={r[f'graph_us_{v}']:.1f}" for v in variants),
             flush=True,
         )
     plot(rows, out / "kernels_bench.png")
@@ -295,25 +321,34 @@ def main() -> None:
         print(f"B=1 V=151936 fp32 graph us: median {statistics.median(b1):.1f}")
 
 
-def split_times(rep_ms: int) -> None:
-    """Where the time goes at V=151936 fp32: floor, pass 1 with and without bisection."""
-    for batch in (1, 128):
-        bufs = [make_inputs(batch, 151936, torch.float32, "p0.95", False, i) for i in range(4)]
+def split_times(rep_ms: int, out: pathlib.Path, variants: list[str]) -> None:
+    """Where the time goes at V=151936 (fp32, and bf16 at B=128): the floor, pass 1 alone in
+    each variant, and the whole sample (graph) with each variant. Writes kernels_split.json."""
+    rows = []
+    for batch, dtype in ((1, torch.float32), (128, torch.float32), (128, torch.bfloat16)):
+        bufs = [make_inputs(batch, 151936, dtype, "p0.95", False, i) for i in range(4)]
         it = itertools.cycle(bufs)
 
-        def band(nbisect: int, sub: int = 1, it=it) -> None:
+        def band(variant: str, it=it) -> None:
             b = next(it)
-            band_pass(b["logits"], b["temperature"], nbisect, sub)
+            band_pass(b["logits"], b["temperature"], variant)
 
-        floor = floor_time(it, rep_ms)
-        pass1 = bench(lambda: band(NBISECT), rep_ms)
-        pass1_flat = bench(lambda: band(0), rep_ms)
-        tiled = {sub: bench(lambda sub=sub: band(NBISECT, sub), rep_ms) for sub in (2, 4)}
-        graph = graph_time(bufs, rep_ms)
+        row = {"B": batch, "dtype": str(dtype).replace("torch.", ""), "V": 151936}
+        row["floor_us"] = floor_time(it, rep_ms)
+        for name in variants:
+            row[f"pass1_us_{name}"] = bench(lambda name=name: band(name), rep_ms)
+            if not name.startswith("tiled"):
+                row[f"graph_us_{name}"] = graph_time(bufs, rep_ms, name)
+        rows.append(row)
+        (out / "kernels_split.json").write_text(json.dumps(rows, indent=1))
         print(
-            f"split B={batch}: floor {floor:.1f} us, pass1 {pass1:.1f} us, pass1 without "
-            f"bisection {pass1_flat:.1f} us, tiled pass1 (2, 4 chunks) {tiled[2]:.1f} / "
-            f"{tiled[4]:.1f} us, whole sample (graph) {graph:.1f} us"
+            f"split B={batch} {row['dtype']}: floor {row['floor_us']:.1f} us; "
+            + "; ".join(
+                f"{n}: pass1 {row[f'pass1_us_{n}']:.1f}"
+                + (f" graph {row[f'graph_us_{n}']:.1f}" if f"graph_us_{n}" in row else "")
+                for n in variants
+            ),
+            flush=True,
         )
 
 

@@ -17,6 +17,7 @@ import triton
 from kernels.inputs import SampleInputs
 from kernels.result import SampleResult
 from kernels.triton_band import band_kernel
+from kernels.triton_band_multi import band_multi_kernel
 from kernels.triton_band_tiled import band_tiled_kernel
 from kernels.triton_emit import emit_kernel
 from kernels.triton_resolve import resolve_kernel
@@ -29,6 +30,11 @@ CAND_TARGET = 2048  # candidate keys per row that pass 1 keeps (at most)
 KC_MIN = 16
 DELTA = 12.0  # band depth below each chunk max, in nats (exp(-12) = 6e-6)
 NBISECT = 6  # band threshold bisection steps: DELTA / 64 resolution is plenty
+# band_multi_kernel's thresholds: NT over DELTA, then NT2 - 1 between the two that bracket KC
+# (DELTA / 28 = 0.43 nats; each threshold costs a compare and an add per logit).
+NT = 8
+NT2 = 4
+GROUP = 0  # chunks per band_multi_kernel program; 0 keeps the bisecting band_kernel
 RESOLVE_BISECT = 8  # threshold steps picking a tier's best candidates
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
 FB_BLOCK = 2048
@@ -42,6 +48,7 @@ class BandConfig:
     kc: int
     n_chunks: int
     sub: int = 1  # chunks per pass-1 program; > 1 takes band_tiled_kernel
+    group: int = 0  # > 0: band_multi_kernel with this many chunks per program (wins over sub)
 
     @property
     def ncand(self) -> int:
@@ -49,7 +56,11 @@ class BandConfig:
 
 
 def band_config(
-    vocab: int, chunk: int | None = None, kc: int | None = None, sub: int = 1
+    vocab: int,
+    chunk: int | None = None,
+    kc: int | None = None,
+    sub: int = 1,
+    group: int | None = None,
 ) -> BandConfig:
     """Chunk size and candidates per chunk for a vocabulary (tests shrink them)."""
     chunk = chunk or min(CHUNK_MAX, triton.next_power_of_2(vocab))
@@ -57,7 +68,8 @@ def band_config(
     if kc is None:
         per_chunk = max(KC_MIN, CAND_TARGET // n_chunks)
         kc = min(chunk, 1 << (per_chunk.bit_length() - 1))  # a power of two for tl.arange
-    return BandConfig(chunk=chunk, kc=kc, n_chunks=n_chunks, sub=sub)
+    group = GROUP if group is None else group
+    return BandConfig(chunk=chunk, kc=kc, n_chunks=n_chunks, sub=sub, group=group)
 
 
 def launch_band(
@@ -71,9 +83,23 @@ def launch_band(
     cfg: BandConfig,
     nbisect: int = NBISECT,
 ) -> None:
-    """Pass 1: one program per chunk (band_kernel) or per tile of cfg.sub chunks."""
+    """Pass 1: one program per chunk (band_kernel), per tile of cfg.sub chunks, or per
+    cfg.group chunks with the multi-threshold cut (band_multi_kernel)."""
     batch, vocab = x.shape
     common = (x, temperature, cand_x, cand_id, m_c, s_c, d_c, x.stride(0), vocab, cfg.n_chunks)
+    if cfg.group > 0:
+        grid = (batch, triton.cdiv(cfg.n_chunks, cfg.group))
+        band_multi_kernel[grid](
+            *common,
+            G=cfg.group,
+            CHUNK=cfg.chunk,
+            KC=cfg.kc,
+            DELTA=DELTA,
+            NT=NT,
+            NT2=NT2,
+            num_warps=BAND_WARPS,
+        )
+        return
     consts = {"CHUNK": cfg.chunk, "KC": cfg.kc, "DELTA": DELTA, "NBISECT": nbisect}
     if cfg.sub > 1:
         grid = (batch, triton.cdiv(cfg.n_chunks, cfg.sub))

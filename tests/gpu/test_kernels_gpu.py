@@ -14,7 +14,9 @@ import torch
 
 import kernels
 from kernels.conformance import check_result
+from kernels.inputs import check_inputs
 from kernels.reference import reference
+from kernels.triton_path import band_config, sample_triton
 from kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits, peaked_logits
 
 pytestmark = [
@@ -22,6 +24,13 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 VOCABS = [111, 1000, 32000, 151936, 262144]
+# Pass-1 variants run on their own (band_config keywords); the default is tested everywhere.
+PASS1 = {
+    "bisect": {"group": 0},
+    "m2048g1": {"chunk": 2048, "group": 1},
+    "m2048g4": {"chunk": 2048, "group": 4},
+    "m4096g2": {"chunk": 4096, "group": 2},
+}
 
 
 def grid(vocab: int, seed: int) -> dict[str, torch.Tensor]:
@@ -45,19 +54,23 @@ def grid(vocab: int, seed: int) -> dict[str, torch.Tensor]:
     return {k: v.cuda() for k, v in batch.items()}
 
 
-def run(batch: dict[str, torch.Tensor], want: torch.Tensor, cap: int) -> kernels.SampleResult:
-    res = kernels.sample(
+def run(
+    batch: dict[str, torch.Tensor], want: torch.Tensor, cap: int, pass1: str | None = None
+) -> kernels.SampleResult:
+    args = (
         batch["logits"],
         batch["temperature"],
         batch["top_k"],
         batch["top_p"],
         batch["min_p"],
         want,
-        max_mask_tokens=cap,
-        seed=batch.get("seed"),
-        step=batch.get("step"),
-        bounded=batch.get("bounded"),
     )
+    kw = {k: batch.get(k) for k in ("seed", "step", "bounded")}
+    if pass1 is None:
+        res = kernels.sample(*args, max_mask_tokens=cap, **kw)
+    else:
+        cfg = band_config(batch["logits"].shape[1], **PASS1[pass1])
+        res = sample_triton(check_inputs(*args, max_mask_tokens=cap, **kw), cfg)
     torch.cuda.synchronize()
     return res
 
@@ -84,6 +97,32 @@ def test_full_grid_matches_oracle(vocab: int, cap: int) -> None:
     res = run(batch, want, cap)
     report = check_result(res, oracle(batch), want, batch["bounded"], cap)
     summary(f"grid V={vocab} C={cap}", report, res)
+    assert report.ok, report.errors
+
+
+@pytest.mark.parametrize("pass1", list(PASS1))
+@pytest.mark.parametrize("vocab", [32000, 151936])
+def test_pass_one_variants_match_oracle(vocab: int, pass1: str) -> None:
+    """The full grid (and Zipf rows in bf16) through each pass-1 variant."""
+    batch = grid(vocab, seed=vocab)
+    rows = batch["logits"].shape[0]
+    want = torch.arange(rows) % 7 != 3
+    res = run(batch, want, 4096, pass1)
+    report = check_result(res, oracle(batch), want, batch["bounded"], 4096)
+    summary(f"grid V={vocab} pass1={pass1}", report, res)
+    assert report.ok, report.errors
+    g = torch.Generator().manual_seed(vocab)
+    zipf = {
+        "logits": peaked_logits(256, vocab, 1.4, g).to(torch.bfloat16).cuda(),
+        "temperature": torch.full((256,), 0.9, device="cuda"),
+        "top_k": torch.full((256,), -1, dtype=torch.int32, device="cuda"),
+        "top_p": torch.full((256,), 0.95, device="cuda"),
+        "min_p": torch.full((256,), 0.0, device="cuda"),
+    }
+    want = torch.ones(256, dtype=torch.bool)
+    res = run(zipf, want, 4096, pass1)
+    report = check_result(res, oracle(zipf), want, None, 4096)
+    summary(f"zipf bf16 B=256 V={vocab} pass1={pass1}", report, res)
     assert report.ok, report.errors
 
 
