@@ -411,6 +411,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ylabel="latency (ms)",
         title=f"soak at {result['target_rps']:.0f} req/s, {result['fault_rate']:.0%} faults",
     )
+    ax1.set_yscale("log")
     ax1.legend()
     res = result["resources"]
     ax2.plot([r["t_s"] for r in res], [r["rss_mib"] for r in res], label="RSS (MiB)")

@@ -330,6 +330,75 @@ def mutated_mask_case(draw: st.DrawFn) -> tuple[str, bytes, Any]:
 
 
 @st.composite
+def targeted_break_case(draw: st.DrawFn) -> tuple[str, bytes, Any]:
+    """A valid mask request with one rule (3-9) broken on purpose, so that every rejection
+    code shows up in a run; the expected answer is still whatever the policy says."""
+    path, _, body = draw(valid_mask_case())
+    target = body
+    sp = body.get("sampling_params")
+    if isinstance(sp, dict):
+        target = sp
+    elif isinstance(sp, list):
+        flags = body["return_sampling_mask"]
+        target = sp[next(i for i, f in enumerate(flags) if f)] if isinstance(flags, list) else sp[0]
+    openai = path != "/generate"
+    rules = ["type", "range", "transform", "full_vocabulary", "cap", "payload"]
+    rule = draw(st.sampled_from([*rules, "meta_info", "stream"] if openai else rules))
+    if rule == "type":
+        name = draw(st.sampled_from(SAMPLING_NAMES))
+        target[name] = draw(st.sampled_from(["20", True, [0.5], {"v": 1}]))
+    elif rule == "range":
+        name, value = draw(
+            st.sampled_from(
+                [
+                    ("temperature", -0.5),
+                    ("top_p", 0),
+                    ("top_p", 1.5),
+                    ("min_p", -0.1),
+                    ("min_p", 2),
+                    ("top_k", -2),
+                    ("n", 0),
+                    ("max_tokens" if openai else "max_new_tokens", -1),
+                ]
+            )
+        )
+        target[name] = value
+    elif rule == "transform":
+        name, value = draw(
+            st.sampled_from(
+                [
+                    ("frequency_penalty", 0.5),
+                    ("presence_penalty", -1),
+                    ("repetition_penalty", 1.2),
+                    ("logit_bias", {"42": 5}),
+                    ("min_tokens", 3),
+                    ("regex", "a+"),
+                    ("json_schema", {"type": "object"}),
+                    ("custom_logit_processor", "x"),
+                ]
+            )
+        )
+        target[name] = value
+    elif rule == "full_vocabulary":
+        target.update(
+            temperature=draw(st.sampled_from([None, 0.7, 1])),
+            top_k=draw(st.sampled_from([None, -1, 0])),
+            top_p=draw(st.sampled_from([None, 1, 1.0, 0.99999999])),
+            min_p=None,
+        )
+    elif rule == "cap":
+        target["top_k"] = draw(st.integers(CAP + 1, 10**6))
+    elif rule == "payload":
+        target.update(top_k=CAP, n=draw(st.integers(1, 8)))
+        target["max_tokens" if openai else "max_new_tokens"] = draw(st.integers(10**3, 10**6))
+    elif rule == "meta_info":
+        body["return_meta_info"] = draw(st.sampled_from([False, None]))
+    else:
+        body["stream"] = True
+    return path, encode(body), body
+
+
+@st.composite
 def general_case(draw: st.DrawFn) -> tuple[str, bytes, Any]:
     """A JSON object that does not ask for a mask: anything goes, and it is forwarded."""
     path = draw(st.sampled_from(PATHS))

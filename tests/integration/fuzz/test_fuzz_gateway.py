@@ -23,7 +23,13 @@ from typing import Any
 import jsonschema
 import orjson
 import pytest
-from fuzz_bodies import garbage_case, general_case, mutated_mask_case, valid_mask_case
+from fuzz_bodies import (
+    garbage_case,
+    general_case,
+    mutated_mask_case,
+    targeted_break_case,
+    valid_mask_case,
+)
 from fuzz_rig import Rig
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -166,10 +172,17 @@ async def test_fuzz_valid_mask_requests_are_admitted_and_forwarded_intact(
     assert await check_case(rig, path, raw) == "mask:200"
 
 
+# Four broken mask requests (random and rule by rule) for every garbage body: garbage
+# mostly stops at rule 1.
 @FUZZ
-# Three broken mask requests for every garbage body: garbage mostly stops at rule 1.
 @given(
-    case=st.one_of(mutated_mask_case(), mutated_mask_case(), mutated_mask_case(), garbage_case())
+    case=st.one_of(
+        mutated_mask_case(),
+        mutated_mask_case(),
+        targeted_break_case(),
+        targeted_break_case(),
+        garbage_case(),
+    )
 )
 async def test_fuzz_broken_mask_requests_get_the_policy_verdict(
     rig: Rig, case: tuple[str, bytes, Any]
