@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from bench.isolation import procs, report
 from bench.isolation.load import Traffic, run_clients
 
 ALL_LAYOUTS = ("sort_all_rows", "kernel", "isolated")
-LAYOUT_OVERHEAD_S = 45  # start-up, probe and shutdown of one layout, for the time budget
+LAYOUT_OVERHEAD_S = 45  # start-up, warm-up requests and shutdown of one layout, for the time budget
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ready-timeout", type=float, default=150)
     p.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--stem", default="isolation")
+    p.add_argument("--replot", type=Path, help="redraw the table and plot of a results JSON")
     return p.parse_args(argv)
 
 
@@ -126,11 +127,11 @@ def start_layout(
     return workers, procs.gateway(general_url, mask_url, args.gateway_procs)
 
 
-def probe(url: str, traffic: Traffic, timeout_s: float) -> None:
-    """One short request of each kind before the load: pays JIT compiles outside the window."""
+def probe(url: str, traffic: Traffic, timeout_s: float, seed: int = 0) -> None:
+    """One short request; a mask request must come back with masks."""
     body: dict[str, Any] = {
-        "input_ids": list(range(3, 3 + min(16, traffic.prompt_len))),
-        "sampling_params": {"temperature": 1.0, "top_p": traffic.top_p, "max_new_tokens": 4},
+        "input_ids": list(range(3 + seed, 3 + seed + min(16, traffic.prompt_len))),
+        "sampling_params": {"temperature": 1.0, "top_p": traffic.top_p, "max_new_tokens": 8},
     }
     if traffic.want_mask:
         body["return_sampling_mask"] = True
@@ -143,6 +144,23 @@ def probe(url: str, traffic: Traffic, timeout_s: float) -> None:
         answer = json.loads(resp.read())
     if traffic.want_mask and not answer["meta_info"].get("output_token_sampling_mask"):
         raise SystemExit(f"probe: the mask request came back without masks: {answer}")
+
+
+def warm(url: str, traffics: list[Traffic], timeout_s: float) -> None:
+    """Pay JIT compiles before the load: one request of each kind, then bursts of 8 at once.
+
+    A first batch of one row and later batches of many can need different Triton
+    specialisations (a length-1 per-row tensor sliced out of a wider one is not 16-byte
+    aligned); a compile in the middle of the window stalls every stream for tens of seconds.
+    """
+    general, mask = traffics
+    for t in traffics:
+        probe(url, t, timeout_s)
+    with ThreadPoolExecutor(16) as threads:
+        for burst in ([general] * 8, [general] * 8 + [mask] * 8):
+            futures = [threads.submit(probe, url, t, timeout_s, i) for i, t in enumerate(burst)]
+            for f in futures:
+                f.result()
 
 
 def split(traffic: Traffic, parts: int) -> list[Traffic]:
@@ -169,8 +187,7 @@ def run_layout(
             w.wait_ready(deadline)
         gw.start().wait_ready(deadline)
         ready_s = time.monotonic() - t_start
-        for t in traffics:
-            probe(gw.url, t, args.ready_timeout)
+        warm(gw.url, traffics, args.ready_timeout)
         setup_s = time.monotonic() - t_start
         per_proc = list(zip(*(split(t, args.load_procs) for t in traffics), strict=True))
         start = time.monotonic() + 0.5
@@ -185,14 +202,35 @@ def run_layout(
         for p in everything:
             p.stop()
     res = report.summarise(records, t0, t1, {t.kind: t.max_new_tokens for t in traffics})
+    if not res["general"]["tok_s"] or not res["mask"]["tok_s"]:  # say why in the results
+        res["log_tails"] = {p.name: p.tail(2000) for p in everything}
     res["ready_s"] = round(ready_s, 1)
     res["setup_s"] = round(setup_s, 1)
     res["processes"] = [w.name for w in workers]
     return res
 
 
+def plot_title(config: dict[str, Any], facts: dict[str, Any]) -> str:
+    return (
+        f"{config['general_clients']} general + {config['mask_clients']} top-p "
+        f"{config['top_p']} mask clients, closed loop; {facts.get('gpu', config['device'])}, "
+        f"random {config['model']} {facts['dtype']}, {config['seconds']:.0f} s window"
+    )
+
+
+def replot(path: Path) -> int:
+    payload = json.loads(path.read_text())
+    print(report.table(payload["results"]))
+    title = plot_title(payload["config"], payload["facts"])
+    report.plot(payload["results"], path.with_suffix(".png"), title)
+    print(f"wrote {path.with_suffix('.png')}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        return replot(args.replot)
     t_begin = time.monotonic()
     layouts = [x for x in args.layouts.split(",") if x]
     for x in layouts:
@@ -216,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     payload["config"].pop("out_dir")
     payload["config"].pop("ckpt_dir")
+    payload["config"].pop("replot")
     results: dict[str, dict[str, Any]] = payload["results"]
     json_path = args.out_dir / f"{args.stem}.json"
     ctx = multiprocessing.get_context("spawn")
@@ -235,11 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     report.write_json(json_path, payload)
     print(report.table(results))
     if results:
-        title = (
-            f"{args.general_clients} general + {args.mask_clients} top-p {args.top_p} mask "
-            f"clients, closed loop; {facts.get('gpu', args.device)}, random {args.model} "
-            f"{facts['dtype']}, {args.seconds:.0f} s window"
-        )
+        title = plot_title(payload["config"], facts)
         try:
             report.plot(results, args.out_dir / f"{args.stem}.png", title)
         except ImportError as e:  # the JSON is the result; the plot can be redrawn from it

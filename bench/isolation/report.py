@@ -19,6 +19,12 @@ LAYOUTS = {
     "isolated": "3. isolated by the gateway (2 processes, 1 GPU)",
 }
 
+SHORT = {
+    "sort_all_rows": "1. co-batched\nsort all rows",
+    "kernel": "2. co-batched\nrow-filtered kernel",
+    "isolated": "3. isolated\n(2 processes, 1 GPU)",
+}
+
 
 def pct(values: list[float], q: float) -> float | None:
     """Nearest-rank percentile (q in [0, 100]); None for no values."""
@@ -101,8 +107,11 @@ def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = list(results)
-    labels = [LAYOUTS.get(k, k).split(", ", 1)[-1].replace(" (", "\n(") for k in keys]
+    keys = [k for k in results if results[k]["general"]["tok_s"]]  # a failed layout: no bars
+    missing = [LAYOUTS.get(k, k) for k in results if k not in keys]
+    if missing:
+        title += "\nno tokens in the window (not plotted): " + "; ".join(missing)
+    labels = [SHORT.get(k, k) for k in keys]
     panels = [
         ("general TPOT (ms)", [("tpot_ms_p50", "p50"), ("tpot_ms_p99", "p99")], "general"),
         ("general TTFT (ms)", [("ttft_ms_p50", "p50"), ("ttft_ms_p99", "p99")], "general"),
