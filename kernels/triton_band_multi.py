@@ -1,25 +1,29 @@
-"""Pass 1 with a multi-threshold band cut: the same contract as triton_band.band_kernel, with
-6 block-wide reductions per chunk instead of about 13.
+"""Pass 1 with a histogram band cut: the contract of triton_band.band_kernel at a fraction of
+its instructions and block-wide barriers.
 
 Why: band_kernel finds each chunk's band threshold by a 6-step bisection (one block-wide
-reduction per step, plus the count before it). On the H200 every reduction phase is serial
-latency that the other programs on an SM do not hide, so pass 1 took 162 us at B=128,
-V=151936 against 29 us for a read of the logits. Here one reduction over an [NT, CHUNK] tile
-counts the tokens at or above NT thresholds at once, and a second one refines between the
-two thresholds that bracket KC. Per chunk: max, sum-exp, two counts, the scan that compacts
-the candidates, and the max of what was left out.
+reduction per step, plus the count before it) and compacts the candidates with a scan over
+the chunk in id order. On the H200 pass 1 took 162 us at B=128, V=151936 against 29 us for a
+read of the logits: it is bound by instruction issue and serial barrier phases. Here:
 
-Each program handles G consecutive chunks and issues chunk g + 1's read before working on
-chunk g, so the next read is in flight during the reductions.
+* every token gets an integer level below the chunk max (0 = the max itself, then NT - 2
+  steps over DELTA * T, NT - 1 = deeper); one histogram counts the levels, a second one
+  splits the first level that does not fit KC into NT2 - 1 sub-levels. The band is decided
+  from the same integers the histograms counted, so its size is exact whatever the rounding
+  of the level arithmetic;
+* the chunk is a [R, W] tile, W = 32 * num_warps, so with scalar loads each thread holds one
+  column; candidates are numbered column-major: an in-thread prefix down the column plus one
+  scan of the per-column counts (W values), instead of a scan over the whole chunk;
+* each program handles G consecutive chunks and issues chunk g + 1's read before working on
+  chunk g.
 
-Outputs, per chunk c (the contract of band_kernel, which resolve_kernel relies on):
+Outputs, per chunk c (the contract resolve_kernel relies on):
   m_c = max z, s_c = sum exp(z - m_c) (NaN when the chunk holds a NaN or +inf),
-  up to KC candidates (x, id) in ascending id order, -inf in unused slots,
+  up to KC candidates (x, id), -inf in unused slots, in column-major order (resolve_kernel
+  does not depend on the order of a chunk's candidates),
   d_c = the largest z among the tokens not written (so every z > max_c d_c is a candidate).
-The written set is {x >= thr} for a threshold thr between m - DELTA * T and m, except when
-more than KC tokens tie at the chunk max: then the KC lowest ids of the tie (and d_c = m_c).
-The threshold differs from band_kernel's (a grid of DELTA / ((NT - 1) * NT2) instead of a
-bisection), so the candidate lists differ; both satisfy the contract.
+When more than KC tokens tie at the chunk max, KC of them are written, always including the
+lowest id (greedy rows take it), and d_c = m_c.
 """
 
 from __future__ import annotations
@@ -29,27 +33,64 @@ import triton.language as tl
 
 from kernels.triton_common import GREEDY_T
 
-
-@triton.jit
-def _counts(x, finite, thr):
-    """x, finite [1, CHUNK]; thr [NT, 1] -> [NT, 1] #(x >= thr_j), in one reduction."""
-    return tl.sum((finite & (x >= thr)).to(tl.int32), axis=1, keep_dims=True)
+INT32_MAX = tl.constexpr(2**31 - 1)
 
 
 @triton.jit
 def _pick(sel, vals, fill):
-    """The entry of vals [NT, 1] where sel [NT, 1] holds (at most one), else fill; [1, 1]."""
+    """The entry of vals [N, 1] where sel [N, 1] holds (at most one), else fill; [1, 1]."""
     return tl.max(tl.where(sel, vals, fill), axis=0, keep_dims=True)
 
 
-# Every tensor below is 2-D ([1, CHUNK], [NT, CHUNK], [NT, 1] or [1, 1]) on purpose: the
-# [NT, CHUNK] counting tile puts NT inside each thread, and keeping the small [NT, 1] results
-# in that layout makes the threshold choice a per-thread computation. 1-D [NT] vectors get a
-# layout spread over the warps, and every pick among them costs two block-wide barriers.
+@triton.jit
+def _cut_levels(
+    x,
+    m,
+    t,
+    CHUNK: tl.constexpr,
+    KC: tl.constexpr,
+    DELTA: tl.constexpr,
+    NT: tl.constexpr,
+    NT2: tl.constexpr,
+):
+    """x [R, W] -> (band mask [R, W], band size [1, 1] before the KC cap, lvl [R, W]).
+
+    The small [N, 1] histogram results keep N inside each thread, so choosing the cut is a
+    per-thread computation (1-D [N] vectors would be spread over the warps, and every pick
+    among them would cost block-wide barriers).
+    """
+    m0 = tl.where(m == float("-inf"), 0.0, m)  # an all -inf chunk: every level is NT - 1
+    # Never 0 (DELTA * T may overflow): -inf tokens must still land on level NT - 1.
+    inv = tl.maximum((NT - 2) / (DELTA * t), 1e-30)
+    q = tl.minimum((m0 - x) * inv, NT - 1.0)
+    lvl = tl.ceil(q).to(tl.int32)
+    h1 = tl.histogram(tl.reshape(lvl, [CHUNK], can_reorder=True), NT)[:, None]  # [NT, 1]
+    k = tl.arange(0, NT)[:, None]
+    c1 = tl.cumsum(h1, axis=0)  # tokens at levels <= k
+    cut1 = tl.max(tl.where((c1 <= KC) & (k < NT - 1), k, -1), axis=0, keep_dims=True)
+    base = _pick(k == cut1, c1, 0)  # 0 when even the ties do not fit (cut1 = -1)
+    # Sub-levels of the bracket level b = cut1 + 1 (q in (b - 1, b]).
+    b = cut1 + 1
+    refine = (cut1 >= 0) & (b < NT - 1)
+    sub = tl.ceil((q - (b - 1).to(tl.float32)) * (NT2 - 1)).to(tl.int32) - 1
+    in_b = refine & (lvl == b)
+    sub = tl.where(in_b, tl.minimum(tl.maximum(sub, 0), NT2 - 2), NT2 - 1)
+    h2 = tl.histogram(tl.reshape(sub, [CHUNK], can_reorder=True), NT2)[:, None]  # [NT2, 1]
+    i = tl.arange(0, NT2)[:, None]
+    c2 = tl.cumsum(h2, axis=0)
+    cut2 = tl.max(tl.where((base + c2 <= KC) & (i < NT2 - 1), i, -1), axis=0, keep_dims=True)
+    n_band = base + _pick(i == cut2, c2, 0)
+    band = (lvl <= cut1) | (in_b & (sub <= cut2))
+    ties = cut1 < 0  # more than KC tokens at the max: all of them, capped later
+    band = tl.where(ties, lvl == 0, band)
+    n_band = tl.where(ties, _pick(k == 0, h1, 0), n_band)
+    return band, n_band
+
+
 @triton.jit
 def _chunk(
-    x,  # [1, CHUNK] float32
-    ids,  # [1, CHUNK] int32
+    x,  # [R, W] float32, token r * W + c of the chunk at (r, c)
+    ids,  # [R, W] int32
     t,
     row,
     chunk,
@@ -59,6 +100,7 @@ def _chunk(
     m_ptr,
     s_ptr,
     d_ptr,
+    CHUNK: tl.constexpr,
     KC: tl.constexpr,
     DELTA: tl.constexpr,
     NT: tl.constexpr,
@@ -68,40 +110,28 @@ def _chunk(
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # an all -inf chunk sums to 0, not NaN
     # NaN propagates into s, and so does +inf (inf - inf): both mark the row as bad.
     s = tl.sum(tl.exp((x - m_safe) * (1.0 / t)))
-    finite = x > float("-inf")
+    band, n_band = _cut_levels(x, m, t, CHUNK, KC, DELTA, NT, NT2)
 
-    # Level 1: thresholds m - j * step, j = 0 .. NT - 1 (j = 0 counts the ties at the max).
-    j = tl.arange(0, NT)[:, None]  # [NT, 1]
-    step = DELTA * t / (NT - 1)
-    # j = 0 is m itself (0 * step would be NaN when DELTA * T overflows to inf).
-    thr1 = tl.where(j == 0, m, m - j.to(tl.float32) * step)
-    cnt1 = _counts(x, finite, thr1)
-    j1 = tl.max(tl.where(cnt1 <= KC, j, -1), axis=0, keep_dims=True)  # deepest fitting one
-    at = j == tl.maximum(j1, 0)
-    base_thr = _pick(at, thr1, float("-inf"))
-    base_cnt = _pick(at, cnt1, 0)
-    # Level 2: NT2 - 1 thresholds strictly between base_thr and the next (too deep) one; the
-    # last slot repeats base_thr and is never picked.
-    i = tl.arange(0, NT2)[:, None]  # [NT2, 1]
-    thr2 = tl.where(i < NT2 - 1, base_thr - (i + 1).to(tl.float32) * (step / NT2), base_thr)
-    cnt2 = _counts(x, finite, thr2)
-    refine = (j1 >= 0) & (j1 < NT - 1)
-    i2 = tl.max(tl.where(refine & (cnt2 <= KC) & (i < NT2 - 1), i, -1), axis=0, keep_dims=True)
-    fine = i2 >= 0
-    at2 = i == i2
-    thr = tl.where(fine, _pick(at2, thr2, float("-inf")), base_thr)
-    n_band = tl.where(fine, _pick(at2, cnt2, 0), base_cnt)
-
-    band = finite & (x >= thr)
-    # Ties at the max beyond KC (j1 < 0): keep the lowest ids; the unwritten ties give d = m.
-    rank = tl.cumsum(band.to(tl.int32), axis=1) - 1
-    write = band & (rank < KC)
+    # Slots in column-major order: the band tokens of earlier columns, then those above in
+    # this column.
+    b32 = band.to(tl.int32)
+    per_col = tl.sum(b32, axis=0, keep_dims=True)  # [1, W]
+    slot = (tl.cumsum(per_col, axis=1) - per_col) + (tl.cumsum(b32, axis=0) - b32)
     n_written = tl.minimum(n_band, KC)
+    if tl.max(n_band) > KC:  # only ties at the max can overflow: keep the lowest id first
+        id_min = tl.min(tl.where(band, ids, INT32_MAX))
+        # Is id_min before this token in column-major order? Then this token moves up one.
+        rr = ids // ids.shape[1] - id_min // ids.shape[1]  # row difference within the tile
+        before = ((id_min % ids.shape[1]) < (ids % ids.shape[1])) | (
+            ((id_min % ids.shape[1]) == (ids % ids.shape[1])) & (rr > 0)
+        )
+        slot = tl.where(ids == id_min, 0, slot - before.to(tl.int32) + 1)
+    write = band & (slot < KC)
     d = tl.max(tl.where(write, float("-inf"), x))
 
     base = (row * n_chunks + chunk) * KC
-    tl.store(cand_x_ptr + base + rank, x, mask=write)
-    tl.store(cand_id_ptr + base + rank, ids, mask=write)
+    tl.store(cand_x_ptr + base + slot, x, mask=write)
+    tl.store(cand_id_ptr + base + slot, ids, mask=write)
     slots = tl.arange(0, KC)[None, :]
     tl.store(
         cand_x_ptr + base + slots,
@@ -115,7 +145,10 @@ def _chunk(
     tl.store(d_ptr + stat, tl.math.div_rn(d, t))
 
 
-@triton.jit
+# vocab and stride_x are not specialised on divisibility: that would vectorise the loads to 4
+# tokens per thread, and the scattered candidate stores would then need the whole chunk moved
+# through shared memory into a one-token-per-thread layout.
+@triton.jit(do_not_specialize=["stride_x", "vocab"])
 def band_multi_kernel(
     x_ptr,  # [B, V] logits (f32 / bf16 / f16), row stride stride_x
     temp_ptr,  # [B] float32
@@ -129,17 +162,19 @@ def band_multi_kernel(
     n_chunks,
     G: tl.constexpr,  # chunks per program
     CHUNK: tl.constexpr,
+    W: tl.constexpr,  # tile width: 32 * num_warps (one column per thread)
     KC: tl.constexpr,
     DELTA: tl.constexpr,
-    NT: tl.constexpr,  # thresholds of the first counting reduction (a power of two)
-    NT2: tl.constexpr,  # thresholds of the second, between two of the first (a power of two)
+    NT: tl.constexpr,  # levels of the first histogram (a power of two)
+    NT2: tl.constexpr,  # bins of the second histogram (a power of two)
 ):
     row = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1) * G
     temp = tl.load(temp_ptr + row)
     t = tl.where(temp.to(tl.float64) < GREEDY_T, 1.0, temp)  # greedy rows: z = x
     x_row = x_ptr + row * stride_x
-    ids = first * CHUNK + tl.arange(0, CHUNK)[None, :]  # [1, CHUNK]: see _chunk
+    tile = tl.arange(0, CHUNK // W)[:, None] * W + tl.arange(0, W)[None, :]  # [R, W]
+    ids = first * CHUNK + tile
     x_next = tl.load(x_row + ids, mask=ids < vocab, other=float("-inf"))
     for g in tl.static_range(G):
         x = x_next.to(tl.float32)
@@ -161,6 +196,7 @@ def band_multi_kernel(
                 m_ptr,
                 s_ptr,
                 d_ptr,
+                CHUNK,
                 KC,
                 DELTA,
                 NT,

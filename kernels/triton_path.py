@@ -30,10 +30,10 @@ CAND_TARGET = 2048  # candidate keys per row that pass 1 keeps (at most)
 KC_MIN = 16
 DELTA = 12.0  # band depth below each chunk max, in nats (exp(-12) = 6e-6)
 NBISECT = 6  # band threshold bisection steps: DELTA / 64 resolution is plenty
-# band_multi_kernel's thresholds: NT over DELTA, then NT2 - 1 between the two that bracket KC
-# (DELTA / 28 = 0.43 nats; each threshold costs a compare and an add per logit).
-NT = 8
-NT2 = 4
+# band_multi_kernel's histogram cut: NT - 2 levels over DELTA, then NT2 - 1 sub-levels of the
+# level that does not fit (DELTA / 210 = 0.06 nats).
+NT = 16
+NT2 = 16
 GROUP = 0  # chunks per band_multi_kernel program; 0 keeps the bisecting band_kernel
 RESOLVE_BISECT = 8  # threshold steps picking a tier's best candidates
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
@@ -49,6 +49,7 @@ class BandConfig:
     n_chunks: int
     sub: int = 1  # chunks per pass-1 program; > 1 takes band_tiled_kernel
     group: int = 0  # > 0: band_multi_kernel with this many chunks per program (wins over sub)
+    width: int = 32 * BAND_WARPS  # band_multi_kernel's tile width (tests shrink it)
 
     @property
     def ncand(self) -> int:
@@ -61,6 +62,7 @@ def band_config(
     kc: int | None = None,
     sub: int = 1,
     group: int | None = None,
+    width: int | None = None,
 ) -> BandConfig:
     """Chunk size and candidates per chunk for a vocabulary (tests shrink them)."""
     chunk = chunk or min(CHUNK_MAX, triton.next_power_of_2(vocab))
@@ -69,7 +71,8 @@ def band_config(
         per_chunk = max(KC_MIN, CAND_TARGET // n_chunks)
         kc = min(chunk, 1 << (per_chunk.bit_length() - 1))  # a power of two for tl.arange
     group = GROUP if group is None else group
-    return BandConfig(chunk=chunk, kc=kc, n_chunks=n_chunks, sub=sub, group=group)
+    width = min(chunk, width or 32 * BAND_WARPS)
+    return BandConfig(chunk=chunk, kc=kc, n_chunks=n_chunks, sub=sub, group=group, width=width)
 
 
 def launch_band(
@@ -84,7 +87,7 @@ def launch_band(
     nbisect: int = NBISECT,
 ) -> None:
     """Pass 1: one program per chunk (band_kernel), per tile of cfg.sub chunks, or per
-    cfg.group chunks with the multi-threshold cut (band_multi_kernel)."""
+    cfg.group chunks with the histogram cut (band_multi_kernel)."""
     batch, vocab = x.shape
     common = (x, temperature, cand_x, cand_id, m_c, s_c, d_c, x.stride(0), vocab, cfg.n_chunks)
     if cfg.group > 0:
@@ -93,6 +96,7 @@ def launch_band(
             *common,
             G=cfg.group,
             CHUNK=cfg.chunk,
+            W=cfg.width,
             KC=cfg.kc,
             DELTA=DELTA,
             NT=NT,
