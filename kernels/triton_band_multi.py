@@ -7,10 +7,9 @@ the chunk in id order. On the H200 pass 1 took 162 us at B=128, V=151936 against
 read of the logits: it is bound by instruction issue and serial barrier phases. Here:
 
 * every token gets an integer level below the chunk max (0 = the max itself, then NT - 2
-  steps over DELTA * T, NT - 1 = deeper); one histogram counts the levels, a second one
-  splits the first level that does not fit KC into NT2 - 1 sub-levels. The band is decided
-  from the same integers the histograms counted, so its size is exact whatever the rounding
-  of the level arithmetic;
+  steps over DELTA * T, NT - 1 = deeper); one histogram counts the levels and the band is
+  the deepest levels that fit KC. The band is decided from the same integers the histogram
+  counted, so its size is exact whatever the rounding of the level arithmetic;
 * the chunk is a [R, W] tile, W = 32 * num_warps, so with scalar loads each thread holds one
   column; candidates are numbered column-major: an in-thread prefix down the column plus one
   scan of the per-column counts (W values), instead of a scan over the whole chunk;
@@ -44,47 +43,24 @@ def _pick(sel, vals, fill):
 
 @triton.jit
 def _cut_levels(
-    x,
-    m,
-    t,
-    CHUNK: tl.constexpr,
-    KC: tl.constexpr,
-    DELTA: tl.constexpr,
-    NT: tl.constexpr,
-    NT2: tl.constexpr,
+    x, m, t, CHUNK: tl.constexpr, KC: tl.constexpr, DELTA: tl.constexpr, NT: tl.constexpr
 ):
-    """x [R, W] -> (band mask [R, W], band size [1, 1] before the KC cap, lvl [R, W]).
+    """x [R, W] -> (band mask [R, W], band size [1, 1] before the KC cap).
 
-    The small [N, 1] histogram results keep N inside each thread, so choosing the cut is a
-    per-thread computation (1-D [N] vectors would be spread over the warps, and every pick
-    among them would cost block-wide barriers).
+    The [NT, 1] histogram and its prefix keep NT inside each thread, so choosing the cut is
+    a per-thread computation (a 1-D [NT] vector would be spread over the warps, and every
+    pick among its entries would cost block-wide barriers).
     """
     m0 = tl.where(m == float("-inf"), 0.0, m)  # an all -inf chunk: every level is NT - 1
     # Never 0 (DELTA * T may overflow): -inf tokens must still land on level NT - 1.
     inv = tl.maximum((NT - 2) / (DELTA * t), 1e-30)
-    q = tl.minimum((m0 - x) * inv, NT - 1.0)
-    lvl = tl.ceil(q).to(tl.int32)
-    h1 = tl.histogram(tl.reshape(lvl, [CHUNK], can_reorder=True), NT)[:, None]  # [NT, 1]
+    lvl = tl.ceil(tl.minimum((m0 - x) * inv, NT - 1.0)).to(tl.int32)
+    hist = tl.histogram(tl.reshape(lvl, [CHUNK], can_reorder=True), NT)[:, None]  # [NT, 1]
     k = tl.arange(0, NT)[:, None]
-    c1 = tl.cumsum(h1, axis=0)  # tokens at levels <= k
-    cut1 = tl.max(tl.where((c1 <= KC) & (k < NT - 1), k, -1), axis=0, keep_dims=True)
-    base = _pick(k == cut1, c1, 0)  # 0 when even the ties do not fit (cut1 = -1)
-    # Sub-levels of the bracket level b = cut1 + 1 (q in (b - 1, b]).
-    b = cut1 + 1
-    refine = (cut1 >= 0) & (b < NT - 1)
-    sub = tl.ceil((q - (b - 1).to(tl.float32)) * (NT2 - 1)).to(tl.int32) - 1
-    in_b = refine & (lvl == b)
-    sub = tl.where(in_b, tl.minimum(tl.maximum(sub, 0), NT2 - 2), NT2 - 1)
-    h2 = tl.histogram(tl.reshape(sub, [CHUNK], can_reorder=True), NT2)[:, None]  # [NT2, 1]
-    i = tl.arange(0, NT2)[:, None]
-    c2 = tl.cumsum(h2, axis=0)
-    cut2 = tl.max(tl.where((base + c2 <= KC) & (i < NT2 - 1), i, -1), axis=0, keep_dims=True)
-    n_band = base + _pick(i == cut2, c2, 0)
-    band = (lvl <= cut1) | (in_b & (sub <= cut2))
-    ties = cut1 < 0  # more than KC tokens at the max: all of them, capped later
-    band = tl.where(ties, lvl == 0, band)
-    n_band = tl.where(ties, _pick(k == 0, h1, 0), n_band)
-    return band, n_band
+    at_most = tl.cumsum(hist, axis=0)  # tokens at levels <= k
+    # The deepest level that fits KC; 0 (the ties at the max, capped later) when none does.
+    cut = tl.max(tl.where((at_most <= KC) & (k < NT - 1), k, 0), axis=0, keep_dims=True)
+    return lvl <= cut, _pick(k == cut, at_most, 0)
 
 
 @triton.jit
@@ -104,13 +80,12 @@ def _chunk(
     KC: tl.constexpr,
     DELTA: tl.constexpr,
     NT: tl.constexpr,
-    NT2: tl.constexpr,
 ):
     m = tl.max(x)  # scalars: they are stored, and a [1, 1] store needs a layout conversion
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # an all -inf chunk sums to 0, not NaN
     # NaN propagates into s, and so does +inf (inf - inf): both mark the row as bad.
     s = tl.sum(tl.exp((x - m_safe) * (1.0 / t)))
-    band, n_band = _cut_levels(x, m, t, CHUNK, KC, DELTA, NT, NT2)
+    band, n_band = _cut_levels(x, m, t, CHUNK, KC, DELTA, NT)
 
     # Slots in column-major order: the band tokens of earlier columns, then those above in
     # this column.
@@ -165,8 +140,7 @@ def band_multi_kernel(
     W: tl.constexpr,  # tile width: 32 * num_warps (one column per thread)
     KC: tl.constexpr,
     DELTA: tl.constexpr,
-    NT: tl.constexpr,  # levels of the first histogram (a power of two)
-    NT2: tl.constexpr,  # bins of the second histogram (a power of two)
+    NT: tl.constexpr,  # histogram levels (a power of two)
 ):
     row = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1) * G
@@ -200,5 +174,4 @@ def band_multi_kernel(
                 KC,
                 DELTA,
                 NT,
-                NT2,
             )
