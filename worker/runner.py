@@ -10,8 +10,10 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import kernels
 from kernels.result import STATUS_OVERFLOW
@@ -166,10 +168,23 @@ class ModelRunner:
             sliding_window=self.config.sliding_window,
             dtype=self.loaded.dtype,
         )
-        hidden = self.model(flat[0], flat[1], self.kv_layers, batch)
+        with self._eager_attention():
+            hidden = self.model(flat[0], flat[1], self.kv_layers, batch)
         if not last:
             return hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
+
+    def _eager_attention(self) -> AbstractContextManager[object]:
+        """SDPA backends for eager steps. On the H200 eager decode steps took 60-97 ms whatever
+        the batch, against ~4 ms replayed from a graph, which looks like per-shape set-up in
+        the chosen attention backend (every eager step brings a new key length). The suspect
+        is cuDNN attention, which builds a plan per shape, so eager steps leave it out; not
+        yet re-measured. Captured graphs keep the default choice they were measured with."""
+        if self.device.type != "cuda":
+            return nullcontext()
+        return sdpa_kernel(
+            [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        )
 
     def _sample(
         self, logits: torch.Tensor, rows: list[RowWork]
