@@ -80,6 +80,9 @@ class ModelRunner:
         self.kv_layers = self.kv.layers()
         self.max_num_slots = self.kv.num_slots
         self.max_model_len = max_len
+        # Slots whose sequence produced NaN logits: their K/V may hold NaN, and a later
+        # sequence reads stale entries past its length (masked, but 0 * NaN is NaN).
+        self.nan_slots: set[int] = set()
         self.graphs = (
             DecodeGraphs(self.model, self.kv, max_batch=self.max_num_slots)
             if cuda_graphs and self.device.type == "cuda"
@@ -93,8 +96,14 @@ class ModelRunner:
             return min(wanted, int(free * CUDA_KV_FRACTION) - CUDA_HEADROOM_BYTES)
         return min(wanted, CPU_DEFAULT_KV_BYTES)
 
+    @torch.inference_mode()
     def release(self, slot: int) -> None:
-        """Nothing to free: attention masks by position, so the next sequence overwrites it."""
+        """Attention masks by position, so the next sequence just overwrites the slot; only a
+        slot that produced NaN logits is zeroed first, so no NaN outlives its request."""
+        if slot in self.nan_slots:
+            self.nan_slots.discard(slot)
+            self.kv.k[:, slot].zero_()
+            self.kv.v[:, slot].zero_()
 
     @torch.inference_mode()
     def run(self, rows: list[RowWork]) -> tuple[list[RowResult | None], StepStats]:
@@ -111,6 +120,8 @@ class ModelRunner:
             )
             for i, res in zip(sampling, results, strict=True):
                 out[i] = res
+                if res.nan:
+                    self.nan_slots.add(rows[i].slot)
         return out, stats
 
     @torch.inference_mode()

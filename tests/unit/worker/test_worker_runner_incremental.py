@@ -92,3 +92,18 @@ def test_kv_budget_sets_the_slot_count(tiny: LoadedModel) -> None:
         ModelRunner(tiny, max_model_len=64, kv_cache_bytes=per_slot)
     with pytest.raises(ValueError, match="max_model_len"):
         ModelRunner(tiny, max_model_len=10**6)
+
+
+def test_a_slot_that_produced_nan_is_cleaned_on_release(tiny: LoadedModel) -> None:
+    runner = ModelRunner(tiny, max_num_slots=2, max_model_len=64)
+    runner.run([RowWork(0, list(range(10, 40)), 0, sample=True)])
+    runner.kv.v[0, 0, :, 20] = float("nan")  # as if the sequence had blown up at position 20
+    (bad,), _ = runner.run([RowWork(0, [5], 30, sample=True)])
+    assert bad is not None and bad.nan
+    runner.release(0)
+    # The next sequence in the slot is shorter: the decode reads stale positions past it.
+    short = [7, 8, 9]
+    runner.logits([RowWork(0, short[:2], 0, sample=False)])
+    got = runner.logits([RowWork(0, short[2:], 2, sample=True), RowWork(1, [3], 40, sample=True)])
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got[0], full_logits(runner, short), atol=ATOL, rtol=0)
