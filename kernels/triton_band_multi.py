@@ -55,7 +55,7 @@ def _cut_levels(
     # Never 0 (DELTA * T may overflow): -inf tokens must still land on level NT - 1.
     inv = tl.maximum((NT - 2) / (DELTA * t), 1e-30)
     lvl = tl.ceil(tl.minimum((m0 - x) * inv, NT - 1.0)).to(tl.int32)
-    hist = tl.histogram(tl.reshape(lvl, [CHUNK], can_reorder=True), NT)[:, None]  # [NT, 1]
+    hist = tl.histogram(tl.reshape(lvl, [CHUNK]), NT)[:, None]  # [NT, 1]
     k = tl.arange(0, NT)[:, None]
     at_most = tl.cumsum(hist, axis=0)  # tokens at levels <= k
     # The deepest level that fits KC; 0 (the ties at the max, capped later) when none does.
