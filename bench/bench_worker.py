@@ -117,12 +117,12 @@ def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespa
     results, _ = runner.run(rows)
     tokens = [r.token for r in results if r is not None]
     mask_s = 0.0
-    mask_ids = overflows = 0
+    mask_ids = overflows = fallbacks = 0
     t0 = 0.0
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             sync(args.device)
-            t0, mask_s, mask_ids, overflows = time.perf_counter(), 0.0, 0, 0
+            t0, mask_s, mask_ids, overflows, fallbacks = time.perf_counter(), 0.0, 0, 0, 0
         pos = args.prompt_len + step
         rows = [
             RowWork(i, [tokens[i]], pos, sample=True, params=params, want_mask=want, step=step)
@@ -131,6 +131,7 @@ def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespa
         results, stats = runner.run(rows)
         tokens = [r.token for r in results if r is not None]
         mask_s += stats.mask_seconds
+        fallbacks += stats.num_fallback_rows
         mask_ids += sum(len(r.mask) for r in results if r is not None and r.mask)
         overflows += sum(r.mask_status == 1 for r in results if r is not None)
     wall = time.perf_counter() - t0
@@ -140,6 +141,7 @@ def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespa
         "sampler_share": mask_s / wall,
         "mean_mask_len": mask_ids / (batch * args.steps) if want else 0.0,
         "overflows": overflows,
+        "fallback_rows": fallbacks,  # rows the sampler sent down its slow full pass
     }
 
 
