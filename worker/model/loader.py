@@ -46,8 +46,10 @@ def load(
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
     progress: Progress | None = None,
+    cache_dir: Path | None = None,
 ) -> LoadedModel:
-    """Load `spec` onto `device`; dtype defaults to float32 on CPU, bfloat16 on CUDA."""
+    """Load `spec` onto `device`; dtype defaults to float32 on CPU, bfloat16 on CUDA.
+    `cache_dir`: where converted models live (default: `gguf_convert.cache_root()`)."""
     dev = torch.device(device)
     dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
     say = progress or (lambda _msg: None)
@@ -62,10 +64,10 @@ def load(
             dtype,
         )
     if spec == "smollm2":
-        return load_hf_dir(ensure_smollm2(progress=say), dev, dtype, say, name="smollm2")
+        return load_hf_dir(ensure_smollm2(cache_dir, progress=say), dev, dtype, say, name="smollm2")
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return load_hf_dir(ensure_gguf_converted(path, progress=say), dev, dtype, say)
+        return load_hf_dir(ensure_gguf_converted(path, cache_dir, progress=say), dev, dtype, say)
     if not (path / "config.json").is_file():
         raise ModelLoadError(
             f"model {spec!r} is not 'tiny-random', 'smollm2', a .gguf file, or a directory "

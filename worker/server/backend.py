@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from worker.batch import Runner
@@ -38,7 +39,13 @@ def load_backend(config: WorkerConfig) -> Backend:
     if config.cpu_threads is not None:
         torch.set_num_threads(config.cpu_threads)
     log.info("loading model %s on %s", config.model, device)
-    loaded = load(config.model, device, dtype, progress=lambda msg: log.info("%s", msg))
+    loaded = load(
+        config.model,
+        device,
+        dtype,
+        progress=lambda msg: log.info("%s", msg),
+        cache_dir=Path(config.cache_dir) if config.cache_dir else None,
+    )
     runner = ModelRunner(
         loaded,
         max_num_slots=config.max_num_seqs,

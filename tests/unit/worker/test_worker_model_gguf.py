@@ -23,7 +23,7 @@ pytestmark = [
 def test_smollm2_converts_once_and_matches_transformers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("MASKGATE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("MASKGATE_WORKER_CACHE_DIR", str(tmp_path))
     said: list[str] = []
     loaded = load("smollm2", progress=said.append)
     assert any("downloading" in s for s in said) and any("converting" in s for s in said)
