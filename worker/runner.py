@@ -88,6 +88,34 @@ class ModelRunner:
             if cuda_graphs and self.device.type == "cuda"
             else None
         )
+        if self.device.type == "cuda":
+            self._warm_up_sampler()
+
+    @torch.inference_mode()
+    def _warm_up_sampler(self) -> None:
+        """Compile the sampler's Triton variants before traffic arrives. Triton specialises
+        on integer arguments equal to 1 or divisible by 16, so a batch of 1, of 2 and of 16
+        rows each compile their own kernels; compiled mid-traffic, that stalls every stream
+        of the worker for tens of seconds."""
+        v = self.vocab_size
+        for b in (1, 2, 16):
+            logits = torch.randn(b, v, device=self.device, dtype=torch.float32)
+            rows = torch.ones(b, device=self.device)
+            for want, seeded in ((True, True), (False, False), (True, False)):
+                ids = torch.arange(b, device=self.device, dtype=torch.int64)
+                self.sample_fn(
+                    logits,
+                    rows.clone(),
+                    torch.full((b,), 50, device=self.device, dtype=torch.int32),
+                    rows * 0.9,
+                    rows * 0.0,
+                    torch.full((b,), want, dtype=torch.bool),
+                    max_mask_tokens=self.max_mask_tokens,
+                    seed=ids if seeded else None,
+                    step=ids.clone() if seeded else None,
+                    bounded=torch.zeros(b, device=self.device, dtype=torch.bool),
+                )
+        torch.cuda.synchronize(self.device)
 
     def _default_kv_bytes(self, max_num_slots: int, max_len: int) -> int:
         wanted = (max_num_slots + 1) * bytes_per_slot(self.config, max_len, self.loaded.dtype)
@@ -226,14 +254,14 @@ class ModelRunner:
         timer = _Timer(dev)
         res = self.sample_fn(
             logits,
-            floats[:, 0].contiguous(),
+            _column(floats, 0),
             ints[:, 0].to(torch.int32),
-            floats[:, 1].contiguous(),
-            floats[:, 2].contiguous(),
+            _column(floats, 1),
+            _column(floats, 2),
             want_mask,
             max_mask_tokens=self.max_mask_tokens,
-            seed=ints[:, 2].contiguous() if seeded else None,
-            step=ints[:, 1].contiguous() if seeded else None,
+            seed=_column(ints, 2) if seeded else None,
+            step=_column(ints, 1) if seeded else None,
             bounded=ints[:, 3].bool(),
         )
         seconds = timer.stop()
@@ -274,3 +302,10 @@ class _Timer:
             self.end.synchronize()
             return self.begin.elapsed_time(self.end) / 1000.0
         return time.perf_counter() - self.t0
+
+
+def _column(t: torch.Tensor, j: int) -> torch.Tensor:
+    """Column j of a [B, k] tensor in a fresh allocation. `.contiguous()` returns a [1]-row
+    column as a view at a 4- or 8-byte offset, and Triton compiles a separate kernel for
+    pointers that are not 16-byte aligned: a batch of one would trigger a recompile."""
+    return t[:, j].clone(memory_format=torch.contiguous_format)
