@@ -39,7 +39,8 @@ ALPHA = 1.6
 CAP = 4096
 N_BUFFERS = 4
 # Pass-1 variants (band_config keyword arguments): the bisecting band_kernel, the tiled one,
-# and band_multi_kernel with a chunk size and chunks per program.
+# and band_multi_kernel with a chunk size and chunks per program, any token (m) or only the
+# two tops of each column (t) as candidates.
 VARIANTS = {
     "bisect": {"group": 0},
     "tiled2": {"group": 0, "sub": 2},
@@ -49,6 +50,9 @@ VARIANTS = {
     "m2048g4": {"chunk": 2048, "group": 4},
     "m4096g1": {"chunk": 4096, "group": 1},
     "m4096g2": {"chunk": 4096, "group": 2},
+    "t2048g1": {"chunk": 2048, "group": 1, "tops": 2},
+    "t4096g1": {"chunk": 4096, "group": 1, "tops": 2},
+    "t4096g2": {"chunk": 4096, "group": 2, "tops": 2},
 }
 
 

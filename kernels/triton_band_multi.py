@@ -13,6 +13,10 @@ read of the logits: it is bound by instruction issue and serial barrier phases. 
 * the chunk is a [R, W] tile, W = 32 * num_warps, so with scalar loads each thread holds one
   column; candidates are numbered column-major: an in-thread prefix down the column plus one
   scan of the per-column counts (W values), instead of a scan over the whole chunk;
+* with TOPS = 2 only the two largest tokens of each column compete (found in-thread, no
+  shuffles), so the level arithmetic, the histogram and the scan run on 2 values per thread
+  instead of R; the largest of the rest of each column joins d_c. The band then also ends
+  where a column holds 3 of the chunk's best tokens;
 * each program handles G consecutive chunks and issues chunk g + 1's read before working on
   chunk g.
 
@@ -42,10 +46,8 @@ def _pick(sel, vals, fill):
 
 
 @triton.jit
-def _cut_levels(
-    x, m, t, CHUNK: tl.constexpr, KC: tl.constexpr, DELTA: tl.constexpr, NT: tl.constexpr
-):
-    """x [R, W] -> (band mask [R, W], band size [1, 1] before the KC cap).
+def _cut_levels(x, m, t, KC: tl.constexpr, DELTA: tl.constexpr, NT: tl.constexpr):
+    """x [P, W] -> (band mask [P, W], band size [1, 1] before the KC cap).
 
     The [NT, 1] histogram and its prefix keep NT inside each thread, so choosing the cut is
     a per-thread computation (a 1-D [NT] vector would be spread over the warps, and every
@@ -55,12 +57,32 @@ def _cut_levels(
     # Never 0 (DELTA * T may overflow): -inf tokens must still land on level NT - 1.
     inv = tl.maximum((NT - 2) / (DELTA * t), 1e-30)
     lvl = tl.ceil(tl.minimum((m0 - x) * inv, NT - 1.0)).to(tl.int32)
-    hist = tl.histogram(tl.reshape(lvl, [CHUNK]), NT)[:, None]  # [NT, 1]
+    hist = tl.histogram(tl.reshape(lvl, [x.shape[0] * x.shape[1]]), NT)[:, None]  # [NT, 1]
     k = tl.arange(0, NT)[:, None]
     at_most = tl.cumsum(hist, axis=0)  # tokens at levels <= k
     # The deepest level that fits KC; 0 (the ties at the max, capped later) when none does.
     cut = tl.max(tl.where((at_most <= KC) & (k < NT - 1), k, 0), axis=0, keep_dims=True)
     return lvl <= cut, _pick(k == cut, at_most, 0)
+
+
+@triton.jit
+def _column_tops(x, ids):
+    """x, ids [R, W] -> the two largest tokens of each column, first occurrences first
+    (values and ids [2, W]), and the largest of the rest of each column ([1, W]).
+
+    Each thread holds one column, so these are in-thread reductions (no shuffles). When a
+    column has no second finite token its second top is -inf (never written)."""
+    rows = tl.arange(0, x.shape[0])[:, None]
+    v1 = tl.max(x, axis=0, keep_dims=True)
+    a1 = tl.argmax(x, axis=0, tie_break_left=True, keep_dims=True)  # lowest row: lowest id
+    x2 = tl.where(rows == a1, float("-inf"), x)
+    v2 = tl.max(x2, axis=0, keep_dims=True)
+    a2 = tl.argmax(x2, axis=0, tie_break_left=True, keep_dims=True)
+    rest = tl.max(tl.where(rows == a2, float("-inf"), x2), axis=0, keep_dims=True)
+    i1 = tl.sum(tl.where(rows == a1, ids, 0), axis=0, keep_dims=True)
+    i2 = tl.sum(tl.where(rows == a2, ids, 0), axis=0, keep_dims=True)
+    top = tl.arange(0, 2)[:, None]
+    return tl.where(top == 0, v1, v2), tl.where(top == 0, i1, i2), rest
 
 
 @triton.jit
@@ -80,12 +102,20 @@ def _chunk(
     KC: tl.constexpr,
     DELTA: tl.constexpr,
     NT: tl.constexpr,
+    TOPS: tl.constexpr,
 ):
-    m = tl.max(x)  # scalars: they are stored, and a [1, 1] store needs a layout conversion
+    # The tokens that may be written: all of them ([R, W]), or the two tops of each column
+    # ([2, W]) with `rest`, the largest of the others.
+    if TOPS:
+        cand, cand_ids, rest = _column_tops(x, ids)
+    else:
+        cand, cand_ids = x, ids
+        rest = tl.full([1, ids.shape[1]], float("-inf"), tl.float32)
+    m = tl.max(cand)  # scalars: they are stored, and a [1, 1] store needs a layout conversion
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # an all -inf chunk sums to 0, not NaN
     # NaN propagates into s, and so does +inf (inf - inf): both mark the row as bad.
     s = tl.sum(tl.exp((x - m_safe) * (1.0 / t)))
-    band, n_band = _cut_levels(x, m, t, CHUNK, KC, DELTA, NT)
+    band, n_band = _cut_levels(cand, m, t, KC, DELTA, NT)
 
     # Slots in column-major order: the band tokens of earlier columns, then those above in
     # this column.
@@ -94,19 +124,22 @@ def _chunk(
     slot = (tl.cumsum(per_col, axis=1) - per_col) + (tl.cumsum(b32, axis=0) - b32)
     n_written = tl.minimum(n_band, KC)
     if tl.max(n_band) > KC:  # only ties at the max can overflow: keep the lowest id first
-        id_min = tl.min(tl.where(band, ids, INT32_MAX))
-        # Is id_min before this token in column-major order? Then this token moves up one.
-        rr = ids // ids.shape[1] - id_min // ids.shape[1]  # row difference within the tile
-        before = ((id_min % ids.shape[1]) < (ids % ids.shape[1])) | (
-            ((id_min % ids.shape[1]) == (ids % ids.shape[1])) & (rr > 0)
-        )
-        slot = tl.where(ids == id_min, 0, slot - before.to(tl.int32) + 1)
+        pr = tl.arange(0, cand.shape[0])[:, None]
+        pc = tl.arange(0, cand.shape[1])[None, :]
+        id_min = tl.min(tl.where(band, cand_ids, INT32_MAX))
+        is_min = band & (cand_ids == id_min)
+        pr_min = tl.max(tl.where(is_min, pr, -1))
+        pc_min = tl.max(tl.where(is_min, pc, -1))
+        # Is id_min before this entry in column-major order? Then this entry moves up one.
+        before = (pc_min < pc) | ((pc_min == pc) & (pr_min < pr))
+        slot = tl.where(is_min, 0, slot - before.to(tl.int32) + 1)
     write = band & (slot < KC)
-    d = tl.max(tl.where(write, float("-inf"), x))
+    left = tl.max(tl.where(write, float("-inf"), cand), axis=0, keep_dims=True)
+    d = tl.max(tl.maximum(left, rest))  # the largest token not written, exactly
 
     base = (row * n_chunks + chunk) * KC
-    tl.store(cand_x_ptr + base + slot, x, mask=write)
-    tl.store(cand_id_ptr + base + slot, ids, mask=write)
+    tl.store(cand_x_ptr + base + slot, cand, mask=write)
+    tl.store(cand_id_ptr + base + slot, cand_ids, mask=write)
     slots = tl.arange(0, KC)[None, :]
     tl.store(
         cand_x_ptr + base + slots,
@@ -141,6 +174,7 @@ def band_multi_kernel(
     KC: tl.constexpr,
     DELTA: tl.constexpr,
     NT: tl.constexpr,  # histogram levels (a power of two)
+    TOPS: tl.constexpr,  # 0: any token may be a candidate; 2: only the two tops of a column
 ):
     row = tl.program_id(0).to(tl.int64)
     first = tl.program_id(1) * G
@@ -174,4 +208,5 @@ def band_multi_kernel(
                 KC,
                 DELTA,
                 NT,
+                TOPS,
             )

@@ -34,6 +34,7 @@ NBISECT = 6  # band threshold bisection steps: DELTA / 64 resolution is plenty
 # but every bin costs instructions in each thread).
 NT = 32
 GROUP = 0  # chunks per band_multi_kernel program; 0 keeps the bisecting band_kernel
+TOPS = 0  # band_multi_kernel candidates: 0 any token, 2 the two tops of each thread's column
 RESOLVE_BISECT = 8  # threshold steps picking a tier's best candidates
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
 FB_BLOCK = 2048
@@ -49,6 +50,7 @@ class BandConfig:
     sub: int = 1  # chunks per pass-1 program; > 1 takes band_tiled_kernel
     group: int = 0  # > 0: band_multi_kernel with this many chunks per program (wins over sub)
     width: int = 32 * BAND_WARPS  # band_multi_kernel's tile width (tests shrink it)
+    tops: int = 0  # band_multi_kernel: 2 = only the two largest tokens of each column compete
 
     @property
     def ncand(self) -> int:
@@ -62,6 +64,7 @@ def band_config(
     sub: int = 1,
     group: int | None = None,
     width: int | None = None,
+    tops: int | None = None,
 ) -> BandConfig:
     """Chunk size and candidates per chunk for a vocabulary (tests shrink them)."""
     chunk = chunk or min(CHUNK_MAX, triton.next_power_of_2(vocab))
@@ -71,7 +74,10 @@ def band_config(
         kc = min(chunk, 1 << (per_chunk.bit_length() - 1))  # a power of two for tl.arange
     group = GROUP if group is None else group
     width = min(chunk, width or 32 * BAND_WARPS)
-    return BandConfig(chunk=chunk, kc=kc, n_chunks=n_chunks, sub=sub, group=group, width=width)
+    tops = TOPS if tops is None else tops
+    return BandConfig(
+        chunk=chunk, kc=kc, n_chunks=n_chunks, sub=sub, group=group, width=width, tops=tops
+    )
 
 
 def launch_band(
@@ -99,6 +105,7 @@ def launch_band(
             KC=cfg.kc,
             DELTA=DELTA,
             NT=NT,
+            TOPS=cfg.tops,
             num_warps=BAND_WARPS,
         )
         return

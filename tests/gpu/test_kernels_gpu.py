@@ -30,6 +30,8 @@ PASS1 = {
     "m2048g1": {"chunk": 2048, "group": 1},
     "m2048g4": {"chunk": 2048, "group": 4},
     "m4096g2": {"chunk": 4096, "group": 2},
+    "t2048g1": {"chunk": 2048, "group": 1, "tops": 2},
+    "t4096g2": {"chunk": 4096, "group": 2, "tops": 2},
 }
 
 

@@ -30,10 +30,11 @@ from kernels.torch_path import sample_torch
 from kernels.triton_path import band_config, sample_triton
 from kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
-def both(logits, temp, k, p, mp, want, cap, seed=None, step=None, bounded=None, group=None):
+def both(logits, temp, k, p, mp, want, cap, seed=None, step=None, bounded=None, group=None,
+         tops=None):
     inp = check_inputs(logits, temp, k, p, mp, want, max_mask_tokens=cap, seed=seed,
                        step=step, bounded=bounded)
-    cfg = band_config(logits.shape[1], chunk=64, kc=8, group=group, width=16)
+    cfg = band_config(logits.shape[1], chunk=64, kc=8, group=group, width=16, tops=tops)
     return sample_triton(inp, cfg), sample_torch(inp)
 """
 
@@ -57,7 +58,7 @@ bounded = torch.arange(b) % 2 == 0
 seed = torch.arange(b, dtype=torch.int64) * 31
 step = torch.full((b,), 2, dtype=torch.int64)
 cap = 24
-tri, cpu = both(logits, temp, k, p, mp, want, cap, seed, step, bounded, GROUP)
+tri, cpu = both(logits, temp, k, p, mp, want, cap, seed, step, bounded, GROUP, TOPS)
 ref = reference(logits, temp, k, p, mp)
 rep = check_result(tri, ref, want, bounded, cap)
 clear = ~ref.ambiguous
@@ -140,7 +141,7 @@ t = torch.where(temp < 1e-6, 1.0, temp)
 z = x / t[:, None]
 outs = {}
 for group in (0, 1, 3):
-    cfg = band_config(vocab, chunk=64, kc=8, group=group, width=16)
+    cfg = band_config(vocab, chunk=64, kc=8, group=group, width=16, tops=TOPS)
     cx = torch.full((b, cfg.ncand), 7.0)
     ci = torch.full((b, cfg.ncand), -5, dtype=torch.int32)
     stats = [torch.full((b, cfg.n_chunks), 3.0) for _ in range(3)]
@@ -190,9 +191,11 @@ def interpret(body: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("group", [0, 2], ids=["bisect", "multi"])
-def test_interpreted_grid_matches_oracle_and_torch_path(group: int) -> None:
-    out = interpret(f"GROUP = {group}\n" + GRID)
+@pytest.mark.parametrize(
+    ("group", "tops"), [(0, 0), (2, 0), (2, 2)], ids=["bisect", "multi", "multi_tops"]
+)
+def test_interpreted_grid_matches_oracle_and_torch_path(group: int, tops: int) -> None:
+    out = interpret(f"GROUP = {group}\nTOPS = {tops}\n" + GRID)
     assert out["ok"], out["errors"]
     assert out["rows"] == 24
     assert out["fallback"] > 0  # the shrunken band sends some rows down the bisection path
@@ -203,11 +206,13 @@ def test_tiled_pass_one_writes_what_the_chunked_one_does() -> None:
     assert interpret(TILED)["same"]
 
 
-def test_histogram_pass_one_keeps_the_band_contract() -> None:
-    """band_multi_kernel (one and three chunks per program, 4 x 16 tiles): same chunk max and
-    sum as band_kernel, candidates are real (x, id) pairs, d_c is exactly the largest z left
-    out, and more than KC ties at a chunk max keep the lowest id among those written."""
-    out = interpret(MULTI)
+@pytest.mark.parametrize("tops", [0, 2])
+def test_histogram_pass_one_keeps_the_band_contract(tops: int) -> None:
+    """band_multi_kernel (one and three chunks per program, 4 x 16 tiles; any token or only
+    the two tops of each column as candidates): same chunk max and sum as band_kernel,
+    candidates are real (x, id) pairs, d_c is exactly the largest z left out, and more than
+    KC ties at a chunk max keep the lowest id among those written."""
+    out = interpret(f"TOPS = {tops}\n" + MULTI)
     assert out["stats_equal"] == [True, True]
     assert out["contract"] == [True, True]
     assert out["ties"] == [True, True]
