@@ -4,7 +4,8 @@ Set-up: the real gateway (`python -m gateway --config FILE`) in front of two gen
 mask upstreams, each a `tests/integration/faults/fault_upstream.py` process. Traffic: general
 chat (JSON and SSE) and mask requests (/generate JSON and SSE, chat JSON), all valid.
 
-1. Maximum: a closed loop at --concurrency for --measure-s seconds, no faults: requests/s.
+1. Maximum: a closed loop at --concurrency for --measure-s seconds gives a ceiling; open-loop
+   steps up to it (--step-s each) find the highest rate the harness sustains, no faults.
 2. Soak: an open loop at --rate-fraction of that maximum for --duration-s seconds (arrivals on
    a fixed schedule; latency runs from the scheduled time, so a stall is not hidden). Every
    upstream faults --fault-rate of its answers: half retryable (503 before the headers, a
@@ -257,6 +258,35 @@ async def open_loop(
     return rec
 
 
+async def sustainable_rate(
+    base: str, ceiling: float, seconds: float, gw: psutil.Process
+) -> tuple[float, list[dict[str, float]]]:
+    """The highest open-loop rate this harness keeps up with, no faults: stepped up to the
+    closed-loop figure, each step must answer 97% of its requests within the step and keep
+    p99 under 1 s. (The open loop costs the client more per request than the closed loop,
+    and on a 2-core machine the client shares the CPU with the gateway and upstreams, so
+    the closed-loop figure alone overstates what an open loop can sustain.)"""
+    best, steps = 0.0, []
+    for fraction in (0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 1.0):
+        rate = ceiling * fraction
+        rec = await open_loop(base, rate, seconds, gw, [])
+        on_time = sum(1 for t, lt, o in rec.rows if o == "ok" and t + lt < seconds + 1)
+        p99 = percentile([lt for _, lt, _ in rec.rows], 0.99)
+        steps.append(
+            {
+                "rate": round(rate),
+                "on_time": on_time / max(len(rec.rows), 1),
+                "p99_ms": round(p99 * 1e3, 1),
+            }
+        )
+        if on_time < 0.97 * len(rec.rows) or p99 > 1.0:
+            break
+        best = rate
+    if best == 0:
+        raise RuntimeError(f"the open loop keeps up with no rate: {steps}")
+    return best, steps
+
+
 def resources(gw: psutil.Process, t: float) -> dict[str, float]:
     return {"t_s": round(t, 1), "rss_mib": gw.memory_info().rss / 2**20, "fds": gw.num_fds()}
 
@@ -293,13 +323,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     try:
         await asyncio.sleep(2)  # first health checks
         await closed_loop(base, args.concurrency, 3)  # warm-up
-        max_rps, failed = await closed_loop(base, args.concurrency, args.measure_s)
+        closed_rps, failed = await closed_loop(base, args.concurrency, args.measure_s)
         if failed:  # no faults are injected yet: any failure is the gateway's
             raise RuntimeError(f"requests failed without faults: {failed}; logs in {workdir}")
+        max_rps, steps = await sustainable_rate(base, closed_rps, args.step_s, gw)
         rate = args.rate_fraction * max_rps
         print(
-            f"max {max_rps:.0f} req/s (closed loop, concurrency {args.concurrency}); "
-            f"soak at {rate:.0f} req/s for {args.duration_s:.0f} s",
+            f"closed loop {closed_rps:.0f} req/s; sustainable open loop {max_rps:.0f} req/s "
+            f"(steps {steps}); soak at {rate:.0f} req/s for {args.duration_s:.0f} s",
             flush=True,
         )
         await control(general + mask, fault_rate=args.fault_rate, reset_counts=True)
@@ -313,7 +344,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         async with aiohttp.ClientSession() as s, s.get(base + "/metrics") as r:
             metrics = await r.text()
         result = summarize(args, max_rps, rate, rec, stats, start, end, samples, load0, metrics)
-        return {**result, "commit": commit}
+        return {
+            **result,
+            "commit": commit,
+            "closed_loop_rps": round(closed_rps, 1),
+            "rate_steps": steps,
+        }
     finally:
         gw_proc.terminate()
         gw_proc.wait(timeout=30)
@@ -426,7 +462,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--duration-s", type=float, default=600.0)
-    p.add_argument("--measure-s", type=float, default=20.0)
+    p.add_argument("--measure-s", type=float, default=20.0, help="closed-loop measurement")
+    p.add_argument("--step-s", type=float, default=10.0, help="each open-loop rate step")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--rate-fraction", type=float, default=0.8)
     p.add_argument("--fault-rate", type=float, default=0.01)
@@ -438,7 +475,7 @@ def main() -> None:
     (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=2))
     plot(result, RESULTS / f"{args.out}.png")
     rows = [
-        ("max throughput (req/s)", f"{result['max_rps']:.0f}"),
+        ("max sustainable rate (req/s)", f"{result['max_rps']:.0f}"),
         ("soak rate (req/s)", f"{result['target_rps']:.0f} (achieved {result['achieved_rps']})"),
         ("requests", result["requests"]),
         ("client error rate", f"{result['client_error_rate']:.4%} ({result['client_errors']})"),
