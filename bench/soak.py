@@ -45,6 +45,7 @@ UPSTREAM_PATH = "tests/integration/faults/fault_upstream.py"
 RESULTS = REPO / "bench" / "results"
 RETRYABLE, NON_RETRYABLE = ("503", "reset"), ("500", "abort")
 OPEN_LOOP_CONNECTIONS = 256
+P99_LIMIT_S = 0.25  # "sustained": no queue builds up, p99 stays under this
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=60)  # a stuck request counts as an error
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
@@ -263,7 +264,7 @@ async def sustainable_rate(
 ) -> tuple[float, list[dict[str, float]]]:
     """The highest open-loop rate this harness keeps up with, no faults: stepped up to the
     closed-loop figure, each step must answer 97% of its requests within the step and keep
-    p99 under 1 s. (The open loop costs the client more per request than the closed loop,
+    p99 under P99_LIMIT_S. (The open loop costs the client more per request than the closed loop,
     and on a 2-core machine the client shares the CPU with the gateway and upstreams, so
     the closed-loop figure alone overstates what an open loop can sustain.)"""
     best, steps = 0.0, []
@@ -279,7 +280,7 @@ async def sustainable_rate(
                 "p99_ms": round(p99 * 1e3, 1),
             }
         )
-        if on_time < 0.97 * len(rec.rows) or p99 > 1.0:
+        if on_time < 0.97 * len(rec.rows) or p99 > P99_LIMIT_S:
             break
         best = rate
     if best == 0:
