@@ -108,8 +108,8 @@ async def test_dns_record_changes_move_traffic_and_spare_in_flight_streams(
             assert resp.status == 200
     assert await _endpoints(gw) == {b.url, c.url}
     assert gw.alive()
-    # Each endpoint seen may hold two idle keep-alive connections (requests and health
-    # checks); a removed endpoint's idle ones close when the pool's keep-alive expires.
+    # The two endpoints added since the baseline may each hold two idle keep-alive
+    # connections (requests and health checks); a removed endpoint's are swept.
     await assert_no_leak(gw, before, slack=4 + 2 * 2)
 
 
