@@ -35,6 +35,7 @@ ROUTES: dict[tuple[str, str], tuple[str, policy.Route | None]] = {
     ("GET", "/v1/models"): ("models", None),
 }
 _OTHER: tuple[str, policy.Route | None] = ("other", None)
+HOT_PATHS = tuple(sorted({path for _, path in ROUTES}))  # routed by exact path (app.py)
 _RETRY_STATUSES = frozenset({502, 503, 504})
 _MAX_RID = 128
 
