@@ -21,6 +21,7 @@ from gateway.admin import add_admin_routes
 from gateway.config import POOL_NAMES, GatewayConfig
 from gateway.errors import ApiError, ServerError
 from gateway.metrics import GatewayMetrics
+from gateway.openapi import openapi_spec
 from gateway.pool import Pool
 from gateway.state import STATE, GatewayState, Resolver
 from gateway.upstream import UpstreamClient, UpstreamError
@@ -143,6 +144,7 @@ def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> we
     app.cleanup_ctx.append(_background)
     add_probe_routes(app, with_metrics=config.metrics_port is None)
     add_admin_routes(app)
+    add_openapi_route(app)
     # The inference routes by exact path first: a plain resource is found by one dict lookup,
     # the catch-all below by a regex match (~4% of the gateway's CPU samples under load).
     for path in proxy.HOT_PATHS:
@@ -156,6 +158,16 @@ def add_probe_routes(app: web.Application, *, with_metrics: bool) -> None:
     app.router.add_get("/readyz", readyz)
     if with_metrics:
         app.router.add_get("/metrics", metrics_handler)
+
+
+def add_openapi_route(app: web.Application) -> None:
+    """`GET /openapi.json`: the gateway's own API description, serialised once per app."""
+    body = orjson.dumps(openapi_spec())
+
+    async def openapi_json(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app.router.add_get("/openapi.json", openapi_json)
 
 
 def create_probe_app(main: web.Application) -> web.Application:

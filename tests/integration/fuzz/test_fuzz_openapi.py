@@ -124,3 +124,17 @@ def test_request_schemas_follow_the_policy_rules_they_express(
 ) -> None:
     validator = jsonschema.Draft202012Validator(request_schema(path))
     assert validator.is_valid(body) is valid, list(validator.iter_errors(body))
+
+
+async def test_gateway_serves_its_openapi_description(upstreams, gateway, make_config):
+    general = await upstreams()
+    async with (
+        gateway(make_config([general.url], [])) as gw,
+        gw.client.get(gw.url + "/openapi.json") as resp,
+    ):
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("application/json")
+        served = await resp.json()
+    assert served == openapi_spec()
+    assert {"/v1/chat/completions", "/v1/completions", "/generate"} <= set(served["paths"])
+    assert general.requests == []  # answered by the gateway itself, never proxied
