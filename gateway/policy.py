@@ -89,7 +89,7 @@ def parse_body(raw: bytes, max_bytes: int) -> dict[str, Any]:
         raise PolicyError("invalid_json", f"request body is not valid JSON: {e}") from e
     if not isinstance(body, dict):
         raise PolicyError(
-            "invalid_json", f"request body must be a JSON object, not {_json_type(body)}"
+            "invalid_json", f"request body must be a JSON object, not {json_type(body)}"
         )
     return body
 
@@ -224,7 +224,7 @@ def _mask_flags(body: Mapping[str, Any], size: int | None) -> list[bool]:
             raise _invalid("return_sampling_mask", f"must be {want}")
         return list(flag)
     if not isinstance(flag, bool):
-        raise _invalid("return_sampling_mask", f"must be a bool, not {_json_type(flag)}")
+        raise _invalid("return_sampling_mask", f"must be a bool, not {json_type(flag)}")
     return [flag] * (size or 1)
 
 
@@ -379,7 +379,7 @@ def _check_bool(d: Mapping[str, Any], name: str, *, required: bool = True) -> No
     if value is None and not required:
         return
     if not isinstance(value, bool):
-        raise _invalid(name, f"must be a bool, not {_json_type(value)}")
+        raise _invalid(name, f"must be a bool, not {json_type(value)}")
 
 
 def _check_mask_mode(d: Mapping[str, Any], where: str) -> None:
@@ -393,7 +393,7 @@ def _opt_number(d: Mapping[str, Any], name: str, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _invalid(where + name, f"must be a number, not {_json_type(value)}")
+        raise _invalid(where + name, f"must be a number, not {json_type(value)}")
     if not math.isfinite(value):
         raise _invalid(where + name, f"must be finite, got {value}")
     return float(value)
@@ -404,7 +404,7 @@ def _opt_int(d: Mapping[str, Any], name: str, where: str, *, minimum: int) -> in
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _invalid(where + name, f"must be an integer, not {_json_type(value)}")
+        raise _invalid(where + name, f"must be an integer, not {json_type(value)}")
     if value < minimum:
         raise _invalid(where + name, f"must be >= {minimum}, got {value}")
     return value
@@ -427,7 +427,8 @@ def _path(route: Route) -> str:
     return "chat/completions" if route is Route.CHAT else "completions"
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """How an error message names a JSON value's type."""
     if value is None:
         return "null"
     if isinstance(value, bool):

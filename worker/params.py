@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.errors import ApiError
+from gateway.policy import json_type
 from worker.batch import SamplingParams
 from worker.sequence import StopRule
 
@@ -216,17 +217,3 @@ def opt_int(
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"

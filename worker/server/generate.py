@@ -14,12 +14,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.policy import Route
+from gateway.policy import Route, json_type
 from worker.engine import RequestHandle
 from worker.params import (
     GenParams,
     invalid,
-    json_type,
     opt_bool,
     parse_generate_params,
     unsupported,
