@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from gateway.policy import POLICY_CODES
+from gateway.policy import GRAMMAR_FIELDS, POLICY_CODES
 
 # Codes the gateway answers outside the mask policy (authentication, routing, upstreams,
 # the admin API, the HTTP layer).
@@ -69,17 +69,8 @@ _STOP = _nullable({"anyOf": [{"type": "string"}, {"type": "array", "items": {"ty
 
 _ANY: dict[str, Any] = {}  # any JSON value
 _EMPTY = {"anyOf": [{"type": "null"}, {"const": ""}, {"const": []}, {"const": {}}]}
-# Grammar constraints (rule 6): passed through untyped; under a mask they must be empty.
-GRAMMAR_FIELDS = (
-    "regex",
-    "ebnf",
-    "json_schema",
-    "structural_tag",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-)
+# Grammar constraints (rule 6, `policy.GRAMMAR_FIELDS`): passed through untyped; under a
+# mask they must be empty.
 
 # Sampling fields shared by the OpenAI bodies (top level) and SGLang's `sampling_params`.
 SAMPLING_FIELDS: dict[str, Any] = {

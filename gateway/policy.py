@@ -31,7 +31,7 @@ DEFAULT_MIN_P = 0.0
 
 # Fields that change logits in a way a trainer cannot replay from the mask alone (rule 6).
 _PENALTIES = (("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("repetition_penalty", 1.0))
-_GRAMMAR_FIELDS = (
+GRAMMAR_FIELDS = (
     "regex",
     "ebnf",
     "json_schema",
@@ -311,7 +311,7 @@ def _check_logit_transforms(d: Mapping[str, Any], where: str) -> None:
     bias = d.get("logit_bias")
     if bias not in (None, {}, []):
         raise _transform(where + "logit_bias", "a non-empty logit_bias")
-    for name in _GRAMMAR_FIELDS:
+    for name in GRAMMAR_FIELDS:
         if d.get(name) not in (None, "", [], {}):
             raise _transform(where + name, f"a grammar constraint ({name})")
     for name in _MIN_TOKENS_FIELDS:
