@@ -30,6 +30,12 @@ class UpstreamError(Exception):
 class ConnectError(UpstreamError):
     """No connection could be made (refused, unreachable, DNS, connect timeout)."""
 
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        # A timeout says the endpoint is slow to accept (a full listen backlog under load),
+        # not that it is gone: the proxy lets the circuit breaker judge it.
+        self.timed_out = timed_out
+
 
 class DisconnectedError(UpstreamError):
     """The connection closed before any response byte: the upstream answered nothing."""

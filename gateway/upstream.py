@@ -159,7 +159,7 @@ class UpstreamClient:
                     lambda: Connection(self, key), host, port, ssl=context
                 )
         except TimeoutError as e:
-            raise ConnectError(f"connect to {key} timed out") from e
+            raise ConnectError(f"connect to {key} timed out", timed_out=True) from e
         except OSError as e:
             raise ConnectError(f"cannot connect to {key}: {e.strerror or e}") from e
         self._all.add(conn)

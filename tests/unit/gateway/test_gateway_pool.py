@@ -83,3 +83,20 @@ def test_backoff_is_capped_exponential_with_jitter():
         d = _backoff(attempt, 0.01, 0.1)
         full = min(0.1, 0.01 * 2 ** (attempt - 1))
         assert full / 2 <= d <= full
+
+
+def test_refused_connections_eject_but_connect_timeouts_only_count():
+    from types import SimpleNamespace
+
+    from gateway.http1 import ConnectError
+    from gateway.proxy import _connect_failure
+
+    pool = make_pool(["http://a:1", "http://b:1"])
+    a, b = pool.endpoints
+    state = SimpleNamespace(metrics=pool.metrics)  # all _connect_failure reads of the state
+    err = _connect_failure(state, pool, a, ConnectError("refused"))
+    assert err is not None and err.code == "upstream_unreachable"
+    assert a.healthy is False  # the process is gone: out of rotation until health checks pass
+    err = _connect_failure(state, pool, b, ConnectError("timed out", timed_out=True))
+    assert err is not None and err.code == "upstream_unreachable"  # still retried elsewhere
+    assert b.healthy is not False  # a slow accept under load is left to the circuit breaker
