@@ -6,6 +6,11 @@ graph, so rows are padded up to a batch bucket (padding rows write to the KV cac
 slot) and attention reads a fixed number of keys, the next power of two >= the longest
 context (min 256, at most max_model_len). The graph ends at the final hidden states; lm_head
 and the sampler run eagerly, so graphs hold no [batch, vocab] buffers.
+
+With the fused kernels (the runner's default on CUDA) a captured step is the Triton decode
+attention reading the slots in place plus ~9 kernels a layer; the key bucket then only
+bounds the keys a row may have (it fixes the attention's split count), since each row
+reads its own context and no more.
 """
 
 from __future__ import annotations
@@ -22,14 +27,19 @@ MIN_KEYS = 256
 
 
 class DecodeGraphs:
-    def __init__(self, model: LlamaForCausalLM, kv: KVCache, max_batch: int) -> None:
+    def __init__(
+        self, model: LlamaForCausalLM, kv: KVCache, max_batch: int, fused: bool = False
+    ) -> None:
         self.model = model
+        self.fused = fused
         self.kv = kv
         self.kv_layers = kv.layers()
         self.buckets = [b for b in BATCH_BUCKETS if b < max_batch] + [max_batch]
         dev = kv.k.device
-        # Static inputs [3, max_batch]: token ids, positions, slots.
-        self.inputs = torch.zeros((3, self.buckets[-1]), dtype=torch.int64, device=dev)
+        # Static inputs [3, width]: token ids, positions, slots. An even width keeps each row
+        # 16-byte aligned, the alignment Triton specialises pointers on (one kernel variant).
+        width = self.buckets[-1] + self.buckets[-1] % 2
+        self.inputs = torch.zeros((3, width), dtype=torch.int64, device=dev)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()
         self.num_replays = 0
@@ -69,16 +79,18 @@ class DecodeGraphs:
     def _forward(self, b: int, keys: int) -> torch.Tensor:
         ids, pos, slots = self.inputs[0, :b], self.inputs[1, :b], self.inputs[2, :b]
         window = self.model.config.sliding_window
+        mask = None if self.fused else key_mask(pos, keys, window, self.kv.k.dtype)
         group = AttnGroup(
             slots=slots,
-            mask=key_mask(pos, keys, window, self.kv.k.dtype)[:, None, None, :],
+            mask=None if mask is None else mask[:, None, None, :],
+            num_keys=keys,
             num_rows=b,
             lq=1,
             num_tokens=b,
             pad_index=None,
             unpad_index=None,
         )
-        batch = AttnBatch(write_slots=slots, positions=pos, decode=group, prefill=None)
+        batch = AttnBatch(slots, pos, decode=group, prefill=None, fused=self.fused)
         return self.model(ids, pos, self.kv_layers, batch)
 
     def _capture(self, b: int, keys: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

@@ -22,6 +22,7 @@ from worker.cuda_graphs import DecodeGraphs
 from worker.kv_cache import allocate_kv_cache, bytes_per_slot
 from worker.model import LoadedModel, load
 from worker.model.attention import build_attn_batch
+from worker.model.triton_decode_attn import decode_attention
 from worker.sort_all import sample_sort_all_rows
 
 # Default KV budget when none is given: on CPU a fixed 2 GiB; on CUDA the free memory after
@@ -47,6 +48,7 @@ class ModelRunner:
         cuda_graphs: bool = True,
         progress: Callable[[str], None] | None = None,
         mask_impl: str = "kernel",
+        fused_kernels: bool = True,
     ) -> None:
         if mask_impl not in ("kernel", "sort_all_rows"):
             raise ValueError(f"mask_impl must be 'kernel' or 'sort_all_rows', got {mask_impl!r}")
@@ -83,13 +85,19 @@ class ModelRunner:
         # Slots whose sequence produced NaN logits: their K/V may hold NaN, and a later
         # sequence reads stale entries past its length (masked, but 0 * NaN is NaN).
         self.nan_slots: set[int] = set()
+        # The Triton kernels of worker/model (fused norm, rope + KV store, SiLU-mul, decode
+        # attention) on CUDA; the torch path otherwise. Off on CUDA: the before/after switch
+        # of bench/bench_worker.py, and the reference the GPU tests compare against.
+        self.fused = fused_kernels and self.device.type == "cuda"
         self.graphs = (
-            DecodeGraphs(self.model, self.kv, max_batch=self.max_num_slots)
+            DecodeGraphs(self.model, self.kv, max_batch=self.max_num_slots, fused=self.fused)
             if cuda_graphs and self.device.type == "cuda"
             else None
         )
         if self.device.type == "cuda":
             self._warm_up_sampler()
+            if self.fused:
+                self._warm_up_fused()
 
     @torch.inference_mode()
     def _warm_up_sampler(self) -> None:
@@ -115,6 +123,25 @@ class ModelRunner:
                     step=ids.clone() if seeded else None,
                     bounded=torch.zeros(b, device=self.device, dtype=torch.bool),
                 )
+        torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def _warm_up_fused(self) -> None:
+        """Compile the fused kernels before traffic (same reason as the sampler warm-up): one
+        eager step of a decode row and a two-token prefill row, both in the scratch slot
+        (whose contents never matter), and the split variant of the decode attention."""
+        scratch = self.kv.scratch_slot
+        self._forward([RowWork(scratch, [0], 1, True), RowWork(scratch, [0, 0], 0, True)])
+        q = torch.zeros(
+            (1, self.config.num_attention_heads, self.config.head_dim),
+            device=self.device,
+            dtype=self.loaded.dtype,
+        )
+        # Separate allocations: a view at an 8-byte offset would compile an unaligned variant.
+        slot = torch.tensor([scratch], device=self.device)
+        pos = torch.tensor([1], device=self.device)
+        k, v = self.kv_layers[0]
+        decode_attention(q, k, v, slot, pos, self.config.sliding_window, 2, num_splits=2)
         torch.cuda.synchronize(self.device)
 
     def _default_kv_bytes(self, max_num_slots: int, max_len: int) -> int:
@@ -184,6 +211,10 @@ class ModelRunner:
         ordered = [rows[i] for i in order]
         if self.graphs is not None and self.graphs.can_run(ordered):
             return self.graphs.run(ordered)
+        return self._forward(ordered)
+
+    def _forward(self, ordered: list[RowWork]) -> torch.Tensor:
+        """An eager step over rows already ordered (decode rows first); logits as _logits."""
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
@@ -195,8 +226,13 @@ class ModelRunner:
             slots.extend([r.slot] * n)
             if r.sample:
                 last.append(len(ids) - 1)
-        # One host-to-device copy for all index vectors of the step.
-        flat = torch.tensor([ids, pos, slots], dtype=torch.int64).to(self.device)
+        # One host-to-device copy for all index vectors of the step, each row padded to an
+        # even length so every row starts 16-byte aligned: Triton compiles a kernel variant
+        # per pointer alignment, and an odd token count would otherwise add one mid-traffic.
+        n = len(ids)
+        pad = [0] * (n % 2)
+        host = torch.tensor([ids + pad, pos + pad, slots + pad], dtype=torch.int64)
+        flat = host.to(self.device)[:, :n]
         batch = build_attn_batch(
             write_slots=flat[2],
             positions=flat[1],
@@ -206,6 +242,7 @@ class ModelRunner:
             num_heads_per_kv=self.config.num_attention_heads // self.config.num_key_value_heads,
             sliding_window=self.config.sliding_window,
             dtype=self.loaded.dtype,
+            fused=self.fused,
         )
         with self._eager_attention():
             hidden = self.model(flat[0], flat[1], self.kv_layers, batch)
@@ -265,23 +302,40 @@ class ModelRunner:
             bounded=ints[:, 3].bool(),
         )
         seconds = timer.stop()
-        tokens = res.tokens.tolist()
-        logprobs = res.logprobs.tolist()
-        nan = res.nan_rows.tolist()
-        sizes = res.support_sizes.tolist()
+        # Two device-to-host copies instead of eight (each .tolist() of a CUDA tensor is a
+        # synchronous copy): per-row values in one float64 block (exact for ids, sizes and
+        # float32 log-probs), and the mask rows' metadata with the CSR offsets in another.
+        per_row = torch.stack(
+            [
+                res.tokens.double(),
+                res.logprobs.double(),
+                res.nan_rows.double(),
+                res.support_sizes.double(),
+                res.fallback_rows.double(),
+            ]
+        ).tolist()
+        tokens, logprobs, nan, sizes, fallback = per_row
         results = [
-            RowResult(token=t, logprob=lp, nan=bad)
+            RowResult(token=int(t), logprob=lp, nan=bool(bad))
             for t, lp, bad in zip(tokens, logprobs, nan, strict=True)
         ]
-        masks = res.masks()
-        for row, status, mask in zip(
-            res.mask_rows.tolist(), res.mask_status.tolist(), masks, strict=True
-        ):
-            r = results[row]
-            r.mask_status = status
-            r.support_size = sizes[row]
-            r.mask = None if status == STATUS_OVERFLOW else mask
-        return results, seconds, int(res.fallback_rows.sum().item())
+        num_masks = res.mask_rows.shape[0]
+        if num_masks:
+            meta = torch.cat(
+                [res.mask_rows, res.mask_status.long(), res.mask_offsets.long()]
+            ).tolist()
+            mask_rows, status, offsets = (
+                meta[:num_masks],
+                meta[num_masks : 2 * num_masks],
+                meta[2 * num_masks :],
+            )
+            ids = res.mask_ids[: offsets[-1]].tolist()
+            for j, (row, st) in enumerate(zip(mask_rows, status, strict=True)):
+                r = results[row]
+                r.mask_status = st
+                r.support_size = int(sizes[row])
+                r.mask = None if st == STATUS_OVERFLOW else ids[offsets[j] : offsets[j + 1]]
+        return results, seconds, int(sum(fallback))
 
 
 class _Timer:

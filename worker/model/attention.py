@@ -8,6 +8,9 @@ need clearing.
 
 GQA without repeating K/V: the G query heads sharing a KV head are laid out along the query
 axis, q: [R, kv_heads, G * Lq, head_dim] against k, v: [R, kv_heads, K, head_dim].
+
+On the fused (CUDA) path the decode rows skip all of this: triton_decode_attn reads their
+slots in place and needs neither a gather nor a mask tensor. Prefill rows always come here.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ class AttnGroup:
     slots: torch.Tensor  # [R] int64 KV slot per row
     # [R, 1, G * Lq, K] (or [R, 1, 1, K] for decode), in the model's dtype: 0 where the key is
     # visible, -inf elsewhere. Additive rather than bool: torch converts a bool mask inside
-    # every SDPA call, and its CPU kernel is several times slower with one.
-    mask: torch.Tensor
+    # every SDPA call, and its CPU kernel is several times slower with one. None for the
+    # decode group of a fused step (the Triton kernel masks by position itself).
+    mask: torch.Tensor | None
+    num_keys: int  # K: keys read per row, >= every row's last position + 1
     num_rows: int
     lq: int  # padded query length per row
     num_tokens: int  # real tokens in the group (<= num_rows * lq)
@@ -40,6 +45,7 @@ class AttnBatch:
     positions: torch.Tensor  # [N] int64 position of each token
     decode: AttnGroup | None  # tokens [0, decode.num_tokens)
     prefill: AttnGroup | None  # the remaining tokens
+    fused: bool = False  # run the step's Triton kernels (CUDA only) instead of the torch path
 
 
 def key_mask(
@@ -62,7 +68,8 @@ def attend(
     heads, dim = q.shape[1], q.shape[2]
     kv_heads = k_cache.shape[1]
     g, r, lq = heads // kv_heads, group.num_rows, group.lq
-    num_keys = group.mask.shape[-1]
+    num_keys = group.num_keys
+    assert group.mask is not None, "the torch path needs the group's mask"
     if group.pad_index is not None:
         q = q.index_select(0, group.pad_index)
     # Slice before gathering so only the first num_keys positions of each slot are copied.
@@ -85,10 +92,12 @@ def build_attn_batch(
     num_heads_per_kv: int,
     sliding_window: int | None,
     dtype: torch.dtype,
+    fused: bool = False,
 ) -> AttnBatch:
     """Plan one step; rows must be ordered decode rows (length 1) first, then prefill rows.
 
     write_slots, positions: [N] int64 on the model's device; row_* are host lists (one per row).
+    fused: the step runs the Triton kernels, so the decode rows need no mask.
     """
     device = positions.device
     num_decode = 0
@@ -100,7 +109,10 @@ def build_attn_batch(
         num_keys = max(row_starts[:num_decode]) + 1
         decode = AttnGroup(
             slots=write_slots[:num_decode],
-            mask=key_mask(qpos, num_keys, sliding_window, dtype)[:, None, None, :],
+            mask=None
+            if fused
+            else key_mask(qpos, num_keys, sliding_window, dtype)[:, None, None, :],
+            num_keys=num_keys,
             num_rows=num_decode,
             lq=1,
             num_tokens=num_decode,
@@ -129,10 +141,11 @@ def build_attn_batch(
         prefill = AttnGroup(
             slots=torch.tensor(row_slots[num_decode:], device=device),
             mask=mask.repeat(1, num_heads_per_kv, 1)[:, None],
+            num_keys=num_keys,
             num_rows=len(lens),
             lq=lq,
             num_tokens=first,
             pad_index=pad_index,
             unpad_index=torch.tensor(unpad, device=device) if padded else None,
         )
-    return AttnBatch(write_slots=write_slots, positions=positions, decode=decode, prefill=prefill)
+    return AttnBatch(write_slots, positions, decode, prefill, fused)

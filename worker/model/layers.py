@@ -1,4 +1,9 @@
-"""Small building blocks of the Llama-family decoder: RMSNorm, rotary embedding, gated MLP."""
+"""Small building blocks of the Llama-family decoder: RMSNorm, rotary embedding, gated MLP.
+
+Each block has a torch path (the CPU path, and the oracle the Triton kernels are tested
+against) and, on CUDA, a fused Triton path chosen per call by `fused` (triton_norm.py,
+triton_rope.py).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from worker.model.config import RopeConfig
+from worker.model.triton_norm import add_rms_norm, silu_mul
 
 
 class RMSNorm(nn.Module):
@@ -24,6 +30,19 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+    def add_forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, fused: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (norm(x + residual), x + residual); residual None: (norm(x), x). [N, dim] each.
+        Fused: one kernel that writes the sum into `residual` in place and the normed rows."""
+        if fused:
+            return add_rms_norm(x, residual, self.weight, self.eps), (
+                x if residual is None else residual
+            )
+        if residual is not None:
+            x = x + residual
+        return self(x), x
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -77,6 +96,33 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if fused:
+            return self.down_proj(silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+
+def rope_and_store(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    q_norm: RMSNorm | None,
+    k_norm: RMSNorm | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """The torch path of triton_rope.rope_and_store: q: [N, H, D], k, v: [N, KVH, D];
+    optional per-head norms (Qwen3), rope, then k and v written at [slot, :, position] of
+    the caches [slots, KVH, max_len, D]. Returns the rotated q."""
+    if q_norm is not None and k_norm is not None:
+        q, k = q_norm(q), k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k_cache[slots, :, positions] = k
+    v_cache[slots, :, positions] = v
+    return q

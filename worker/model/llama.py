@@ -2,7 +2,8 @@
 
 Runs a flattened batch: input_ids and positions are [N] over all rows of a step, and attention
 reads and writes the slot KV cache (see attention.py). Weights load from Hugging Face names;
-q/k/v and gate/up are fused into one matmul each at load time.
+q/k/v and gate/up are fused into one matmul each at load time. `batch.fused` picks, for the
+whole step, the Triton kernels (CUDA) or the torch path (CPU, and the kernels' oracle).
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from worker.model import triton_rope
 from worker.model.attention import AttnBatch, attend
 from worker.model.config import ModelConfig
-from worker.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
+from worker.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, rope_and_store
+from worker.model.triton_decode_attn import decode_attention
 
 
 class Attention(nn.Module):
@@ -27,6 +30,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.sliding_window = cfg.sliding_window
 
     def forward(
         self,
@@ -37,23 +41,59 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         # x: [N, hidden]; kv: this layer's caches, [slots, kv_heads, max_len, head_dim] each
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        qkv = self.qkv_proj(x)
         cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_cache, v_cache = kv
-        k_cache[batch.write_slots, :, batch.positions] = k
-        v_cache[batch.write_slots, :, batch.positions] = v
+        if batch.fused:
+            qn, kn = self.q_norm, self.k_norm
+            q = triton_rope.rope_and_store(
+                qkv,
+                cos,
+                sin,
+                qn.weight if qn is not None else None,
+                kn.weight if kn is not None else None,
+                qn.eps if qn is not None else 0.0,
+                k_cache,
+                v_cache,
+                batch.write_slots,
+                batch.positions,
+                self.num_heads,
+            )
+        else:
+            q, k, v = qkv.split(self.split, dim=-1)
+            q = rope_and_store(
+                q.view(n, self.num_heads, self.head_dim),
+                k.view(n, self.num_kv_heads, self.head_dim),
+                v.view(n, self.num_kv_heads, self.head_dim),
+                cos,
+                sin,
+                self.q_norm,
+                self.k_norm,
+                k_cache,
+                v_cache,
+                batch.write_slots,
+                batch.positions,
+            )
         parts = []
         first = 0
         for group in (batch.decode, batch.prefill):
             if group is not None:
                 last = first + group.num_tokens
-                parts.append(attend(q[first:last], k_cache, v_cache, group))
+                if batch.fused and group is batch.decode:
+                    # Reads the slots in place; positions are the queries' own.
+                    parts.append(
+                        decode_attention(
+                            q[first:last],
+                            k_cache,
+                            v_cache,
+                            group.slots,
+                            batch.positions[first:last],
+                            self.sliding_window,
+                            group.num_keys,
+                        )
+                    )
+                else:
+                    parts.append(attend(q[first:last], k_cache, v_cache, group))
                 first = last
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return self.o_proj(out.reshape(n, -1))
@@ -70,12 +110,19 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        residual: torch.Tensor | None,
         rope: tuple[torch.Tensor, torch.Tensor],
         kv: tuple[torch.Tensor, torch.Tensor],
         batch: AttnBatch,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's MLP output, [N, hidden]; residual: the stream before it
+        (None at the first layer, where x is the embedding). Returns (MLP output, residual);
+        the sum is what `x + attn(norm(x))`, `x + mlp(norm(x))` would hold, with each add
+        done by the norm that follows it (one fused kernel on the Triton path)."""
+        h, residual = self.input_layernorm.add_forward(x, residual, batch.fused)
+        h = self.self_attn(h, rope, kv, batch)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual, batch.fused)
+        return self.mlp(h, batch.fused), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -100,9 +147,10 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions: [N] int64 -> final hidden states [N, hidden]."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary(positions, x.dtype)
+        residual = None
         for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, rope, kv, batch)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, kv, batch)
+        return self.norm.add_forward(x, residual, batch.fused)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [B, hidden] -> logits [B, vocab] float32."""
