@@ -53,6 +53,19 @@ VARIANTS = {
     "t2048g1": {"chunk": 2048, "group": 1, "tops": 2},
     "t4096g1": {"chunk": 4096, "group": 1, "tops": 2},
     "t4096g2": {"chunk": 4096, "group": 2, "tops": 2},
+    # band_lanes_kernel: lanes, tokens per program (default: by batch, LANE_PROGRAMS), and
+    # resolve_kernel's warps (r; default by candidate count).
+    "l512": {"lanes": 512},
+    "l1024": {"lanes": 1024},
+    "l2048": {"lanes": 2048},
+    "l1024s4k": {"lanes": 1024, "chunk": 4096},
+    "l1024s16k": {"lanes": 1024, "chunk": 16384},
+    "l1024s64k": {"lanes": 1024, "chunk": 65536},
+    "l1024r1": {"lanes": 1024, "resolve_warps": 1},
+    "l1024r2": {"lanes": 1024, "resolve_warps": 2},
+    "l1024r4": {"lanes": 1024, "resolve_warps": 4},
+    "bisectr2": {"group": 0, "resolve_warps": 2},
+    "bisectr4": {"group": 0, "resolve_warps": 4},
 }
 
 
@@ -87,7 +100,8 @@ def floor_time(it, rep_ms: int) -> float:
 def band_pass(x: torch.Tensor, temp: torch.Tensor, variant: str | None = None) -> None:
     """Pass 1 of kernels.sample alone, to split its time from the resolve pass."""
     batch, vocab = x.shape
-    cfg = band_config(vocab, **VARIANTS[variant]) if variant else band_config(vocab)
+    kw = VARIANTS[variant] if variant else {}
+    cfg = band_config(vocab, batch=batch, **kw)
     cand_x = torch.empty(batch, cfg.ncand, device=x.device)
     cand_id = torch.empty(batch, cfg.ncand, dtype=torch.int32, device=x.device)
     m, s, d = (torch.empty(batch, cfg.n_chunks, device=x.device) for _ in range(3))
@@ -164,8 +178,8 @@ def bench(fn, rep_ms: int) -> float:
 def graph_time(inp_list, rep_ms: int, variant: str | None = None) -> float:
     """kernels.sample launches captured once in a CUDA graph, replayed."""
     inps = [check_inputs(**_args(b), max_mask_tokens=CAP) for b in inp_list[:1]]
-    vocab = inps[0].logits.shape[1]
-    cfg = band_config(vocab, **VARIANTS[variant]) if variant else None
+    batch, vocab = inps[0].logits.shape
+    cfg = band_config(vocab, batch=batch, **VARIANTS[variant]) if variant else None
     index = mask_index(inps[0].want_mask, inps[0].logits.device)
     torch.cuda.synchronize()
     s = torch.cuda.Stream()

@@ -17,6 +17,7 @@ import triton
 from kernels.inputs import SampleInputs
 from kernels.result import SampleResult
 from kernels.triton_band import band_kernel
+from kernels.triton_band_lanes import band_lanes_kernel
 from kernels.triton_band_multi import band_multi_kernel
 from kernels.triton_band_tiled import band_tiled_kernel
 from kernels.triton_emit import emit_kernel
@@ -34,6 +35,12 @@ NBISECT = 6  # band threshold bisection steps: DELTA / 64 resolution is plenty
 # but every bin costs instructions in each thread).
 NT = 32
 GROUP = 0  # chunks per band_multi_kernel program; 0 keeps the bisecting band_kernel
+LANES = 0  # band_lanes_kernel lanes per program (0: the kernels above)
+# band_lanes_kernel segments double (up to MAX_TILES tiles) while a launch keeps at least
+# this many programs: B = 1 spreads a row over the SMs, large batches amortise each
+# program's end-of-segment cut over more tokens.
+LANE_PROGRAMS = 1024
+MAX_TILES = 64
 TOPS = 0  # band_multi_kernel candidates: 0 any token, 2 the two tops of each thread's column
 RESOLVE_BISECT = 8  # threshold steps picking a tier's best candidates
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
@@ -51,6 +58,8 @@ class BandConfig:
     group: int = 0  # > 0: band_multi_kernel with this many chunks per program (wins over sub)
     width: int = 32 * BAND_WARPS  # band_multi_kernel's tile width (tests shrink it)
     tops: int = 0  # band_multi_kernel: 2 = only the two largest tokens of each column compete
+    lanes: int = 0  # > 0: band_lanes_kernel, this many lanes, chunk = tokens per program
+    resolve_warps: int = 0  # resolve_kernel's warps; 0 picks by candidate count
 
     @property
     def ncand(self) -> int:
@@ -65,8 +74,15 @@ def band_config(
     group: int | None = None,
     width: int | None = None,
     tops: int | None = None,
+    lanes: int | None = None,
+    batch: int = 1,
+    resolve_warps: int = 0,
 ) -> BandConfig:
     """Chunk size and candidates per chunk for a vocabulary (tests shrink them)."""
+    lanes = LANES if lanes is None else lanes
+    if lanes and chunk is None:
+        lanes = min(lanes, triton.next_power_of_2(vocab))
+        chunk = lanes_segment(vocab, lanes, batch)
     chunk = chunk or min(CHUNK_MAX, triton.next_power_of_2(vocab))
     n_chunks = triton.cdiv(vocab, chunk)
     if kc is None:
@@ -76,8 +92,24 @@ def band_config(
     width = min(chunk, width or 32 * BAND_WARPS)
     tops = TOPS if tops is None else tops
     return BandConfig(
-        chunk=chunk, kc=kc, n_chunks=n_chunks, sub=sub, group=group, width=width, tops=tops
+        chunk=chunk,
+        kc=kc,
+        n_chunks=n_chunks,
+        sub=sub,
+        group=group,
+        width=width,
+        tops=tops,
+        lanes=min(lanes, chunk),
+        resolve_warps=resolve_warps,
     )
+
+
+def lanes_segment(vocab: int, lanes: int, batch: int) -> int:
+    """Tokens per band_lanes_kernel program: a power-of-two number of tiles of lanes."""
+    tiles = 1
+    while tiles < MAX_TILES and batch * triton.cdiv(vocab, 2 * tiles * lanes) >= LANE_PROGRAMS:
+        tiles *= 2
+    return tiles * lanes
 
 
 def launch_band(
@@ -95,6 +127,17 @@ def launch_band(
     cfg.group chunks with the histogram cut (band_multi_kernel)."""
     batch, vocab = x.shape
     common = (x, temperature, cand_x, cand_id, m_c, s_c, d_c, x.stride(0), vocab, cfg.n_chunks)
+    if cfg.lanes > 0:
+        band_lanes_kernel[(batch, cfg.n_chunks)](
+            *common,
+            SEG=cfg.chunk,
+            W=cfg.lanes,
+            KC=cfg.kc,
+            DELTA=DELTA,
+            NBISECT=nbisect,
+            num_warps=BAND_WARPS,
+        )
+        return
     if cfg.group > 0:
         grid = (batch, triton.cdiv(cfg.n_chunks, cfg.group))
         band_multi_kernel[grid](
@@ -144,7 +187,7 @@ def sample_triton(
     x = inp.logits
     batch, vocab = x.shape
     dev = x.device
-    cfg = config or band_config(vocab)
+    cfg = config or band_config(vocab, batch=batch)
     cap = min(inp.max_mask_tokens, vocab)
     if cap > MAX_CAP:
         raise ValueError(
@@ -219,7 +262,7 @@ def sample_triton(
         FB_BLOCK=FB_BLOCK,
         NBISECT=RESOLVE_BISECT,
         HAS_STEP=inp.step is not None,
-        num_warps=8 if cand_block >= 2048 else 4,
+        num_warps=cfg.resolve_warps or (8 if cand_block >= 2048 else 4),
     )
 
     offsets = torch.zeros(n_rows + 1, dtype=torch.int64, device=dev)

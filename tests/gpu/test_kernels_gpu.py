@@ -32,6 +32,10 @@ PASS1 = {
     "m4096g2": {"chunk": 4096, "group": 2},
     "t2048g1": {"chunk": 2048, "group": 1, "tops": 2},
     "t4096g2": {"chunk": 4096, "group": 2, "tops": 2},
+    "l1024": {"lanes": 1024},
+    "l2048": {"lanes": 2048},
+    "l1024s4k": {"lanes": 1024, "chunk": 4096},
+    "l256s16k": {"lanes": 256, "chunk": 16384},
 }
 
 
@@ -71,7 +75,8 @@ def run(
     if pass1 is None:
         res = kernels.sample(*args, max_mask_tokens=cap, **kw)
     else:
-        cfg = band_config(batch["logits"].shape[1], **PASS1[pass1])
+        rows, vocab = batch["logits"].shape
+        cfg = band_config(vocab, batch=rows, **PASS1[pass1])
         res = sample_triton(check_inputs(*args, max_mask_tokens=cap, **kw), cfg)
     torch.cuda.synchronize()
     return res

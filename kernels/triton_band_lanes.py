@@ -1,0 +1,147 @@
+"""Pass 1 with per-lane streaming tops: the contract of triton_band.band_kernel with no
+block-wide work inside the read loop.
+
+Why: band_kernel and band_multi_kernel reduce, scan and cut once per 2048-token chunk; each
+block-wide phase costs an SM a few hundred cycles that the loads cannot hide, so pass 1 ran
+at 5-6x a plain read of the logits on the H200. Here a program owns a segment of SEG tokens
+(many tiles of W) and every lane (one position of the [W] tile, a few per thread) streams
+down its column with elementwise work only:
+
+* the lane's two largest tokens (value, tile index), first occurrences first on ties;
+* d, the largest token the lane let go (every other token of the column is <= d);
+* s, the lane's sum of exp((x - t1) / T) kept relative to its own running max t1, updated
+  with one exp per token: x <= t1 adds exp((x - t1) / T), a new max rescales s by
+  exp((t1 - x) / T) and adds 1 (both are exp(-|x - t1| / T)).
+
+The block-wide work happens once per segment: max and sum over the lanes, then the band cut
+of the 2W lane tops (a bisection over a count, as in band_kernel), one scan to place the
+written candidates, and d_c. A token that is not a lane top is <= its lane's d, a lane top
+that is not written is <= the cut, so every z > d_c of the segment is written: the band
+stays provably complete.
+
+Outputs per segment c (resolve_kernel's contract; a segment is a "chunk" there):
+  m_c = max z, s_c = sum exp(z - m_c) (NaN when the segment holds a NaN or +inf),
+  up to KC candidates (x, id), -inf in unused slots, in lane order (resolve_kernel does not
+  depend on the order of a chunk's candidates),
+  d_c = the largest z among the tokens not written.
+When more than KC lane tops tie at the segment max, KC of them are written, always including
+the lowest id (greedy rows take it), and d_c = m_c.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.triton_common import GREEDY_T
+
+LOG2E = tl.constexpr(1.4426950408889634)
+INT32_MAX = tl.constexpr(2**31 - 1)
+
+
+@triton.jit
+def _lane_step(x, t1, i1, t2, i2, d, s, it, c):
+    """One token per lane into the lane's state (all [W]); c = log2(e) / T."""
+    gt1 = x > t1
+    gt2 = x > t2
+    d = tl.maximum(d, tl.where(gt2, t2, x))  # what the lane lets go
+    e = tl.exp2(-tl.abs(x - t1) * c)
+    e = tl.where(x == float("-inf"), 0.0, e)  # -inf - -inf is NaN; a NaN x stays NaN
+    s = tl.where(gt1, s * e + 1.0, s + e)
+    t2 = tl.where(gt1, t1, tl.where(gt2, x, t2))
+    i2 = tl.where(gt1, i1, tl.where(gt2, it, i2))
+    t1 = tl.where(gt1, x, t1)
+    i1 = tl.where(gt1, it, i1)
+    return t1, i1, t2, i2, d, s
+
+
+@triton.jit
+def band_lanes_kernel(
+    x_ptr,  # [B, V] logits (f32 / bf16 / f16), row stride stride_x
+    temp_ptr,  # [B] float32
+    cand_x_ptr,  # [B, n_chunks * KC] float32 candidate logits (-inf in unused slots)
+    cand_id_ptr,  # [B, n_chunks * KC] int32 candidate token ids
+    m_ptr,  # [B, n_chunks] float32 segment max of z
+    s_ptr,  # [B, n_chunks] float32 sum exp(z - m_c); NaN flags a NaN or +inf
+    d_ptr,  # [B, n_chunks] float32 max z among tokens not written as candidates
+    stride_x,
+    vocab,
+    n_chunks,
+    SEG: tl.constexpr,  # tokens per program, a multiple of W
+    W: tl.constexpr,  # lanes
+    KC: tl.constexpr,
+    DELTA: tl.constexpr,
+    NBISECT: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    seg = tl.program_id(1)
+    start = seg * SEG
+    temp = tl.load(temp_ptr + row)
+    t = tl.where(temp.to(tl.float64) < GREEDY_T, 1.0, temp)  # greedy rows: z = x
+    c = LOG2E / t
+    lanes = tl.arange(0, W)
+    ptrs = x_ptr + row * stride_x + start + lanes
+    t1 = tl.full([W], float("-inf"), tl.float32)
+    t2 = t1
+    d = t1
+    s = tl.zeros([W], tl.float32)
+    i1 = tl.full([W], -1, tl.int32)
+    i2 = i1
+    end = tl.minimum(vocab - start, SEG)  # tokens of this segment
+    n_tiles = (end + W - 1) // W
+    x = tl.load(ptrs, mask=lanes < end, other=float("-inf")).to(tl.float32)
+    for it in range(n_tiles):
+        # Issue the next tile's read before this tile's work.
+        nxt = (it + 1) * W
+        x_next = tl.load(ptrs + nxt, mask=nxt + lanes < end, other=float("-inf"))
+        t1, i1, t2, i2, d, s = _lane_step(x, t1, i1, t2, i2, d, s, it, c)
+        x = x_next.to(tl.float32)
+
+    m = tl.max(t1, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)  # an all -inf segment sums to 0, not NaN
+    # NaN propagates into s, and so does +inf (its lane rescale is inf - inf).
+    s_sum = tl.sum(s * tl.exp2((t1 - m_safe) * c), axis=0)
+    d_lanes = tl.max(d, axis=0)
+
+    # The band cut over the 2W lane tops, [2, W] (row 0 the firsts, row 1 the seconds).
+    top = tl.join(t1, t2).trans(1, 0)
+    tile = tl.join(i1, i2).trans(1, 0)
+    ids = start + tile * W + lanes[None, :]
+    real = tile >= 0
+    lo = tl.maximum(m - DELTA * t, d_lanes)
+    hi = m
+    count = tl.sum(tl.sum((real & (top >= lo)).to(tl.int32), axis=1), axis=0)
+    if count > KC:
+        for _ in range(NBISECT):
+            mid = lo + (hi - lo) * 0.5
+            over = tl.sum(tl.sum((real & (top >= mid)).to(tl.int32), axis=1), axis=0) > KC
+            lo = tl.where(over, mid, lo)
+            hi = tl.where(over, hi, mid)
+        lo = hi
+    band = real & (top >= lo) & (top > float("-inf"))
+    flat = tl.reshape(band, [2 * W]).to(tl.int32)
+    rank = tl.reshape(tl.cumsum(flat, axis=0) - 1, [2, W])
+    write = band & (rank < KC)
+    n_band = tl.sum(flat, axis=0)
+    if n_band > KC:  # ties at the max beyond KC: KC - 1 of them and the lowest id
+        lowest = band & (ids == tl.min(tl.min(tl.where(band, ids, INT32_MAX), axis=1), axis=0))
+        late = tl.max(tl.max(tl.where(lowest, rank, 0), axis=1), axis=0) >= KC
+        # Past the first KC in lane order: it takes the last slot from the KC-th.
+        write = (band & (rank < tl.where(late, KC - 1, KC))) | lowest
+        rank = tl.where(lowest, tl.minimum(rank, KC - 1), rank)
+    n_written = tl.sum(tl.sum(write.to(tl.int32), axis=1), axis=0)
+    left = tl.max(tl.max(tl.where(write, float("-inf"), top), axis=1), axis=0)
+    d_seg = tl.maximum(d_lanes, left)
+
+    base = (row * n_chunks + seg) * KC
+    tl.store(cand_x_ptr + base + rank, top, mask=write)
+    tl.store(cand_id_ptr + base + rank, ids, mask=write)
+    slots = tl.arange(0, KC)
+    tl.store(
+        cand_x_ptr + base + slots, tl.full([KC], float("-inf"), tl.float32), mask=slots >= n_written
+    )
+    stat = row * n_chunks + seg
+    # z = RN(x / T) is monotone in x, so the maxima map through one division each.
+    tl.store(m_ptr + stat, tl.math.div_rn(m, t))
+    tl.store(s_ptr + stat, s_sum)
+    tl.store(d_ptr + stat, tl.math.div_rn(d_seg, t))
