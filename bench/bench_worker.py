@@ -16,8 +16,14 @@ of every row, then host copies), at the same batch; its decode rate is taken fro
 difference of two runs (--steps + --warmup and --warmup new tokens), so prefill cancels.
 The lm_head is scaled so a top-p 0.9 mask holds ~100 of 151936 ids (see random_weights.py).
 
+The runner's fused Triton kernels (worker/model/triton_*.py) are on by default on CUDA;
+`--fused off` measures the torch path instead, and `--fused both` measures both in one run
+(the unfused runner's rows are `maskgate-unfused`, and the table gains a column with the
+fused speed-up), so a before/after comparison shares the GPU, weights and prompts.
+
     python bench/bench_worker.py                          # both models, batch 1/16/64/128
     python bench/bench_worker.py --models qwen2.5-1.5b --batches 64 --no-hf
+    python bench/bench_worker.py --models llama-3.2-1b --batches 1,64,128 --fused both
 """
 
 from __future__ import annotations
@@ -209,18 +215,30 @@ def bench_model(name: str, args: argparse.Namespace, out: list[dict]) -> None:
     t0 = time.perf_counter()
     loaded, weights = make_model(name, args.device)
     max_len = args.prompt_len + args.warmup + args.steps + 1
-    runner = ModelRunner(loaded, max_num_slots=max(args.batches), max_model_len=max_len)
     print(f"[{name}] built in {time.perf_counter() - t0:.1f} s", flush=True)
-    for batch in args.batches:
-        for setting in SETTINGS:
-            row = {"model": name, "impl": "maskgate", "batch": batch, "setting": setting}
-            out.append({**row, **guarded(decode, runner, batch, setting, args)})
-            print(json.dumps(out[-1]), flush=True)
+    # (impl name, fused kernels): the main runner first, then the torch path for comparison.
+    runs = [("maskgate", args.fused != "off")]
+    if args.fused == "both":
+        runs.append(("maskgate-unfused", False))
+    for impl, fused in runs:
+        runner = ModelRunner(
+            loaded, max_num_slots=max(args.batches), max_model_len=max_len, fused_kernels=fused
+        )
+        for batch in args.batches:
+            for setting in args.settings:
+                row = {"model": name, "impl": impl, "batch": batch, "setting": setting}
+                row["fused"] = runner.fused
+                out.append({**row, **guarded(decode, runner, batch, setting, args)})
+                print(json.dumps(out[-1]), flush=True)
+        del runner
     if args.eager:
         # The effect of decode CUDA graphs: the same runner code with graphs off.
-        del runner
         eager = ModelRunner(
-            loaded, max_num_slots=max(args.batches), max_model_len=max_len, cuda_graphs=False
+            loaded,
+            max_num_slots=max(args.batches),
+            max_model_len=max_len,
+            cuda_graphs=False,
+            fused_kernels=args.fused != "off",
         )
         for batch in args.batches:
             row = {"model": name, "impl": "maskgate-eager", "batch": batch, "setting": "masks_off"}
@@ -238,7 +256,7 @@ def bench_model(name: str, args: argparse.Namespace, out: list[dict]) -> None:
         hf.load_state_dict(weights, strict=False)
         hf.tie_weights()
         for batch in args.batches:
-            for setting in HF_SETTINGS:
+            for setting in (s for s in HF_SETTINGS if s in args.settings):
                 row = {"model": name, "impl": "transformers", "batch": batch, "setting": setting}
                 out.append({**row, **guarded(hf_decode, hf, batch, setting, args)})
                 print(json.dumps(out[-1]), flush=True)
@@ -248,40 +266,52 @@ def bench_model(name: str, args: argparse.Namespace, out: list[dict]) -> None:
         torch.cuda.empty_cache()
 
 
+def _ratio(a: float | None, b: float | None, fmt: str, cost: bool = False) -> str:
+    """a / b formatted; cost: the share of throughput lost going from a to b."""
+    if not a or not b:
+        return "-"
+    return fmt.format(1 - b / a if cost else a / b)
+
+
 def summarize(rows: list[dict]) -> list[str]:
     get = {(r["model"], r["impl"], r["batch"], r["setting"]): r["tokens_per_s"] for r in rows}
     lines = [
-        "| model | batch | masks off | top-k+top-p masks | top-p off | top-p masks "
+        "| model | batch | runner | masks off | top-k+top-p masks | top-p off | top-p masks "
         "| mask cost (top-k+top-p / top-p) | vs transformers (top-k+top-p / top-p) "
-        "| graphs speed-up |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| graphs speed-up | fused speed-up (top-k+top-p / top-p masks) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    impls = [i for i in ("maskgate", "maskgate-unfused") if any(r["impl"] == i for r in rows)]
     for model in dict.fromkeys(r["model"] for r in rows):
         for batch in sorted({r["batch"] for r in rows if r["model"] == model}):
-            ours = {s: get.get((model, "maskgate", batch, s)) for s in SETTINGS}
             hf = {s: get.get((model, "transformers", batch, s)) for s in HF_SETTINGS}
-            eager = get.get((model, "maskgate-eager", batch, "masks_off"))
-
-            def ratio(a: float | None, b: float | None, fmt: str, cost: bool = False) -> str:
-                # cost: the share of throughput lost going from a to b.
-                if not a or not b:
-                    return "-"
-                return fmt.format(1 - b / a if cost else a / b)
-
-            cost = " / ".join(
-                ratio(ours[off], ours[m], "{:.1%}", cost=True) for off, m in MASK_PAIRS
-            )
-            speed = " / ".join(ratio(ours[s], hf[s], "{:.1f}x") for s in HF_SETTINGS)
-            cells = [f"{ours[s]:.0f}" if ours[s] else "-" for s in SETTINGS]
-            graphs = ratio(ours["masks_off"], eager, "{:.2f}x")
-            lines.append(
-                f"| {model} | {batch} | {' | '.join(cells)} | {cost} | {speed} | {graphs} |"
-            )
+            unfused = {s: get.get((model, "maskgate-unfused", batch, s)) for s in SETTINGS}
+            for impl in impls:
+                ours = {s: get.get((model, impl, batch, s)) for s in SETTINGS}
+                cost = " / ".join(
+                    _ratio(ours[off], ours[m], "{:.1%}", cost=True) for off, m in MASK_PAIRS
+                )
+                speed = " / ".join(_ratio(ours[s], hf[s], "{:.2f}x") for s in HF_SETTINGS)
+                cells = [f"{ours[s]:.0f}" if ours[s] else "-" for s in SETTINGS]
+                graphs = "-"
+                fused = "-"
+                if impl == "maskgate":
+                    eager = get.get((model, "maskgate-eager", batch, "masks_off"))
+                    graphs = _ratio(ours["masks_off"], eager, "{:.2f}x")
+                    fused = " / ".join(_ratio(ours[s], unfused[s], "{:.2f}x") for s in HF_SETTINGS)
+                lines.append(
+                    f"| {model} | {batch} | {impl} | {' | '.join(cells)} | {cost} | {speed} "
+                    f"| {graphs} | {fused} |"
+                )
     return lines
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no plot", flush=True)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -290,6 +320,7 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
         series = [("maskgate", s) for s in SETTINGS] + [("maskgate-eager", "masks_off")]
+        series += [("maskgate-unfused", s) for s in SETTINGS]
         series += [("transformers", s) for s in HF_SETTINGS]
         for impl, setting in series:
             pts = sorted(
@@ -318,25 +349,47 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--no-hf", dest="hf", action="store_false")
     ap.add_argument("--no-eager", dest="eager", action="store_false")
+    ap.add_argument(
+        "--fused",
+        choices=("on", "off", "both"),
+        default="on",
+        help="the runner's fused Triton kernels: on (the default runner), off (the torch "
+        "path), or both (also run the torch path, as `maskgate-unfused`: before/after)",
+    )
+    ap.add_argument(
+        "--settings", default=",".join(SETTINGS), help=f"a subset of {','.join(SETTINGS)}"
+    )
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script only")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
+    args.settings = [x for x in args.settings.split(",") if x]
+    unknown = sorted(set(args.settings) - set(SETTINGS))
+    if unknown:
+        sys.exit(f"unknown settings {unknown}; choose from {list(SETTINGS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_worker needs a CUDA GPU (or --device cpu for a smoke run)")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    meta = {"gpu": gpu, "torch": torch.__version__, "args": vars(args)}
+    meta = {"gpu": gpu, "torch": torch.__version__, "triton": _triton_version(), "args": vars(args)}
     for name in args.models.split(","):
         bench_model(name, args, rows)
         # Written after each model, so a run cut short still leaves its results.
         (out_dir / "worker_decode.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
-    table = summarize(rows)
-    (out_dir / "worker_decode.md").write_text("\n".join(table) + "\n")
+        table = summarize(rows)
+        (out_dir / "worker_decode.md").write_text("\n".join(table) + "\n")
+        print("\n".join(table), flush=True)
     plot(rows, out_dir / "worker_decode.png")
-    print("\n".join(table))
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return str(triton.__version__)
 
 
 if __name__ == "__main__":
