@@ -141,9 +141,18 @@ def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespa
         mask_ids += sum(len(r.mask) for r in results if r is not None and r.mask)
         overflows += sum(r.mask_status == 1 for r in results if r is not None)
     wall = time.perf_counter() - t0
+    # Where the step goes: the forward alone (graph replay + lm_head; no sampler, no host
+    # results) over the same rows, rewriting the last step's K/V.
+    sync(args.device)
+    t1 = time.perf_counter()
+    for _ in range(args.steps):
+        runner.logits(rows)
+    sync(args.device)
+    forward = time.perf_counter() - t1
     return {
         "tokens_per_s": batch * args.steps / wall,
         "step_ms": 1000 * wall / args.steps,
+        "forward_ms": 1000 * forward / args.steps,
         "sampler_share": mask_s / wall,
         "mean_mask_len": mask_ids / (batch * args.steps) if want else 0.0,
         "overflows": overflows,
@@ -278,9 +287,11 @@ def summarize(rows: list[dict]) -> list[str]:
     lines = [
         "| model | batch | runner | masks off | top-k+top-p masks | top-p off | top-p masks "
         "| mask cost (top-k+top-p / top-p) | vs transformers (top-k+top-p / top-p) "
-        "| graphs speed-up | fused speed-up (top-k+top-p / top-p masks) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| graphs speed-up | fused speed-up (top-k+top-p / top-p masks) "
+        "| top-p masks ms/step (forward / whole) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    ms = {(r["model"], r["impl"], r["batch"], r["setting"]): r for r in rows}
     impls = [i for i in ("maskgate", "maskgate-unfused") if any(r["impl"] == i for r in rows)]
     for model in dict.fromkeys(r["model"] for r in rows):
         for batch in sorted({r["batch"] for r in rows if r["model"] == model}):
@@ -299,9 +310,13 @@ def summarize(rows: list[dict]) -> list[str]:
                     eager = get.get((model, "maskgate-eager", batch, "masks_off"))
                     graphs = _ratio(ours["masks_off"], eager, "{:.2f}x")
                     fused = " / ".join(_ratio(ours[s], unfused[s], "{:.2f}x") for s in HF_SETTINGS)
+                r = ms.get((model, impl, batch, "top_p_masks"), {})
+                split = "-"
+                if r.get("forward_ms") and r.get("step_ms"):
+                    split = f"{r['forward_ms']:.2f} / {r['step_ms']:.2f}"
                 lines.append(
                     f"| {model} | {batch} | {impl} | {' | '.join(cells)} | {cost} | {speed} "
-                    f"| {graphs} | {fused} |"
+                    f"| {graphs} | {fused} | {split} |"
                 )
     return lines
 

@@ -158,7 +158,9 @@ def _runner_logits(name: str, dtype: torch.dtype, fused: bool, steps: int = 8) -
     hidden, inter, heads, kv_heads, dim, rope, qk_norm = SHAPES[name]
     raw = {
         "model_type": "qwen3" if qk_norm else ("qwen2" if kv_heads == 2 else "llama"),
-        "vocab_size": 32000,
+        # tiny-random's vocabulary: the sampler's Triton variants (compiled per vocabulary
+        # at runner start) are then shared with test_worker_runner_cuda.py.
+        "vocab_size": 512,
         "hidden_size": hidden,
         "intermediate_size": inter,
         "num_hidden_layers": 4,  # real layer shapes, fewer layers: a quicker test
@@ -187,12 +189,12 @@ def _runner_logits(name: str, dtype: torch.dtype, fused: bool, steps: int = 8) -
     runner = ModelRunner(loaded, max_num_slots=6, max_model_len=640, fused_kernels=fused)
     assert runner.fused is fused
     gen = torch.Generator().manual_seed(2)
-    seqs = [torch.randint(3, 32000, (n,), generator=gen).tolist() for n in (300, 7, 129, 1, 64)]
+    seqs = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (300, 7, 129, 1, 64)]
     outs = [runner.logits([RowWork(i, s, 0, sample=True) for i, s in enumerate(seqs)])]
     pos = [len(s) for s in seqs]
     for step in range(steps):
         live = range(5) if step % 2 == 0 else (0, 2, 4)
-        rows = [RowWork(i, [(step * 31 + i) % 30000 + 3], pos[i], sample=True) for i in live]
+        rows = [RowWork(i, [(step * 31 + i) % 500 + 3], pos[i], sample=True) for i in live]
         outs.append(runner.logits(rows))
         for i in live:
             pos[i] += 1
