@@ -55,6 +55,7 @@ VARIANTS = {
     "t4096g2": {"chunk": 4096, "group": 2, "tops": 2},
     # band_lanes_kernel: lanes, tokens per program (default: by batch, LANE_PROGRAMS), and
     # resolve_kernel's warps (r; default by candidate count).
+    "l256": {"lanes": 256},
     "l512": {"lanes": 512},
     "l1024": {"lanes": 1024},
     "l2048": {"lanes": 2048},
@@ -249,6 +250,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--rep-ms", type=int, default=40)
     ap.add_argument("--split", action="store_true", help="time pass 1 variants and exit")
+    ap.add_argument("--graphs", default="", help="--split: variants to time whole (graph)")
     ap.add_argument("--plot-only", metavar="JSON", help="redraw the PNG from a results file")
     ap.add_argument("--cpu", action="store_true", help="time the CPU torch path instead")
     ap.add_argument(
@@ -264,7 +266,8 @@ def main() -> None:
         plot(json.loads(pathlib.Path(args.plot_only).read_text()), out / "kernels_bench.png")
         return
     if args.split:
-        split_times(args.rep_ms, out, variants or list(VARIANTS))
+        graphs = [v for v in args.graphs.split(",") if v]
+        split_times(args.rep_ms, out, variants or list(VARIANTS), graphs)
         return
     if args.cpu:
         cpu_bench(out)
@@ -339,35 +342,38 @@ def main() -> None:
         print(f"B=1 V=151936 fp32 graph us: median {statistics.median(b1):.1f}")
 
 
-def split_times(rep_ms: int, out: pathlib.Path, variants: list[str]) -> None:
-    """Where the time goes at V=151936 (fp32, and bf16 at B=128): the floor, pass 1 alone in
-    each variant, and the whole sample (graph) with each variant. Writes kernels_split.json."""
+def split_times(rep_ms: int, out: pathlib.Path, variants: list[str], graphs: list[str]) -> None:
+    """Where the time goes at V=151936 (fp32 at B=1 and 128, bf16 at B=128): the floor and
+    pass 1 alone per variant first, then the whole sample (graph) per `graphs` variant.
+    Each figure is printed and saved as soon as it is measured (compiling resolve_kernel
+    takes the device tens of seconds per variant). Writes kernels_split.json."""
+    cases = [(128, torch.float32), (1, torch.float32), (128, torch.bfloat16)]
     rows = []
-    for batch, dtype in ((1, torch.float32), (128, torch.float32), (128, torch.bfloat16)):
-        bufs = [make_inputs(batch, 151936, dtype, "p0.95", False, i) for i in range(4)]
-        it = itertools.cycle(bufs)
+    bufs = {}
+    for batch, dtype in cases:
+        bufs[batch, dtype] = [
+            make_inputs(batch, 151936, dtype, "p0.95", False, i) for i in range(4)
+        ]
+        rows.append({"B": batch, "dtype": str(dtype).replace("torch.", ""), "V": 151936})
 
-        def band(variant: str, it=it) -> None:
-            b = next(it)
-            band_pass(b["logits"], b["temperature"], variant)
-
-        row = {"B": batch, "dtype": str(dtype).replace("torch.", ""), "V": 151936}
-        row["floor_us"] = floor_time(it, rep_ms)
-        for name in variants:
-            row[f"pass1_us_{name}"] = bench(lambda name=name: band(name), rep_ms)
-            if not name.startswith("tiled"):
-                row[f"graph_us_{name}"] = graph_time(bufs, rep_ms, name)
-        rows.append(row)
+    def record(row: dict, key: str, value: float) -> None:
+        row[key] = value
         (out / "kernels_split.json").write_text(json.dumps(rows, indent=1))
-        print(
-            f"split B={batch} {row['dtype']}: floor {row['floor_us']:.1f} us; "
-            + "; ".join(
-                f"{n}: pass1 {row[f'pass1_us_{n}']:.1f}"
-                + (f" graph {row[f'graph_us_{n}']:.1f}" if f"graph_us_{n}" in row else "")
-                for n in variants
-            ),
-            flush=True,
-        )
+        print(f"split B={row['B']} {row['dtype']} {key} {value:.1f}", flush=True)
+
+    for (batch, dtype), row in zip(cases, rows, strict=True):
+        it = itertools.cycle(bufs[batch, dtype])
+        record(row, "floor_us", floor_time(it, rep_ms))
+        for name in variants:
+            b = bufs[batch, dtype][0]
+            record(
+                row,
+                f"pass1_us_{name}",
+                bench(lambda n=name, b=b: band_pass(b["logits"], b["temperature"], n), rep_ms),
+            )
+    for name in graphs:
+        for (batch, dtype), row in zip(cases, rows, strict=True):
+            record(row, f"graph_us_{name}", graph_time(bufs[batch, dtype], rep_ms, name))
 
 
 def cpu_bench(out: pathlib.Path, repeats: int = 7) -> None:
