@@ -7,8 +7,6 @@ that sample, and calls `kernels.sample` (the one sampler) for tokens, log-probs 
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
@@ -16,13 +14,13 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import kernels
-from kernels.result import STATUS_OVERFLOW
 from worker.batch import RowResult, RowWork, StepStats
 from worker.cuda_graphs import DecodeGraphs
 from worker.kv_cache import allocate_kv_cache, bytes_per_slot
 from worker.model import LoadedModel, load
 from worker.model.attention import build_attn_batch
 from worker.model.triton_decode_attn import decode_attention
+from worker.row_sampling import sample_rows, warm_up_sampler
 from worker.sort_all import sample_sort_all_rows
 
 # Default KV budget when none is given: on CPU a fixed 2 GiB; on CUDA the free memory after
@@ -95,35 +93,9 @@ class ModelRunner:
             else None
         )
         if self.device.type == "cuda":
-            self._warm_up_sampler()
+            warm_up_sampler(self.sample_fn, self.vocab_size, self.device, max_mask_tokens)
             if self.fused:
                 self._warm_up_fused()
-
-    @torch.inference_mode()
-    def _warm_up_sampler(self) -> None:
-        """Compile the sampler's Triton variants before traffic arrives. Triton specialises
-        on integer arguments equal to 1 or divisible by 16, so a batch of 1, of 2 and of 16
-        rows each compile their own kernels; compiled mid-traffic, that stalls every stream
-        of the worker for tens of seconds."""
-        v = self.vocab_size
-        for b in (1, 2, 16):
-            logits = torch.randn(b, v, device=self.device, dtype=torch.float32)
-            rows = torch.ones(b, device=self.device)
-            for want, seeded in ((True, True), (False, False), (True, False)):
-                ids = torch.arange(b, device=self.device, dtype=torch.int64)
-                self.sample_fn(
-                    logits,
-                    rows.clone(),
-                    torch.full((b,), 50, device=self.device, dtype=torch.int32),
-                    rows * 0.9,
-                    rows * 0.0,
-                    torch.full((b,), want, dtype=torch.bool),
-                    max_mask_tokens=self.max_mask_tokens,
-                    seed=ids if seeded else None,
-                    step=ids.clone() if seeded else None,
-                    bounded=torch.zeros(b, device=self.device, dtype=torch.bool),
-                )
-        torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
     def _warm_up_fused(self) -> None:
@@ -170,8 +142,8 @@ class ModelRunner:
         logits = self._logits(order, rows)
         sampling = [i for i in order if rows[i].sample]
         if sampling:
-            results, stats.mask_seconds, stats.num_fallback_rows = self._sample(
-                logits, [rows[i] for i in sampling]
+            results, stats.mask_seconds, stats.num_fallback_rows = sample_rows(
+                self.sample_fn, logits, [rows[i] for i in sampling], self.max_mask_tokens
             )
             for i, res in zip(sampling, results, strict=True):
                 out[i] = res
@@ -261,105 +233,3 @@ class ModelRunner:
         return sdpa_kernel(
             [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
         )
-
-    def _sample(
-        self, logits: torch.Tensor, rows: list[RowWork]
-    ) -> tuple[list[RowResult], float, int]:
-        """kernels.sample over [B, V] logits; returns per-row results, sampler seconds and the
-        number of rows that needed the sampler's slow full pass."""
-        dev = logits.device
-        floats = torch.tensor(
-            [[r.params.temperature, r.params.top_p, r.params.min_p] for r in rows],
-            dtype=torch.float32,
-        ).to(dev)
-        seeded = any(r.params.seed is not None for r in rows)
-        # Unseeded rows in a batch with seeded ones get a fresh random key, which is what
-        # kernels does for seed=None.
-        ints = torch.tensor(
-            [
-                [
-                    r.params.top_k,
-                    r.step,
-                    r.params.seed if r.params.seed is not None else random.getrandbits(63),
-                    r.bounded,
-                ]
-                for r in rows
-            ],
-            dtype=torch.int64,
-        ).to(dev)
-        want_mask = torch.tensor([r.want_mask for r in rows], dtype=torch.bool)
-        timer = _Timer(dev)
-        res = self.sample_fn(
-            logits,
-            _column(floats, 0),
-            ints[:, 0].to(torch.int32),
-            _column(floats, 1),
-            _column(floats, 2),
-            want_mask,
-            max_mask_tokens=self.max_mask_tokens,
-            seed=_column(ints, 2) if seeded else None,
-            step=_column(ints, 1) if seeded else None,
-            bounded=ints[:, 3].bool(),
-        )
-        seconds = timer.stop()
-        # Two device-to-host copies instead of eight (each .tolist() of a CUDA tensor is a
-        # synchronous copy): per-row values in one float64 block (exact for ids, sizes and
-        # float32 log-probs), and the mask rows' metadata with the CSR offsets in another.
-        per_row = torch.stack(
-            [
-                res.tokens.double(),
-                res.logprobs.double(),
-                res.nan_rows.double(),
-                res.support_sizes.double(),
-                res.fallback_rows.double(),
-            ]
-        ).tolist()
-        tokens, logprobs, nan, sizes, fallback = per_row
-        results = [
-            RowResult(token=int(t), logprob=lp, nan=bool(bad))
-            for t, lp, bad in zip(tokens, logprobs, nan, strict=True)
-        ]
-        num_masks = res.mask_rows.shape[0]
-        if num_masks:
-            meta = torch.cat(
-                [res.mask_rows, res.mask_status.long(), res.mask_offsets.long()]
-            ).tolist()
-            mask_rows, status, offsets = (
-                meta[:num_masks],
-                meta[num_masks : 2 * num_masks],
-                meta[2 * num_masks :],
-            )
-            ids = res.mask_ids[: offsets[-1]].tolist()
-            for j, (row, st) in enumerate(zip(mask_rows, status, strict=True)):
-                r = results[row]
-                r.mask_status = st
-                r.support_size = int(sizes[row])
-                r.mask = None if st == STATUS_OVERFLOW else ids[offsets[j] : offsets[j + 1]]
-        return results, seconds, int(sum(fallback))
-
-
-class _Timer:
-    """Wall time of a device region: CUDA events on CUDA (no extra sync), perf_counter on CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.begin = torch.cuda.Event(enable_timing=True)
-            self.end = torch.cuda.Event(enable_timing=True)
-            self.begin.record()
-        else:
-            self.t0 = time.perf_counter()
-
-    def stop(self) -> float:
-        if self.cuda:
-            self.end.record()
-            self.end.synchronize()
-            return self.begin.elapsed_time(self.end) / 1000.0
-        return time.perf_counter() - self.t0
-
-
-def _column(t: torch.Tensor, j: int) -> torch.Tensor:
-    """Column j of a [B, k] tensor in a fresh allocation. `.contiguous()` returns a [1]-row
-    column as a view at a 4- or 8-byte offset, and Triton compiles a separate kernel for
-    pointers that are not 16-byte aligned: a batch of one would trigger a recompile."""
-    return t[:, j].clone(memory_format=torch.contiguous_format)
