@@ -19,7 +19,6 @@ from worker.cuda_graphs import DecodeGraphs
 from worker.kv_cache import allocate_kv_cache, bytes_per_slot
 from worker.model import LoadedModel, load
 from worker.model.attention import build_attn_batch
-from worker.model.triton_decode_attn import decode_attention
 from worker.row_sampling import sample_rows, warm_up_sampler
 from worker.sort_all import sample_sort_all_rows
 
@@ -102,6 +101,8 @@ class ModelRunner:
         """Compile the fused kernels before traffic (same reason as the sampler warm-up): one
         eager step of a decode row and a two-token prefill row, both in the scratch slot
         (whose contents never matter), and the split variant of the decode attention."""
+        from worker.model.triton_decode_attn import decode_attention
+
         scratch = self.kv.scratch_slot
         self._forward([RowWork(scratch, [0], 1, True), RowWork(scratch, [0, 0], 0, True)])
         q = torch.zeros(

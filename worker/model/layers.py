@@ -14,7 +14,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from worker.model.config import RopeConfig
-from worker.model.triton_norm import add_rms_norm, silu_mul
 
 
 class RMSNorm(nn.Module):
@@ -37,6 +36,8 @@ class RMSNorm(nn.Module):
         """-> (norm(x + residual), x + residual); residual None: (norm(x), x). [N, dim] each.
         Fused: one kernel that writes the sum into `residual` in place and the normed rows."""
         if fused:
+            from worker.model.triton_norm import add_rms_norm  # triton: CUDA only
+
             return add_rms_norm(x, residual, self.weight, self.eps), (
                 x if residual is None else residual
             )
@@ -99,6 +100,8 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if fused:
+            from worker.model.triton_norm import silu_mul  # triton: CUDA only
+
             return self.down_proj(silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)

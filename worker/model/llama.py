@@ -11,11 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from worker.model import triton_rope
 from worker.model.attention import AttnBatch, attend
 from worker.model.config import ModelConfig
 from worker.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, rope_and_store
-from worker.model.triton_decode_attn import decode_attention
 
 
 class Attention(nn.Module):
@@ -45,6 +43,9 @@ class Attention(nn.Module):
         cos, sin = rope
         k_cache, v_cache = kv
         if batch.fused:
+            # Imported here: triton is needed only on CUDA, as in kernels.sample.
+            from worker.model import triton_rope
+
             qn, kn = self.q_norm, self.k_norm
             q = triton_rope.rope_and_store(
                 qkv,
@@ -80,6 +81,8 @@ class Attention(nn.Module):
             if group is not None:
                 last = first + group.num_tokens
                 if batch.fused and group is batch.decode:
+                    from worker.model.triton_decode_attn import decode_attention
+
                     # Reads the slots in place; positions are the queries' own.
                     parts.append(
                         decode_attention(
