@@ -61,7 +61,11 @@ VARIANTS = {
     "l2048": {"lanes": 2048},
     "l1024s4k": {"lanes": 1024, "chunk": 4096},
     "l1024s16k": {"lanes": 1024, "chunk": 16384},
+    "l1024s32k": {"lanes": 1024, "chunk": 32768},
     "l1024s64k": {"lanes": 1024, "chunk": 65536},
+    "l2048s64k": {"lanes": 2048, "chunk": 65536},
+    "l512s2k": {"lanes": 512, "chunk": 2048},
+    "l256s4k": {"lanes": 256, "chunk": 4096},
     "l1024r1": {"lanes": 1024, "resolve_warps": 1},
     "l1024r2": {"lanes": 1024, "resolve_warps": 2},
     "l1024r4": {"lanes": 1024, "resolve_warps": 4},
@@ -176,23 +180,29 @@ def bench(fn, rep_ms: int) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median") * 1e3
 
 
-def graph_time(inp_list, rep_ms: int, variant: str | None = None) -> float:
-    """kernels.sample launches captured once in a CUDA graph, replayed."""
-    inps = [check_inputs(**_args(b), max_mask_tokens=CAP) for b in inp_list[:1]]
-    batch, vocab = inps[0].logits.shape
-    cfg = band_config(vocab, batch=batch, **VARIANTS[variant]) if variant else None
-    index = mask_index(inps[0].want_mask, inps[0].logits.device)
+def replay_time(fn, rep_ms: int) -> float:
+    """fn's launches captured once in a CUDA graph and replayed: GPU time without the host's
+    launch overhead (eager launches of these kernels are host-bound below B = 512)."""
     torch.cuda.synchronize()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(2):
-            sample_triton(inps[0], cfg, index=index)
+            fn()
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        sample_triton(inps[0], cfg, index=index)
+        fn()
     return bench(graph.replay, rep_ms)
+
+
+def graph_time(inp_list, rep_ms: int, variant: str | None = None) -> float:
+    """kernels.sample launches captured once in a CUDA graph, replayed."""
+    inp = check_inputs(**_args(inp_list[0]), max_mask_tokens=CAP)
+    batch, vocab = inp.logits.shape
+    cfg = band_config(vocab, batch=batch, **VARIANTS[variant]) if variant else None
+    index = mask_index(inp.want_mask, inp.logits.device)
+    return replay_time(lambda: sample_triton(inp, cfg, index=index), rep_ms)
 
 
 def _args(b):
@@ -369,7 +379,9 @@ def split_times(rep_ms: int, out: pathlib.Path, variants: list[str], graphs: lis
             record(
                 row,
                 f"pass1_us_{name}",
-                bench(lambda n=name, b=b: band_pass(b["logits"], b["temperature"], n), rep_ms),
+                replay_time(
+                    lambda n=name, b=b: band_pass(b["logits"], b["temperature"], n), rep_ms
+                ),
             )
     for name in graphs:
         for (batch, dtype), row in zip(cases, rows, strict=True):
