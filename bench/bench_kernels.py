@@ -374,6 +374,11 @@ def split_times(rep_ms: int, out: pathlib.Path, variants: list[str], graphs: lis
     for (batch, dtype), row in zip(cases, rows, strict=True):
         it = itertools.cycle(bufs[batch, dtype])
         record(row, "floor_us", floor_time(it, rep_ms))
+        x0 = bufs[batch, dtype][0]["logits"]
+        floor_graph = min(
+            replay_time(lambda c=c, x0=x0: floor_pass(x0, c), rep_ms) for c in (2048, 4096)
+        )
+        record(row, "floor_graph_us", floor_graph)
         for name in variants:
             b = bufs[batch, dtype][0]
             record(
