@@ -42,6 +42,7 @@ N_BUFFERS = 4
 # and band_multi_kernel with a chunk size and chunks per program, any token (m) or only the
 # two tops of each column (t) as candidates.
 VARIANTS = {
+    "default": {},
     "bisect": {"group": 0},
     "tiled2": {"group": 0, "sub": 2},
     "tiled4": {"group": 0, "sub": 4},

@@ -35,11 +35,15 @@ NBISECT = 6  # band threshold bisection steps: DELTA / 64 resolution is plenty
 # but every bin costs instructions in each thread).
 NT = 32
 GROUP = 0  # chunks per band_multi_kernel program; 0 keeps the bisecting band_kernel
-LANES = 0  # band_lanes_kernel lanes per program (0: the kernels above)
-# band_lanes_kernel segments double (up to MAX_TILES tiles) while a launch keeps at least
-# this many programs: B = 1 spreads a row over the SMs, large batches amortise each
-# program's end-of-segment cut over more tokens.
+# band_lanes_kernel, the default pass 1: 512 lanes (2 per thread). Timed on the H200 from
+# graph replays at V=151936 (bench_kernels.py --split): B=128 fp32 43.8 us (floor 29.1,
+# band_kernel 162), B=1 9.3 us with 2048-token segments (floor 6.0).
+LANES = 512
+# Segments double (up to MAX_TILES tiles) while the launch keeps LANE_PROGRAMS programs or the
+# row keeps ROW_SEGMENTS segments: large batches amortise each program's end-of-segment cut
+# over more tokens (16384 at B=128, V=151936), B=1 still spreads its row over the SMs
 LANE_PROGRAMS = 1024
+ROW_SEGMENTS = 64
 MAX_TILES = 64
 TOPS = 0  # band_multi_kernel candidates: 0 any token, 2 the two tops of each thread's column
 RESOLVE_BISECT = 8  # threshold steps picking a tier's best candidates
@@ -107,9 +111,18 @@ def band_config(
 def lanes_segment(vocab: int, lanes: int, batch: int) -> int:
     """Tokens per band_lanes_kernel program: a power-of-two number of tiles of lanes."""
     tiles = 1
-    while tiles < MAX_TILES and batch * triton.cdiv(vocab, 2 * tiles * lanes) >= LANE_PROGRAMS:
+    while tiles < MAX_TILES:
+        segments = triton.cdiv(vocab, 2 * tiles * lanes)  # per row, after doubling
+        if batch * segments < LANE_PROGRAMS and segments < ROW_SEGMENTS:
+            break
         tiles *= 2
     return tiles * lanes
+
+
+def max_chunks(vocab: int, cfg: BandConfig) -> int:
+    """The most chunks any batch size gives this vocabulary under cfg's kind of pass 1, so
+    resolve_kernel's block of chunk statistics (a compile-time size) does not change with B."""
+    return triton.cdiv(vocab, cfg.lanes) if cfg.lanes else cfg.n_chunks
 
 
 def launch_band(
@@ -253,9 +266,9 @@ def sample_triton(
         cfg.n_chunks,
         inp.max_mask_tokens,
         cap,
-        NCAND=cfg.ncand,
+        cfg.ncand,
         CAND_BLOCK=cand_block,
-        NCH_BLOCK=triton.next_power_of_2(cfg.n_chunks),
+        NCH_BLOCK=triton.next_power_of_2(max(cfg.n_chunks, max_chunks(vocab, cfg))),
         T1=t1,
         T2=t2,
         CAP_BLOCK=cap_block,

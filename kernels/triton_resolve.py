@@ -63,7 +63,7 @@ def resolve_kernel(
     n_chunks,
     max_mask,
     cap,
-    NCAND: tl.constexpr,
+    ncand,  # candidate slots per row (a runtime value: one compile serves every batch size)
     CAND_BLOCK: tl.constexpr,
     NCH_BLOCK: tl.constexpr,
     T1: tl.constexpr,
@@ -106,9 +106,9 @@ def resolve_kernel(
     scratch = scratch_ptr + row * (T1 + T2 + CAP_BLOCK)
 
     pos = tl.arange(0, CAND_BLOCK)
-    cand = row * NCAND + pos
-    x_c = tl.load(cand_x_ptr + cand, mask=pos < NCAND, other=float("-inf"))
-    ids_c = tl.load(cand_id_ptr + cand, mask=pos < NCAND, other=0).to(tl.int64)
+    cand = row * ncand + pos
+    x_c = tl.load(cand_x_ptr + cand, mask=pos < ncand, other=float("-inf"))
+    ids_c = tl.load(cand_id_ptr + cand, mask=pos < ncand, other=0).to(tl.int64)
     z_all = scale(x_c, temp)  # exact z for the candidates only
     keys = tl.where(z_all > float("-inf"), pack_key(z_all, ids_c), EMPTY_KEY)
     listed = z_all > d_max  # every token with z > d_max is a candidate
