@@ -75,9 +75,15 @@ def decide(keys, d_max, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, BLOCK: 
     # IEEE division: dyadic boundaries (e.g. 55 / 110 == 0.5) must compare exactly.
     frac = tl.math.div_rn(before, tl.zeros_like(before) + z_norm)
     cut_p = tl.sum((listed & (frac < top_p)).to(tl.int64), axis=0)
-    next_kept = tl.math.div_rn(tl.sum(mass, axis=0), z_norm) < top_p
-    cut_p = tl.where(complete | (cut_p < n_listed) | ~next_kept, cut_p, big)
+    # top-k reaching past the listed tokens (a peaked row: fewer than k tokens in the band):
+    # the top-k mass is unknown but bounded, z_norm <= z_k <= z_hi, since each unlisted
+    # token has z <= d_max. The cut is decided when both bounds give it.
     p_blind = p_on & k_on & ~k_known
+    z_hi = z_norm + tl.where(p_blind, (k - n_listed).to(tl.float32), 0.0) * tl.exp(d_max - z_max)
+    frac_hi = tl.math.div_rn(before, tl.zeros_like(before) + z_hi)
+    p_blind = p_blind & (tl.sum((listed & (frac_hi < top_p)).to(tl.int64), axis=0) != cut_p)
+    next_kept = tl.math.div_rn(tl.sum(mass, axis=0), z_hi) < top_p
+    cut_p = tl.where(complete | (cut_p < n_listed) | ~next_kept, cut_p, big)
     min_p64 = min_p.to(tl.float64)
     rel = tl.exp(z.to(tl.float64) - z_max.to(tl.float64))
     cut_m = tl.sum((listed & (rel >= min_p64)).to(tl.int64), axis=0)

@@ -102,6 +102,31 @@ print(json.dumps(out))
 """
 
 
+PEAKED = """
+# Confident rows: one or two tokens far above the rest, so fewer than k = 50 tokens lie in
+# the band. top-k + top-p decides from bounds on the top-k mass instead of falling back.
+vocab = 1000
+g = torch.Generator().manual_seed(5)
+x = torch.randn(6, vocab, generator=g)
+x[0, 17] = 30.0
+x[1, 3] = 30.0; x[1, 900] = 29.0
+x[2, 500] = 25.0; x[2, 501] = 25.0
+x[3, 40] = 30.0; x[3, 41] = 27.0
+x[4, 999] = 40.0
+x[5, 0] = 18.0
+b = x.shape[0]
+temp = torch.ones(b)
+k = torch.full((b,), 50, dtype=torch.int32)
+p = torch.tensor([0.9, 0.9, 0.6, 0.99, 0.5, 0.95])
+mp = torch.zeros(b)
+want = torch.ones(b, dtype=torch.bool)
+tri, cpu = both(x, temp, k, p, mp, want, 64, lanes=LANES)
+ref = reference(x, temp, k, p, mp)
+rep = check_result(tri, ref, want, None, 64)
+print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
+                  "sizes": tri.support_sizes.tolist(), "cpu_sizes": cpu.support_sizes.tolist()}))
+"""
+
 TILED = """
 from kernels.triton_path import launch_band
 vocab = 700
@@ -245,3 +270,11 @@ def test_interpreted_edge_rows_match_torch_path(lanes: int) -> None:
     assert out["masks"][0][0] == [0]
     assert out["logprob_close"]
     assert out["alone"][0] == out["alone"][1]
+
+
+@pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
+def test_confident_rows_decide_top_k_top_p_without_fallback(lanes: int) -> None:
+    out = interpret(f"LANES = {lanes}\n" + PEAKED)
+    assert out["ok"], out["errors"]
+    assert out["fallback"] == [False] * 6
+    assert out["sizes"] == out["cpu_sizes"]
