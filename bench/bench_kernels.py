@@ -38,40 +38,27 @@ SETTINGS = {  # name: (top_k, top_p, min_p)
 ALPHA = 1.6
 CAP = 4096
 N_BUFFERS = 4
-# Pass-1 variants (band_config keyword arguments): the bisecting band_kernel, the tiled one,
-# and band_multi_kernel with a chunk size and chunks per program, any token (m) or only the
-# two tops of each column (t) as candidates.
+# Pass-1 variants (band_config keyword arguments): the default (band_lanes_kernel, segments
+# by batch), the older band_kernel, lanes (l<lanes>), explicit segment sizes (s<tokens>) and
+# resolve_kernel warps (r<warps>).
 VARIANTS = {
     "default": {},
-    "bisect": {"group": 0},
-    "tiled2": {"group": 0, "sub": 2},
-    "tiled4": {"group": 0, "sub": 4},
-    "m2048g1": {"chunk": 2048, "group": 1},
-    "m2048g2": {"chunk": 2048, "group": 2},
-    "m2048g4": {"chunk": 2048, "group": 4},
-    "m4096g1": {"chunk": 4096, "group": 1},
-    "m4096g2": {"chunk": 4096, "group": 2},
-    "t2048g1": {"chunk": 2048, "group": 1, "tops": 2},
-    "t4096g1": {"chunk": 4096, "group": 1, "tops": 2},
-    "t4096g2": {"chunk": 4096, "group": 2, "tops": 2},
-    # band_lanes_kernel: lanes, tokens per program (default: by batch, LANE_PROGRAMS), and
-    # resolve_kernel's warps (r; default by candidate count).
+    "bisect": {"lanes": 0},
     "l256": {"lanes": 256},
     "l512": {"lanes": 512},
     "l1024": {"lanes": 1024},
     "l2048": {"lanes": 2048},
+    "l512s2k": {"lanes": 512, "chunk": 2048},
+    "l512s8k": {"lanes": 512, "chunk": 8192},
+    "l512s32k": {"lanes": 512, "chunk": 32768},
     "l1024s4k": {"lanes": 1024, "chunk": 4096},
     "l1024s16k": {"lanes": 1024, "chunk": 16384},
     "l1024s32k": {"lanes": 1024, "chunk": 32768},
     "l1024s64k": {"lanes": 1024, "chunk": 65536},
     "l2048s64k": {"lanes": 2048, "chunk": 65536},
-    "l512s2k": {"lanes": 512, "chunk": 2048},
     "l256s4k": {"lanes": 256, "chunk": 4096},
-    "l1024r1": {"lanes": 1024, "resolve_warps": 1},
-    "l1024r2": {"lanes": 1024, "resolve_warps": 2},
-    "l1024r4": {"lanes": 1024, "resolve_warps": 4},
-    "bisectr2": {"group": 0, "resolve_warps": 2},
-    "bisectr4": {"group": 0, "resolve_warps": 4},
+    "r2": {"resolve_warps": 2},
+    "r4": {"resolve_warps": 4},
 }
 
 

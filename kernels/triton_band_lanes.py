@@ -1,9 +1,10 @@
 """Pass 1 with per-lane streaming tops: the contract of triton_band.band_kernel with no
 block-wide work inside the read loop.
 
-Why: band_kernel and band_multi_kernel reduce, scan and cut once per 2048-token chunk; each
-block-wide phase costs an SM a few hundred cycles that the loads cannot hide, so pass 1 ran
-at 5-6x a plain read of the logits on the H200. Here a program owns a segment of SEG tokens
+Why: band_kernel reduces, bisects, scans and cuts once per 2048-token chunk (23 block-wide
+barriers per chunk against 3 for a plain read); each phase costs an SM a few hundred cycles
+that the loads cannot hide, so it ran at 5.5x a plain read of the logits on the H200 (162 us
+against 29 at B=128, V=151936, fp32; this kernel: 43.8 us). Here a program owns a segment of SEG tokens
 (many tiles of W) and every lane (one position of the [W] tile, a few per thread) streams
 down its column with elementwise work only:
 

@@ -1,8 +1,10 @@
 """The CUDA sampler: three Triton launches, no host synchronisation, no full vocabulary sort.
 
-  band_kernel     (B, n_chunks)  the one full read of the logits: chunk stats + candidates
-  resolve_kernel  (B,)           sort candidates, decide S (or bisect: fallback), draw, slots
-  emit_kernel     (R,)           pack the slots as CSR
+  band_lanes_kernel (B, n_chunks)  the one full read of the logits: per-segment stats and
+                                   candidates (band_kernel, one program per 2048-token chunk,
+                                   is the older pass 1: same contract, kept as a reference)
+  resolve_kernel    (B,)           sort candidates, decide S (or bisect: fallback), draw, slots
+  emit_kernel       (R,)           pack the slots as CSR
 
 The only host-side inputs are shapes and want_mask (a CPU tensor: it sizes the outputs).
 """
@@ -18,34 +20,25 @@ from kernels.inputs import SampleInputs
 from kernels.result import SampleResult
 from kernels.triton_band import band_kernel
 from kernels.triton_band_lanes import band_lanes_kernel
-from kernels.triton_band_multi import band_multi_kernel
-from kernels.triton_band_tiled import band_tiled_kernel
 from kernels.triton_emit import emit_kernel
 from kernels.triton_resolve import resolve_kernel
 
-# Logits per band program. 2048 over 8 warps is 8 per thread: few registers, so several
-# programs share an SM and hide each other's load latency (4096 ran at 5x the floor).
-CHUNK_MAX = 2048
+CHUNK_MAX = 2048  # band_kernel's tokens per program
 BAND_WARPS = 8
 CAND_TARGET = 2048  # candidate keys per row that pass 1 keeps (at most)
 KC_MIN = 16
 DELTA = 12.0  # band depth below each chunk max, in nats (exp(-12) = 6e-6)
 NBISECT = 6  # band threshold bisection steps: DELTA / 64 resolution is plenty
-# band_multi_kernel's histogram: NT - 2 levels over DELTA (0.4 nats each; bisection had 0.19,
-# but every bin costs instructions in each thread).
-NT = 32
-GROUP = 0  # chunks per band_multi_kernel program; 0 keeps the bisecting band_kernel
 # band_lanes_kernel, the default pass 1: 512 lanes (2 per thread). Timed on the H200 from
 # graph replays at V=151936 (bench_kernels.py --split): B=128 fp32 43.8 us (floor 29.1,
 # band_kernel 162), B=1 9.3 us with 2048-token segments (floor 6.0).
 LANES = 512
 # Segments double (up to MAX_TILES tiles) while the launch keeps LANE_PROGRAMS programs or the
 # row keeps ROW_SEGMENTS segments: large batches amortise each program's end-of-segment cut
-# over more tokens (16384 at B=128, V=151936), B=1 still spreads its row over the SMs
+# over more tokens (16384 at B=128, V=151936), B=1 still spreads its row over the SMs.
 LANE_PROGRAMS = 1024
 ROW_SEGMENTS = 64
 MAX_TILES = 64
-TOPS = 0  # band_multi_kernel candidates: 0 any token, 2 the two tops of each thread's column
 RESOLVE_BISECT = 8  # threshold steps picking a tier's best candidates
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
 FB_BLOCK = 2048
@@ -55,14 +48,10 @@ MAX_CAP = 16384
 
 @dataclass(frozen=True)
 class BandConfig:
-    chunk: int
-    kc: int
+    chunk: int  # tokens per pass-1 program (a segment of band_lanes_kernel)
+    kc: int  # candidate slots per chunk
     n_chunks: int
-    sub: int = 1  # chunks per pass-1 program; > 1 takes band_tiled_kernel
-    group: int = 0  # > 0: band_multi_kernel with this many chunks per program (wins over sub)
-    width: int = 32 * BAND_WARPS  # band_multi_kernel's tile width (tests shrink it)
-    tops: int = 0  # band_multi_kernel: 2 = only the two largest tokens of each column compete
-    lanes: int = 0  # > 0: band_lanes_kernel, this many lanes, chunk = tokens per program
+    lanes: int = 0  # > 0: band_lanes_kernel with this many lanes; 0: band_kernel
     resolve_warps: int = 0  # resolve_kernel's warps; 0 picks by candidate count
 
     @property
@@ -74,15 +63,15 @@ def band_config(
     vocab: int,
     chunk: int | None = None,
     kc: int | None = None,
-    sub: int = 1,
-    group: int | None = None,
-    width: int | None = None,
-    tops: int | None = None,
     lanes: int | None = None,
     batch: int = 1,
     resolve_warps: int = 0,
 ) -> BandConfig:
-    """Chunk size and candidates per chunk for a vocabulary (tests shrink them)."""
+    """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
+
+    The segment of band_lanes_kernel grows with the batch, so a worker meets a few configs
+    (powers of two of tiles) per vocabulary; each compiles its own pass 1 once.
+    """
     lanes = LANES if lanes is None else lanes
     if lanes and chunk is None:
         lanes = min(lanes, triton.next_power_of_2(vocab))
@@ -92,17 +81,10 @@ def band_config(
     if kc is None:
         per_chunk = max(KC_MIN, CAND_TARGET // n_chunks)
         kc = min(chunk, 1 << (per_chunk.bit_length() - 1))  # a power of two for tl.arange
-    group = GROUP if group is None else group
-    width = min(chunk, width or 32 * BAND_WARPS)
-    tops = TOPS if tops is None else tops
     return BandConfig(
         chunk=chunk,
         kc=kc,
         n_chunks=n_chunks,
-        sub=sub,
-        group=group,
-        width=width,
-        tops=tops,
         lanes=min(lanes, chunk),
         resolve_warps=resolve_warps,
     )
@@ -136,41 +118,16 @@ def launch_band(
     cfg: BandConfig,
     nbisect: int = NBISECT,
 ) -> None:
-    """Pass 1: one program per chunk (band_kernel), per tile of cfg.sub chunks, or per
-    cfg.group chunks with the histogram cut (band_multi_kernel)."""
+    """Pass 1: one program per segment (band_lanes_kernel) or per chunk (band_kernel)."""
     batch, vocab = x.shape
     common = (x, temperature, cand_x, cand_id, m_c, s_c, d_c, x.stride(0), vocab, cfg.n_chunks)
+    consts = {"KC": cfg.kc, "DELTA": DELTA, "NBISECT": nbisect}
     if cfg.lanes > 0:
         band_lanes_kernel[(batch, cfg.n_chunks)](
-            *common,
-            SEG=cfg.chunk,
-            W=cfg.lanes,
-            KC=cfg.kc,
-            DELTA=DELTA,
-            NBISECT=nbisect,
-            num_warps=BAND_WARPS,
+            *common, SEG=cfg.chunk, W=cfg.lanes, **consts, num_warps=BAND_WARPS
         )
-        return
-    if cfg.group > 0:
-        grid = (batch, triton.cdiv(cfg.n_chunks, cfg.group))
-        band_multi_kernel[grid](
-            *common,
-            G=cfg.group,
-            CHUNK=cfg.chunk,
-            W=cfg.width,
-            KC=cfg.kc,
-            DELTA=DELTA,
-            NT=NT,
-            TOPS=cfg.tops,
-            num_warps=BAND_WARPS,
-        )
-        return
-    consts = {"CHUNK": cfg.chunk, "KC": cfg.kc, "DELTA": DELTA, "NBISECT": nbisect}
-    if cfg.sub > 1:
-        grid = (batch, triton.cdiv(cfg.n_chunks, cfg.sub))
-        band_tiled_kernel[grid](*common, SUB=cfg.sub, **consts, num_warps=BAND_WARPS)
     else:
-        band_kernel[(batch, cfg.n_chunks)](*common, **consts, num_warps=BAND_WARPS)
+        band_kernel[(batch, cfg.n_chunks)](*common, CHUNK=cfg.chunk, **consts, num_warps=BAND_WARPS)
 
 
 def mask_index(want_mask: torch.Tensor, device: torch.device) -> torch.Tensor:

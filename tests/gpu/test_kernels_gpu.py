@@ -26,12 +26,7 @@ pytestmark = [
 VOCABS = [111, 1000, 32000, 151936, 262144]
 # Pass-1 variants run on their own (band_config keywords); the default is tested everywhere.
 PASS1 = {
-    "bisect": {"group": 0},
-    "m2048g1": {"chunk": 2048, "group": 1},
-    "m2048g4": {"chunk": 2048, "group": 4},
-    "m4096g2": {"chunk": 4096, "group": 2},
-    "t2048g1": {"chunk": 2048, "group": 1, "tops": 2},
-    "t4096g2": {"chunk": 4096, "group": 2, "tops": 2},
+    "bisect": {"lanes": 0},
     "l1024": {"lanes": 1024},
     "l2048": {"lanes": 2048},
     "l1024s4k": {"lanes": 1024, "chunk": 4096},

@@ -30,12 +30,10 @@ from kernels.torch_path import sample_torch
 from kernels.triton_path import band_config, sample_triton
 from kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
-def both(logits, temp, k, p, mp, want, cap, seed=None, step=None, bounded=None, group=None,
-         tops=None, lanes=0):
+def both(logits, temp, k, p, mp, want, cap, seed=None, step=None, bounded=None, lanes=0):
     inp = check_inputs(logits, temp, k, p, mp, want, max_mask_tokens=cap, seed=seed,
                        step=step, bounded=bounded)
-    cfg = band_config(logits.shape[1], chunk=64, kc=8, group=group, width=16, tops=tops,
-                      lanes=lanes)
+    cfg = band_config(logits.shape[1], chunk=64, kc=8, lanes=lanes)
     return sample_triton(inp, cfg), sample_torch(inp)
 """
 
@@ -59,7 +57,7 @@ bounded = torch.arange(b) % 2 == 0
 seed = torch.arange(b, dtype=torch.int64) * 31
 step = torch.full((b,), 2, dtype=torch.int64)
 cap = 24
-tri, cpu = both(logits, temp, k, p, mp, want, cap, seed, step, bounded, GROUP, TOPS, LANES)
+tri, cpu = both(logits, temp, k, p, mp, want, cap, seed, step, bounded, LANES)
 ref = reference(logits, temp, k, p, mp)
 rep = check_result(tri, ref, want, bounded, cap)
 clear = ~ref.ambiguous
@@ -127,32 +125,7 @@ print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_r
                   "sizes": tri.support_sizes.tolist(), "cpu_sizes": cpu.support_sizes.tolist()}))
 """
 
-TILED = """
-from kernels.triton_path import launch_band
-vocab = 700
-g = torch.Generator().manual_seed(3)
-x = adversarial_logits(list(ADVERSARIAL_KINDS) * 2, vocab, g)
-x[0, 5] = float("nan")
-x[1, 9] = float("inf")
-b = x.shape[0]
-temp = torch.tensor([1.0, 0.0, 0.5, 2.0] * 3)
-outs = []
-for sub in (1, 4):
-    cfg = band_config(vocab, chunk=64, kc=8, sub=sub)
-    cx = torch.full((b, cfg.ncand), 7.0)
-    ci = torch.full((b, cfg.ncand), -5, dtype=torch.int32)
-    stats = [torch.full((b, cfg.n_chunks), 3.0) for _ in range(3)]
-    launch_band(x, temp, cx, ci, *stats, cfg)
-    outs.append([cx, ci] + [torch.nan_to_num(t, nan=1234.0) for t in stats])
-one, tiled = outs
-used = one[0] > float("-inf")
-same = torch.equal(one[0], tiled[0]) and torch.equal(one[1][used], tiled[1][used])
-same = same and all(torch.equal(a, c) for a, c in zip(one[2:], tiled[2:]))
-print(json.dumps({"same": same}))
-"""
-
-
-MULTI = """
+CONTRACT = """
 from kernels.triton_path import launch_band
 vocab = 700
 g = torch.Generator().manual_seed(3)
@@ -160,14 +133,14 @@ x = adversarial_logits(list(ADVERSARIAL_KINDS) * 2, vocab, g)
 x[0, 5] = float("nan")
 x[1, 9] = float("inf")
 x[2, 64:128] = 1.5  # chunk 1 of row 2: 59 tokens tie at its max (more than KC),
-x[2, 64:69] = 1.0   # the lowest of them (id 69) in column 5 of the 4 x 16 tile
+x[2, 64:69] = 1.0   # the lowest of them (id 69) in lane 5 of a 16-lane tile
 b = x.shape[0]
 temp = torch.tensor([1.0, 0.0, 0.5, 2.0] * 3)
 t = torch.where(temp < 1e-6, 1.0, temp)
 z = x / t[:, None]
 outs = {}
-for name, kw in [("ref", {"group": 0})] + TRIED:
-    cfg = band_config(vocab, chunk=64, kc=8, width=16, **kw)
+for name, kw in [("ref", {"lanes": 0})] + TRIED:
+    cfg = band_config(vocab, chunk=64, kc=8, **kw)
     cx = torch.full((b, cfg.ncand), 7.0)
     ci = torch.full((b, cfg.ncand), -5, dtype=torch.int32)
     stats = [torch.full((b, cfg.n_chunks), 3.0) for _ in range(3)]
@@ -217,46 +190,26 @@ def interpret(body: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize(
-    ("group", "tops", "lanes"),
-    [(0, 0, 0), (2, 0, 0), (2, 2, 0), (0, 0, 16)],
-    ids=["bisect", "multi", "multi_tops", "lanes"],
-)
-def test_interpreted_grid_matches_oracle_and_torch_path(group: int, tops: int, lanes: int) -> None:
-    out = interpret(f"GROUP = {group}\nTOPS = {tops}\nLANES = {lanes}\n" + GRID)
+@pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
+def test_interpreted_grid_matches_oracle_and_torch_path(lanes: int) -> None:
+    out = interpret(f"LANES = {lanes}\n" + GRID)
     assert out["ok"], out["errors"]
     assert out["rows"] == 24
     assert out["fallback"] > 0  # the shrunken band sends some rows down the bisection path
     assert out["same_tokens"] and out["same_sizes"]
 
 
-def test_tiled_pass_one_writes_what_the_chunked_one_does() -> None:
-    assert interpret(TILED)["same"]
-
-
-@pytest.mark.parametrize(
-    ("tried", "grouping_only"),
-    [
-        ('[("g1", {"group": 1}), ("g3", {"group": 3})]', True),
-        ('[("g1", {"group": 1, "tops": 2}), ("g3", {"group": 3, "tops": 2})]', True),
-        ('[("w16", {"lanes": 16}), ("w4", {"lanes": 4})]', False),
-    ],
-    ids=["multi", "multi_tops", "lanes"],
-)
-def test_other_pass_ones_keep_the_band_contract(tried: str, grouping_only: bool) -> None:
-    """band_multi_kernel (one and three chunks per program, 4 x 16 tiles; any token or only
-    the two tops of each column as candidates) and band_lanes_kernel (64-token segments of 16
-    or 4 lanes): same chunk max and sum as band_kernel, candidates are real (x, id) pairs, d_c
-    is exactly the largest z left out, and more than KC ties at a chunk max keep the lowest
-    id among those written. The lane count changes which lane tops compete, so the two lane
-    variants may write different (equally valid) candidates."""
-    out = interpret(f"TRIED = {tried}\n" + MULTI)
+def test_lanes_pass_one_keeps_the_band_contract() -> None:
+    """band_lanes_kernel (64-token segments of 16 or 4 lanes): same chunk max as band_kernel
+    and the same sum to rounding, candidates are real (x, id) pairs, d_c is exactly the
+    largest z left out, and more than KC ties at a segment max keep the lowest id among
+    those written. The lane count changes which lane tops compete, so the two may write
+    different (equally valid) candidates."""
+    out = interpret('TRIED = [("w16", {"lanes": 16}), ("w4", {"lanes": 4})]\n' + CONTRACT)
     assert out["stats_equal"] == [True, True]
     assert out["contract"] == [True, True]
     assert out["ties"] == [True, True]
     assert min(out["written"]) > 0
-    if grouping_only:  # chunks per program change nothing of what is written
-        assert out["written"][0] == out["written"][1]
 
 
 @pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
