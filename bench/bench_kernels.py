@@ -326,7 +326,8 @@ def main() -> None:
             print(
                 f"  {r['setting']}: sample/floor={r['sample_us'] / r['floor_us']:.2f} "
                 f"graph/floor={r['graph_us'] / r['floor_us']:.2f} "
-                f"sort/sample={r.get('sort_us', float('nan')) / r['sample_us']:.1f}"
+                f"sort/sample={r.get('sort_us', float('nan')) / r['sample_us']:.1f} "
+                f"sort/graph={r.get('sort_us', float('nan')) / r['graph_us']:.1f}"
             )
     b1 = [
         r["graph_us"]
