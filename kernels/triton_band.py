@@ -68,14 +68,54 @@ def band_kernel(
     n_written = tl.sum(write.to(tl.int32), axis=0)
     d = tl.max(tl.where(write, float("-inf"), x), axis=0)
 
-    base = (row * n_chunks + chunk) * KC
+    store_chunk(
+        cand_x_ptr,
+        cand_id_ptr,
+        m_ptr,
+        s_ptr,
+        d_ptr,
+        row * n_chunks + chunk,
+        KC,
+        x,
+        ids,
+        rank,
+        write,
+        n_written,
+        m,
+        s,
+        d,
+        t,
+    )
+
+
+@triton.jit
+def store_chunk(
+    cand_x_ptr,
+    cand_id_ptr,
+    m_ptr,
+    s_ptr,
+    d_ptr,
+    stat,
+    KC: tl.constexpr,
+    x,
+    ids,
+    rank,
+    write,
+    n_written,
+    m,
+    s,
+    d,
+    t,
+):
+    """Writes one chunk's part of the pass-1 contract: the candidates where `write` holds
+    (slot `rank`), -inf in the unused slots, and m_c, s_c, d_c (x-space maxima m and d)."""
+    base = stat * KC
     tl.store(cand_x_ptr + base + rank, x, mask=write)
     tl.store(cand_id_ptr + base + rank, ids, mask=write)
     slots = tl.arange(0, KC)
     tl.store(
         cand_x_ptr + base + slots, tl.full([KC], float("-inf"), tl.float32), mask=slots >= n_written
     )
-    stat = row * n_chunks + chunk
     # z = RN(x / T) is monotone in x, so the maxima map through one division each.
     tl.store(m_ptr + stat, tl.math.div_rn(m, t))
     tl.store(s_ptr + stat, s)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.triton_band import store_chunk
 from kernels.triton_common import GREEDY_T
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -134,15 +135,21 @@ def band_lanes_kernel(
     left = tl.max(tl.max(tl.where(write, float("-inf"), top), axis=1), axis=0)
     d_seg = tl.maximum(d_lanes, left)
 
-    base = (row * n_chunks + seg) * KC
-    tl.store(cand_x_ptr + base + rank, top, mask=write)
-    tl.store(cand_id_ptr + base + rank, ids, mask=write)
-    slots = tl.arange(0, KC)
-    tl.store(
-        cand_x_ptr + base + slots, tl.full([KC], float("-inf"), tl.float32), mask=slots >= n_written
+    store_chunk(
+        cand_x_ptr,
+        cand_id_ptr,
+        m_ptr,
+        s_ptr,
+        d_ptr,
+        row * n_chunks + seg,
+        KC,
+        top,
+        ids,
+        rank,
+        write,
+        n_written,
+        m,
+        s_sum,
+        d_seg,
+        t,
     )
-    stat = row * n_chunks + seg
-    # z = RN(x / T) is monotone in x, so the maxima map through one division each.
-    tl.store(m_ptr + stat, tl.math.div_rn(m, t))
-    tl.store(s_ptr + stat, s_sum)
-    tl.store(d_ptr + stat, tl.math.div_rn(d_seg, t))
