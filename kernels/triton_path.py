@@ -38,6 +38,11 @@ LANES = 512
 # over more tokens (16384 at B=128, V=151936), B=1 still spreads its row over the SMs.
 LANE_PROGRAMS = 1024
 ROW_SEGMENTS = 64
+# 16-bit logits: 2 lanes per thread would load only 4 bytes a thread per tile, too few bytes
+# in flight (60.4 us at B=128 bf16 against 43.8 in fp32); 4 lanes per thread and longer
+# segments (65536 tokens at B=128, V=151936) timed 44.3 us.
+LANES_16 = 1024
+LANE_PROGRAMS_16 = 256
 MAX_TILES = 64
 RESOLVE_BISECT = 8  # threshold steps picking a tier's best candidates
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
@@ -66,16 +71,19 @@ def band_config(
     lanes: int | None = None,
     batch: int = 1,
     resolve_warps: int = 0,
+    itemsize: int = 4,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
     The segment of band_lanes_kernel grows with the batch, so a worker meets a few configs
     (powers of two of tiles) per vocabulary; each compiles its own pass 1 once.
     """
-    lanes = LANES if lanes is None else lanes
+    wide = itemsize >= 4
+    if lanes is None:
+        lanes = LANES if wide else LANES_16
     if lanes and chunk is None:
         lanes = min(lanes, triton.next_power_of_2(vocab))
-        chunk = lanes_segment(vocab, lanes, batch)
+        chunk = lanes_segment(vocab, lanes, batch, LANE_PROGRAMS if wide else LANE_PROGRAMS_16)
     chunk = chunk or min(CHUNK_MAX, triton.next_power_of_2(vocab))
     n_chunks = triton.cdiv(vocab, chunk)
     if kc is None:
@@ -90,12 +98,12 @@ def band_config(
     )
 
 
-def lanes_segment(vocab: int, lanes: int, batch: int) -> int:
+def lanes_segment(vocab: int, lanes: int, batch: int, programs: int = LANE_PROGRAMS) -> int:
     """Tokens per band_lanes_kernel program: a power-of-two number of tiles of lanes."""
     tiles = 1
     while tiles < MAX_TILES:
         segments = triton.cdiv(vocab, 2 * tiles * lanes)  # per row, after doubling
-        if batch * segments < LANE_PROGRAMS and segments < ROW_SEGMENTS:
+        if batch * segments < programs and segments < ROW_SEGMENTS:
             break
         tiles *= 2
     return tiles * lanes
@@ -157,7 +165,7 @@ def sample_triton(
     x = inp.logits
     batch, vocab = x.shape
     dev = x.device
-    cfg = config or band_config(vocab, batch=batch)
+    cfg = config or band_config(vocab, batch=batch, itemsize=x.element_size())
     cap = min(inp.max_mask_tokens, vocab)
     if cap > MAX_CAP:
         raise ValueError(

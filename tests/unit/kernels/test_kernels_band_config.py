@@ -1,0 +1,38 @@
+"""Pass-1 shapes chosen by band_config: valid for every vocabulary, batch size and dtype the
+sampler meets, and few enough per vocabulary that a worker can compile them all at start."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")  # the worker extra installs it; a gateway-only checkout has none
+
+from kernels.triton_path import CAND_TARGET, MAX_TILES, band_config, max_chunks
+
+VOCABS = [111, 1000, 32000, 128256, 151936, 262144]
+
+
+def is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@pytest.mark.parametrize("itemsize", [2, 4])
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_default_shapes_are_valid_for_every_batch(vocab: int, itemsize: int) -> None:
+    shapes = set()
+    for batch in range(1, 1025):
+        cfg = band_config(vocab, batch=batch, itemsize=itemsize)
+        assert cfg.lanes > 0 and is_pow2(cfg.lanes)  # tl.arange sizes
+        assert cfg.chunk % cfg.lanes == 0 and cfg.chunk // cfg.lanes <= MAX_TILES
+        assert cfg.n_chunks * cfg.chunk >= vocab > (cfg.n_chunks - 1) * cfg.chunk
+        assert is_pow2(cfg.kc) and cfg.kc <= cfg.chunk
+        assert cfg.ncand <= 2 * CAND_TARGET  # resolve_kernel loads them in one block
+        assert cfg.n_chunks <= max_chunks(vocab, cfg)  # resolve's stats block fits
+        shapes.add((cfg.chunk, cfg.kc))
+    assert len(shapes) <= 8  # one pass-1 compile each
+
+
+def test_longer_segments_for_larger_batches_and_16_bit_logits() -> None:
+    one, many = (band_config(151936, batch=b).chunk for b in (1, 128))
+    assert one < many
+    assert band_config(151936, batch=128, itemsize=2).lanes > band_config(151936, batch=128).lanes
