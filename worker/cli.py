@@ -67,6 +67,9 @@ def build_worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-memory-gb", type=float, metavar="GB", help="KV cache budget")
     p.add_argument("--max-prefill-tokens", type=int, metavar="N", help="prefill chunk (2048)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="eager decode on CUDA")
+    p.add_argument(
+        "--no-fused-kernels", action="store_true", help="torch layers instead of Triton on CUDA"
+    )
     p.add_argument("--mask-impl", choices=["kernel", "sort_all_rows"], help="default kernel")
     p.add_argument("--cpu-threads", type=int, metavar="N", help="torch threads (all cores)")
     p.add_argument("--shutdown-grace-s", type=float, metavar="S", help="drain time (60)")
@@ -79,6 +82,8 @@ def worker_overrides(args: argparse.Namespace) -> dict[str, Any]:
     out = {k: v for k, v in vars(args).items() if k not in ("config", "check_config")}
     if out.pop("no_cuda_graphs", False):
         out["cuda_graphs"] = False
+    if out.pop("no_fused_kernels", False):
+        out["fused_kernels"] = False
     return out
 
 

@@ -41,6 +41,9 @@ class WorkerConfig(BaseModel):
     max_num_seqs: int = Field(64, ge=1)  # sequences decoding at once
     max_prefill_tokens: int = Field(2048, ge=1)  # prompt tokens fed per step (chunk size)
     cuda_graphs: bool = True  # capture decode batch buckets as CUDA graphs (CUDA only)
+    # The Triton kernels of worker/model (fused norm, rope + KV store, SiLU-mul, decode
+    # attention) on CUDA; false: the torch path, the before/after switch (CUDA only).
+    fused_kernels: bool = True
     # torch intra-op threads (CPU compute); None: torch's default (all cores). Several
     # workers on one machine must split the cores: oversubscribed OpenMP threads made a
     # CPU decode step up to 10x slower.

@@ -53,6 +53,7 @@ def load_backend(config: WorkerConfig) -> Backend:
         kv_cache_bytes=None if config.kv_memory_gb is None else int(config.kv_memory_gb * 2**30),
         max_mask_tokens=config.max_mask_tokens,
         cuda_graphs=config.cuda_graphs,
+        fused_kernels=config.fused_kernels,
         mask_impl=config.mask_impl,
     )
     log.info(

@@ -56,3 +56,42 @@ def test_bad_worker_config_names_the_field(capsys: pytest.CaptureFixture[str]) -
     assert "max_num_seqs" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="max_mask_tokns"):
         load_config(overrides={"max_mask_tokns": 5}, env={})
+
+
+def test_fused_kernels_switch_from_file_env_and_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert load_config(env={}).fused_kernels is True  # the CUDA default
+    cfg = tmp_path / "worker.yaml"
+    cfg.write_text("fused_kernels: false\n")
+    assert load_config(file=cfg, env={}).fused_kernels is False
+    # file < environment
+    env = {"MASKGATE_WORKER_FUSED_KERNELS": "true"}
+    assert load_config(file=cfg, env=env).fused_kernels is True
+    # environment < flag
+    monkeypatch.setenv("MASKGATE_WORKER_FUSED_KERNELS", "true")
+    assert main(["worker", "--no-fused-kernels", "--check-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["fused_kernels"] is False
+    # a typed key: a value that is no bool names the field
+    with pytest.raises(ConfigError, match="fused_kernels"):
+        load_config(env={"MASKGATE_WORKER_FUSED_KERNELS": "sometimes"})
+
+
+def test_fused_kernels_reaches_the_model_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    import worker.runner
+    from worker.server.backend import load_backend
+
+    seen: list[object] = []
+    real = worker.runner.ModelRunner
+
+    def recording_runner(*args: object, **kw: object) -> object:
+        seen.append(kw.get("fused_kernels"))
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker.runner, "ModelRunner", recording_runner)
+    for flag in (False, True):
+        config = load_config(
+            overrides={"device": "cpu", "fused_kernels": flag, "max_model_len": 64}, env={}
+        )
+        load_backend(config)
+    assert seen == [False, True]
