@@ -11,39 +11,93 @@ from typing import Any
 
 import torch
 
+import kernels
 from kernels.result import STATUS_OVERFLOW
 from worker.batch import RowResult, RowWork
 
 SampleFn = Callable[..., Any]  # kernels.sample or worker.sort_all.sample_sort_all_rows
 
 
+# Batch sizes whose every sampler variant (seeded, unseeded, with and without masks) is
+# compiled at start: Triton specialises integer arguments equal to 1 or divisible by 16.
+SMALL_BATCHES = (1, 2, 16)
+
+
 @torch.inference_mode()
 def warm_up_sampler(
-    sample_fn: SampleFn, vocab_size: int, device: torch.device, max_mask_tokens: int
+    sample_fn: SampleFn,
+    vocab_size: int,
+    device: torch.device,
+    max_mask_tokens: int,
+    max_batch: int,
 ) -> None:
-    """Compile the sampler's Triton variants before traffic arrives. Triton specialises
-    on integer arguments equal to 1 or divisible by 16, so a batch of 1, of 2 and of 16
-    rows each compile their own kernels; compiled mid-traffic, that stalls every stream
-    of the worker for tens of seconds."""
-    v = vocab_size
-    for b in (1, 2, 16):
-        logits = torch.randn(b, v, device=device, dtype=torch.float32)
-        rows = torch.ones(b, device=device)
+    """Compile the sampler's Triton variants before traffic arrives; compiled mid-traffic, a
+    variant stalls every stream of the worker for seconds.
+
+    SMALL_BATCHES run every variant of sample_fn. Then `kernels.sample` (the baseline sends
+    its mask-free batches there too) runs once seeded and once unseeded, every row asking for
+    a mask, at each size of `warm_up_batches(vocab_size, max_batch)`: its pass 1 has a config
+    per batch range, and its resolve kernel specialises on that config's chunk count.
+    """
+    for b in SMALL_BATCHES:
         for want, seeded in ((True, True), (False, False), (True, False)):
-            ids = torch.arange(b, device=device, dtype=torch.int64)
-            sample_fn(
-                logits,
-                rows.clone(),
-                torch.full((b,), 50, device=device, dtype=torch.int32),
-                rows * 0.9,
-                rows * 0.0,
-                torch.full((b,), want, dtype=torch.bool),
-                max_mask_tokens=max_mask_tokens,
-                seed=ids if seeded else None,
-                step=ids.clone() if seeded else None,
-                bounded=torch.zeros(b, device=device, dtype=torch.bool),
-            )
-    torch.cuda.synchronize(device)
+            _warm_call(sample_fn, b, vocab_size, device, max_mask_tokens, want, seeded)
+    covered = SMALL_BATCHES if sample_fn is kernels.sample else ()
+    for b in warm_up_batches(vocab_size, max_batch):
+        if b not in covered:
+            for seeded in (True, False):
+                _warm_call(kernels.sample, b, vocab_size, device, max_mask_tokens, True, seeded)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def warm_up_batches(vocab_size: int, max_batch: int) -> list[int]:
+    """Batch sizes that meet every compiled variant of kernels.sample's CUDA path for batches of
+    1..max_batch rows, all rows asking for masks (ascending, few: ~10 for max_batch 256).
+
+    Two things vary with the batch: pass 1's `band_config(vocab, batch=B)` (a handful of
+    configs, in power-of-two steps of B) and the emit kernel's block over the mask rows
+    (next power of two of their count). The powers of two up to max_batch, and max_batch
+    itself, give every emit block; each config none of them meets adds its smallest B.
+    """
+    from kernels.triton_path import band_config  # triton: only needed on CUDA
+
+    batches = {1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch}
+    batches.add(max_batch)
+    seen = {band_config(vocab_size, batch=b) for b in batches}
+    for b in range(1, max_batch + 1):
+        cfg = band_config(vocab_size, batch=b)
+        if cfg not in seen:
+            seen.add(cfg)
+            batches.add(b)
+    return sorted(batches)
+
+
+def _warm_call(
+    sample_fn: SampleFn,
+    b: int,
+    vocab_size: int,
+    device: torch.device,
+    max_mask_tokens: int,
+    want: bool,
+    seeded: bool,
+) -> None:
+    """One sampler call over [b, vocab_size] random float32 logits (the runner's logits dtype)."""
+    logits = torch.randn(b, vocab_size, device=device, dtype=torch.float32)
+    rows = torch.ones(b, device=device)
+    ids = torch.arange(b, device=device, dtype=torch.int64)
+    sample_fn(
+        logits,
+        rows.clone(),
+        torch.full((b,), 50, device=device, dtype=torch.int32),
+        rows * 0.9,
+        rows * 0.0,
+        torch.full((b,), want, dtype=torch.bool),
+        max_mask_tokens=max_mask_tokens,
+        seed=ids if seeded else None,
+        step=ids.clone() if seeded else None,
+        bounded=torch.zeros(b, device=device, dtype=torch.bool),
+    )
 
 
 def sample_rows(

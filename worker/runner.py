@@ -92,7 +92,10 @@ class ModelRunner:
             else None
         )
         if self.device.type == "cuda":
-            warm_up_sampler(self.sample_fn, self.vocab_size, self.device, max_mask_tokens)
+            # Every sampling row holds its own KV slot: at most max_num_slots rows a step.
+            warm_up_sampler(
+                self.sample_fn, self.vocab_size, self.device, max_mask_tokens, self.max_num_slots
+            )
             if self.fused:
                 self._warm_up_fused()
 
