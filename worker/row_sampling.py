@@ -21,6 +21,8 @@ SampleFn = Callable[..., Any]  # kernels.sample or worker.sort_all.sample_sort_a
 # Batch sizes whose every sampler variant (seeded, unseeded, with and without masks) is
 # compiled at start: Triton specialises integer arguments equal to 1 or divisible by 16.
 SMALL_BATCHES = (1, 2, 16)
+# The runner's logits dtype (LlamaForCausalLM.compute_logits): pass 1's config depends on it.
+LOGITS_DTYPE = torch.float32
 
 
 @torch.inference_mode()
@@ -55,18 +57,20 @@ def warm_up_batches(vocab_size: int, max_batch: int) -> list[int]:
     """Batch sizes that meet every compiled variant of kernels.sample's CUDA path for batches of
     1..max_batch rows, all rows asking for masks (ascending, few: ~10 for max_batch 256).
 
-    Two things vary with the batch: pass 1's `band_config(vocab, batch=B)` (a handful of
-    configs, in power-of-two steps of B) and the emit kernel's block over the mask rows
-    (next power of two of their count). The powers of two up to max_batch, and max_batch
-    itself, give every emit block; each config none of them meets adds its smallest B.
+    Two things vary with the batch: pass 1's `band_config(vocab, batch=B)` for LOGITS_DTYPE
+    (a handful of configs, in power-of-two steps of B) and the emit kernel's block over the
+    mask rows (next power of two of their count). The powers of two up to max_batch, and
+    max_batch itself, give every emit block; each config none of them meets adds its
+    smallest B.
     """
     from kernels.triton_path import band_config  # triton: only needed on CUDA
 
     batches = {1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch}
     batches.add(max_batch)
-    seen = {band_config(vocab_size, batch=b) for b in batches}
+    itemsize = LOGITS_DTYPE.itemsize
+    seen = {band_config(vocab_size, batch=b, itemsize=itemsize) for b in batches}
     for b in range(1, max_batch + 1):
-        cfg = band_config(vocab_size, batch=b)
+        cfg = band_config(vocab_size, batch=b, itemsize=itemsize)
         if cfg not in seen:
             seen.add(cfg)
             batches.add(b)
@@ -82,8 +86,8 @@ def _warm_call(
     want: bool,
     seeded: bool,
 ) -> None:
-    """One sampler call over [b, vocab_size] random float32 logits (the runner's logits dtype)."""
-    logits = torch.randn(b, vocab_size, device=device, dtype=torch.float32)
+    """One sampler call over [b, vocab_size] random logits of the runner's dtype."""
+    logits = torch.randn(b, vocab_size, device=device, dtype=LOGITS_DTYPE)
     rows = torch.ones(b, device=device)
     ids = torch.arange(b, device=device, dtype=torch.int64)
     sample_fn(

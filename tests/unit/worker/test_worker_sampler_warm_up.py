@@ -1,7 +1,7 @@
 """The sampler warm-up's plan: which batch sizes compile every variant of kernels.sample.
 
-The calls themselves compile Triton kernels only on CUDA (tests/gpu); here the plan is
-checked against kernels' own band_config and with a recording sampler on the CPU.
+The calls themselves compile Triton kernels only on CUDA; here the plan is checked against
+kernels' own band_config and with a recording sampler on the CPU.
 """
 
 from __future__ import annotations
@@ -13,7 +13,11 @@ import torch
 
 import kernels
 from kernels.triton_path import band_config
-from worker.row_sampling import SMALL_BATCHES, warm_up_batches, warm_up_sampler
+from worker.batch import RowWork
+from worker.row_sampling import LOGITS_DTYPE, SMALL_BATCHES, warm_up_batches, warm_up_sampler
+from worker.runner import ModelRunner
+
+ITEMSIZE = LOGITS_DTYPE.itemsize
 
 
 def next_pow2(n: int) -> int:
@@ -28,8 +32,8 @@ def test_warm_up_batches_meet_every_pass1_config_and_emit_block(vocab: int, max_
     batches = warm_up_batches(vocab, max_batch)
     assert batches == sorted(set(batches)) and 1 <= batches[0] <= batches[-1] <= max_batch
     every = range(1, max_batch + 1)
-    configs = {band_config(vocab, batch=b) for b in every}
-    assert {band_config(vocab, batch=b) for b in batches} == configs
+    configs = {band_config(vocab, batch=b, itemsize=ITEMSIZE) for b in every}
+    assert {band_config(vocab, batch=b, itemsize=ITEMSIZE) for b in batches} == configs
     # all rows ask for masks: the emit kernel's block is the next power of two of the rows
     assert {next_pow2(b) for b in batches} == {next_pow2(b) for b in every}
     # few: at most one size per config beyond the powers of two
@@ -38,7 +42,7 @@ def test_warm_up_batches_meet_every_pass1_config_and_emit_block(vocab: int, max_
 
 def test_warm_up_batches_for_qwen_vocab_at_256_rows() -> None:
     batches = warm_up_batches(151936, 256)
-    configs = {band_config(151936, batch=b) for b in range(1, 257)}
+    configs = {band_config(151936, batch=b, itemsize=ITEMSIZE) for b in range(1, 257)}
     assert 2 <= len(configs) <= 8  # pass 1 changes segment size with the batch
     assert len(batches) <= 10
     assert batches[0] == 1 and batches[-1] == 256
@@ -50,6 +54,7 @@ def test_warm_up_calls_kernels_sample_at_every_size_seeded_and_not(
     calls: list[tuple[int, bool, bool]] = []  # (rows, all rows ask for masks, seeded)
 
     def recording_sample(logits: torch.Tensor, *args: Any, **kw: Any) -> None:
+        assert logits.dtype == LOGITS_DTYPE  # the dtype warm_up_batches planned for
         want = args[4]
         calls.append((logits.shape[0], bool(want.all()), kw["seed"] is not None))
 
@@ -75,3 +80,9 @@ def test_warm_up_of_the_baseline_still_compiles_kernels_sample(
     )
     assert sorted(set(baseline)) == sorted(SMALL_BATCHES)
     assert sorted(set(kernel)) == warm_up_batches(1000, 48)
+
+
+def test_the_runner_samples_logits_of_the_planned_dtype() -> None:
+    runner = ModelRunner("tiny-random", max_num_slots=2, max_model_len=32)
+    logits = runner.logits([RowWork(0, [5, 6, 7], 0, sample=True)])
+    assert logits.dtype == LOGITS_DTYPE
