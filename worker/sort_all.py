@@ -17,6 +17,8 @@ that asked are returned. Runs on any device; it is meant for CUDA benchmarks.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 import kernels
@@ -29,45 +31,16 @@ from kernels.torch_path import noise_keys
 NEG_INF = float("-inf")
 
 
-def sample_sort_all_rows(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor,
-    want_mask: torch.Tensor,
-    *,
-    max_mask_tokens: int,
-    seed: torch.Tensor | None = None,
-    step: torch.Tensor | None = None,
-    bounded: torch.Tensor | None = None,
-) -> SampleResult:
-    """Same arguments and result as `kernels.sample`."""
-    inp = check_inputs(
-        logits,
-        temperature,
-        top_k,
-        top_p,
-        min_p,
-        want_mask,
-        max_mask_tokens=max_mask_tokens,
-        seed=seed,
-        step=step,
-        bounded=bounded,
-    )
+def sample_sort_all_rows(*args: Any, **kwargs: Any) -> SampleResult:
+    """Same arguments and result as `kernels.sample`, checked by the same `check_inputs`."""
+    inp = check_inputs(*args, **kwargs)
     if not bool(inp.want_mask.any()):
-        return kernels.sample(
-            logits,
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            want_mask,
-            max_mask_tokens=max_mask_tokens,
-            seed=seed,
-            step=step,
-            bounded=bounded,
-        )
+        return kernels.sample(*args, **kwargs)
+    return _sort_all_rows(inp)
+
+
+def _sort_all_rows(inp: SampleInputs) -> SampleResult:
+    """Every row sorted over the full vocabulary; at least one row asks for a mask."""
     batch, vocab = inp.logits.shape
     dev = inp.logits.device
     z = scaled_logits(inp.logits.float(), inp.temperature)  # [B, V] float32
