@@ -7,7 +7,6 @@ same functions, so a request answered directly by a worker gets the same status 
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,17 +16,12 @@ from typing import Any
 import orjson
 
 from gateway.errors import PolicyError
+from gateway.fields import Fields, ResolvedParams, json_type
 
 FULL_VOCAB_MESSAGE = (
     "return_sampling_mask cannot return the full vocabulary; set top_p < 1 or a finite top_k."
 )
 META_INFO_MESSAGE = "return_sampling_mask requires return_meta_info=true"
-
-# Defaults applied when a field is absent or null (design 2, rule 7).
-DEFAULT_TEMPERATURE = 1.0
-DEFAULT_TOP_K = -1
-DEFAULT_TOP_P = 1.0
-DEFAULT_MIN_P = 0.0
 
 # Fields that change logits in a way a trainer cannot replay from the mask alone (rule 6).
 _PENALTIES = (("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("repetition_penalty", 1.0))
@@ -57,22 +51,6 @@ class PolicyConfig:
     reject_logit_transforms: bool = True  # rule 6
     # Used by rule 9 when a request leaves max_tokens unset (upstream default is unknown).
     default_max_tokens: int = 2048
-
-
-@dataclass(frozen=True, slots=True)
-class ResolvedParams:
-    temperature: float
-    top_k: int
-    top_p: float
-    min_p: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "temperature": self.temperature,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "min_p": self.min_p,
-        }
 
 
 def parse_body(raw: bytes, max_bytes: int) -> dict[str, Any]:
@@ -129,16 +107,16 @@ def _check_openai(
     route: Route, body: Mapping[str, Any], cfg: PolicyConfig, vocab_size: int | None
 ) -> dict[str, Any]:
     # Rule 3: types and ranges.
-    _check_bool(body, "return_sampling_mask")
+    _FIELDS.boolean(body, "return_sampling_mask", required=True)
     params = _check_sampling_fields(body, "")
-    n = _opt_int(body, "n", "", minimum=1)
+    n = _FIELDS.integer(body, "n", "", minimum=1)
     max_tokens_field = "max_completion_tokens" if route is Route.CHAT else "max_tokens"
-    max_tokens = _opt_int(body, "max_tokens", "", minimum=0)
+    max_tokens = _FIELDS.integer(body, "max_tokens", "", minimum=0)
     if route is Route.CHAT:
-        alt = _opt_int(body, max_tokens_field, "", minimum=0)
+        alt = _FIELDS.integer(body, max_tokens_field, "", minimum=0)
         max_tokens = max_tokens if max_tokens is not None else alt
     for name in ("return_meta_info", "stream", "return_token_ids"):
-        _check_bool(body, name, required=False)
+        _FIELDS.boolean(body, name)
     _check_mask_mode(body, "")
     # Rule 4.
     if body.get("return_meta_info") is not True:
@@ -176,7 +154,7 @@ def _check_generate(
     size = batch_size(body)
     flags = _mask_flags(body, size)
     items = _sampling_items(body, size)
-    _check_bool(body, "stream", required=False)
+    _FIELDS.boolean(body, "stream")
     _check_mask_mode(body, "")
     # Rule 3 for every item's sampling fields (the whole batch goes to the mask pool).
     resolved: list[ResolvedParams] = []
@@ -184,8 +162,8 @@ def _check_generate(
     for i, sp in enumerate(items):
         where = _item_where(i, size, body)
         resolved.append(_check_sampling_fields(sp, where))
-        n = _opt_int(sp, "n", where, minimum=1)
-        max_new = _opt_int(sp, "max_new_tokens", where, minimum=0)
+        n = _FIELDS.integer(sp, "n", where, minimum=1)
+        max_new = _FIELDS.integer(sp, "max_new_tokens", where, minimum=0)
         sizes.append((n or 1, max_new))
     # Rule 6 (custom logit processors live at top level, per item or shared).
     if cfg.reject_logit_transforms:
@@ -281,26 +259,12 @@ def _write_generate_params(
 
 
 def _check_sampling_fields(d: Mapping[str, Any], where: str) -> ResolvedParams:
-    temperature = _opt_number(d, "temperature", where)
-    top_p = _opt_number(d, "top_p", where)
-    min_p = _opt_number(d, "min_p", where)
-    top_k = _opt_int(d, "top_k", where, minimum=-1)
-    if temperature is not None and temperature < 0:
-        raise _invalid(where + "temperature", f"must be >= 0, got {temperature}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise _invalid(where + "top_p", f"must be in (0, 1], got {top_p}")
-    if min_p is not None and not 0 <= min_p <= 1:
-        raise _invalid(where + "min_p", f"must be in [0, 1], got {min_p}")
+    params = _FIELDS.sampling(d, where)
     for name, _neutral in _PENALTIES:
-        _opt_number(d, name, where)
+        _FIELDS.number(d, name, where)
     for name in _MIN_TOKENS_FIELDS:
-        _opt_int(d, name, where, minimum=0)
-    return ResolvedParams(
-        temperature=DEFAULT_TEMPERATURE if temperature is None else float(temperature),
-        top_k=DEFAULT_TOP_K if top_k is None else top_k,
-        top_p=DEFAULT_TOP_P if top_p is None else float(top_p),
-        min_p=DEFAULT_MIN_P if min_p is None else float(min_p),
-    )
+        _FIELDS.integer(d, name, where, minimum=0)
+    return params
 
 
 def _check_logit_transforms(d: Mapping[str, Any], where: str) -> None:
@@ -366,20 +330,12 @@ def _check_payload(
         )
 
 
-# --- typed field access (strict: "20" is not an int, true is not a number) --------------
+# --- helpers ----------------------------------------------------------------------------
 
 
 def float32(x: float) -> float:
     """Round a Python float to the nearest float32 (0.99999999 -> 1.0)."""
     return float(struct.unpack("f", struct.pack("f", x))[0])
-
-
-def _check_bool(d: Mapping[str, Any], name: str, *, required: bool = True) -> None:
-    value = d.get(name)
-    if value is None and not required:
-        return
-    if not isinstance(value, bool):
-        raise _invalid(name, f"must be a bool, not {json_type(value)}")
 
 
 def _check_mask_mode(d: Mapping[str, Any], where: str) -> None:
@@ -388,30 +344,11 @@ def _check_mask_mode(d: Mapping[str, Any], where: str) -> None:
         raise _invalid(where + "sampling_mask_mode", f"must be 'exact' or 'bounded', got {mode!r}")
 
 
-def _opt_number(d: Mapping[str, Any], name: str, where: str) -> float | None:
-    value = d.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _invalid(where + name, f"must be a number, not {json_type(value)}")
-    if not math.isfinite(value):
-        raise _invalid(where + name, f"must be finite, got {value}")
-    return float(value)
-
-
-def _opt_int(d: Mapping[str, Any], name: str, where: str, *, minimum: int) -> int | None:
-    value = d.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _invalid(where + name, f"must be an integer, not {json_type(value)}")
-    if value < minimum:
-        raise _invalid(where + name, f"must be >= {minimum}, got {value}")
-    return value
-
-
 def _invalid(param: str, problem: str) -> PolicyError:
     return PolicyError("sampling_mask_invalid_param", f"{param} {problem}", param=param)
+
+
+_FIELDS = Fields(_invalid)  # strict typed reads whose errors carry the policy's code
 
 
 def _transform(param: str, what: str) -> PolicyError:
@@ -425,21 +362,6 @@ def _transform(param: str, what: str) -> PolicyError:
 
 def _path(route: Route) -> str:
     return "chat/completions" if route is Route.CHAT else "completions"
-
-
-def json_type(value: Any) -> str:
-    """How an error message names a JSON value's type."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
 
 
 # Every code the gateway's policy can answer with (design section 2), for tests and docs.

@@ -8,13 +8,12 @@ refused with 400 `unsupported_parameter` rather than silently ignored.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.errors import ApiError
-from gateway.policy import json_type
+from gateway.fields import Fields, is_int, json_type
 from worker.batch import SamplingParams
 from worker.sequence import StopRule
 
@@ -131,21 +130,12 @@ def parse_openai_params(body: Mapping[str, Any], max_tokens_default: int) -> Gen
 
 
 def parse_sampling(d: Mapping[str, Any], where: str, *, seed_field: str) -> SamplingParams:
-    temperature = opt_number(d, "temperature", where)
-    top_p = opt_number(d, "top_p", where)
-    min_p = opt_number(d, "min_p", where)
-    top_k = opt_int(d, "top_k", where, minimum=-1)
-    if temperature is not None and temperature < 0:
-        raise invalid(where + "temperature", f"must be >= 0, got {temperature}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise invalid(where + "top_p", f"must be in (0, 1], got {top_p}")
-    if min_p is not None and not 0 <= min_p <= 1:
-        raise invalid(where + "min_p", f"must be in [0, 1], got {min_p}")
+    p = _FIELDS.sampling(d, where)
     return SamplingParams(
-        temperature=1.0 if temperature is None else temperature,
-        top_k=-1 if top_k is None else top_k,
-        top_p=1.0 if top_p is None else top_p,
-        min_p=0.0 if min_p is None else min_p,
+        temperature=p.temperature,
+        top_k=p.top_k,
+        top_p=p.top_p,
+        min_p=p.min_p,
         seed=opt_int(d, seed_field, where, minimum=0, maximum=MAX_SEED),
     )
 
@@ -165,7 +155,7 @@ def parse_stop_rule(d: Mapping[str, Any], where: str, max_new_tokens: int) -> St
     ids = d.get("stop_token_ids")
     if ids is None:
         ids = []
-    if not isinstance(ids, list) or not all(_is_int(i) and i >= 0 for i in ids):
+    if not isinstance(ids, list) or not all(is_int(i) and i >= 0 for i in ids):
         raise invalid(where + "stop_token_ids", "must be a list of non-negative integers")
     ignore_eos = d.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
@@ -180,40 +170,9 @@ def _check_neutral(sp: Mapping[str, Any], where: str) -> None:
             raise unsupported(where + name, f"{name}={value}")
 
 
-# --- strict typed access -------------------------------------------------------------------
+# --- strict typed access: the gateway's reads, with the worker's error code ----------------
 
-
-def opt_bool(d: Mapping[str, Any], name: str, where: str = "") -> bool | None:
-    value = d.get(name)
-    if value is not None and not isinstance(value, bool):
-        raise invalid(where + name, f"must be a bool, not {json_type(value)}")
-    return value
-
-
-def opt_number(d: Mapping[str, Any], name: str, where: str) -> float | None:
-    value = d.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise invalid(where + name, f"must be a number, not {json_type(value)}")
-    if not math.isfinite(value):
-        raise invalid(where + name, f"must be finite, got {value}")
-    return float(value)
-
-
-def opt_int(
-    d: Mapping[str, Any], name: str, where: str, *, minimum: int, maximum: int | None = None
-) -> int | None:
-    value = d.get(name)
-    if value is None:
-        return None
-    if not _is_int(value):
-        raise invalid(where + name, f"must be an integer, not {json_type(value)}")
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise invalid(where + name, f"must be {bound}, got {value}")
-    return int(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+_FIELDS = Fields(invalid)
+opt_bool = _FIELDS.boolean
+opt_number = _FIELDS.number
+opt_int = _FIELDS.integer

@@ -14,7 +14,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.policy import Route, json_type
+from gateway.fields import json_type
+from gateway.policy import Route
 from worker.engine import RequestHandle
 from worker.params import (
     GenParams,
