@@ -46,13 +46,13 @@ async def handle(request: web.Request) -> web.StreamResponse:
     rid = request.headers.get("X-Request-Id")
     if not rid or len(rid) > _MAX_RID or not rid.isprintable():
         rid = state.new_request_id()
-    ctx = RequestCtx(rid)
     path = request.path
     if len(path) > 1 and path[-1] == "/":
         path = path.rstrip("/")  # "/generate/" is still /generate: its policy applies
     route_label, route = ROUTES.get((request.method, path), _OTHER)
+    ctx = RequestCtx(rid, route_label, started)
     try:
-        resp = await _proxy(request, state, ctx, route_label, route, started)
+        resp = await _proxy(request, state, ctx, route)
         ctx.status = resp.status
         return resp
     except ApiError as e:
@@ -84,9 +84,7 @@ async def _proxy(
     request: web.Request,
     state: GatewayState,
     ctx: RequestCtx,
-    route_label: str,
     route: policy.Route | None,
-    started: float,
 ) -> web.StreamResponse:
     key = authenticate(request.headers, state.api_keys)
     raw = await _read_body(request, state.config.max_body_bytes)
@@ -113,7 +111,7 @@ async def _proxy(
     ctx.waited += queued
     pool.queue_wait.observe(queued)
     try:
-        return await _forward(request, state, ctx, pool, raw, route_label, mask, started)
+        return await _forward(request, state, ctx, pool, raw, mask)
     finally:
         pool.admission.release()
 
@@ -181,9 +179,7 @@ async def _forward(
     ctx: RequestCtx,
     pool: Pool,
     raw: bytes,
-    route_label: str,
     mask: bool,
-    started: float,
 ) -> web.StreamResponse:
     cfg = state.config
     headers = _upstream_headers(request, state, ctx.rid, mask)
@@ -232,7 +228,7 @@ async def _forward(
             ep.outstanding -= 1
             continue
         try:
-            return await relay(request, state, ctx, pool, ep, upstream, route_label, mask, started)
+            return await relay(request, state, ctx, pool, ep, upstream, mask)
         finally:
             ep.outstanding -= 1
             if probe:

@@ -39,10 +39,21 @@ _DROP_RESPONSE = HOP_BY_HOP | {"content-length", "date", "server"}
 class RequestCtx:
     """Per-request bookkeeping for metrics and the access log."""
 
-    __slots__ = ("attempts", "pool", "rid", "status", "upstream", "waited")
+    __slots__ = (
+        "attempts",
+        "pool",
+        "rid",
+        "route_label",
+        "started",
+        "status",
+        "upstream",
+        "waited",
+    )
 
-    def __init__(self, rid: str) -> None:
+    def __init__(self, rid: str, route_label: str, started: float) -> None:
         self.rid = rid
+        self.route_label = route_label
+        self.started = started  # time.perf_counter() when the request arrived
         self.pool = "none"  # label until the request is routed
         self.upstream: str | None = None
         self.status = 0
@@ -76,9 +87,7 @@ async def relay(
     pool: Pool,
     ep: Endpoint,
     upstream: Response,
-    route_label: str,
     mask: bool,
-    started: float,
 ) -> web.StreamResponse:
     """Send the upstream's answer to the client. Closing `upstream` early (client gone,
     cancellation, failure) drops the connection, which is how the upstream learns to abort."""
@@ -86,7 +95,7 @@ async def relay(
     try:
         ctx.status = upstream.status
         if upstream.streamed or upstream.content_type == "text/event-stream":
-            out = await _relay_stream(request, state, ctx, pool, ep, upstream, route_label, started)
+            out = await _relay_stream(request, state, ctx, pool, ep, upstream)
             done = True
             return out
         t0 = time.perf_counter()
@@ -101,7 +110,7 @@ async def relay(
         ctx.waited += time.perf_counter() - t0
         record_status(state, pool, ep, upstream.status)
         if mask and upstream.status == 200 and upstream.header("Content-Encoding") is None:
-            check_mask_response(route_label, body, pool.name, state.metrics)
+            check_mask_response(ctx.route_label, body, pool.name, state.metrics)
         done = True
         return web.Response(
             status=upstream.status, body=body, headers=response_headers(upstream, ctx.rid)
@@ -135,8 +144,6 @@ async def _relay_stream(
     pool: Pool,
     ep: Endpoint,
     upstream: Response,
-    route_label: str,
-    started: float,
 ) -> web.StreamResponse:
     """Relay chunk by chunk. A write waits while the client's buffer is full, and no read
     happens meanwhile, so a slow client slows the upstream down (backpressure)."""
@@ -160,7 +167,7 @@ async def _relay_stream(
         if not data:
             break
         if first:
-            state.metrics.stream_ttfb.labels(route_label, pool.name).observe(now - started)
+            state.metrics.stream_ttfb.labels(ctx.route_label, pool.name).observe(now - ctx.started)
             first = False
         await out.write(data)  # ConnectionResetError when the client is gone
         at_boundary = data.endswith((b"\n\n", b"\r\n\r\n"))
