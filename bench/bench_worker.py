@@ -41,48 +41,14 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
 
 import torch
 
+from bench.shapes import LLAMA32_1B, LOGIT_STD, QWEN25_15B
 from worker.batch import RowWork, SamplingParams
 from worker.model import ModelConfig, load
 from worker.model.loader import build
 from worker.model.random_weights import random_hf_weights
 from worker.runner import ModelRunner
 
-SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-1.5b": {
-        "model_type": "qwen2",
-        "vocab_size": 151936,
-        "hidden_size": 1536,
-        "intermediate_size": 8960,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 32768,
-        "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": True,
-    },
-    "llama-3.2-1b": {
-        "model_type": "llama",
-        "vocab_size": 128256,
-        "hidden_size": 2048,
-        "intermediate_size": 8192,
-        "num_hidden_layers": 16,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 64,
-        "max_position_embeddings": 131072,
-        "rope_theta": 500000.0,
-        "rope_scaling": {
-            "rope_type": "llama3",
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-        "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": True,
-    },
-}
+SHAPES: dict[str, dict[str, Any]] = {"qwen2.5-1.5b": QWEN25_15B, "llama-3.2-1b": LLAMA32_1B}
 # Not a real shape: for `--device cpu --models smoke`, a check that the script runs.
 SHAPES["smoke"] = {**SHAPES["qwen2.5-1.5b"], "vocab_size": 4096, "hidden_size": 64}
 SHAPES["smoke"].update(intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
@@ -94,7 +60,6 @@ SETTINGS: dict[str, tuple[int, float, bool]] = {  # name -> (top_k, top_p, want_
 }
 HF_SETTINGS = ("topk_topp_masks", "top_p_masks")
 MASK_PAIRS = (("masks_off", "topk_topp_masks"), ("top_p_off", "top_p_masks"))
-LOGIT_STD = 5.0
 
 
 def sync(device: str) -> None:

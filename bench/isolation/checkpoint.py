@@ -4,7 +4,7 @@ The worker loads models from a directory (config.json, safetensors, tokenizer). 
 of the real model is available offline, so the directory carries tiny-random's byte-level
 tokenizer (512 ids): prompts are sent as input_ids, and output ids past the tokenizer decode to
 nothing, which only empties the `text` field. Weights follow worker/model/random_weights.py
-with logit_std 5, where a top-p 0.9 mask holds about 100 of 151936 ids (as bench_worker.py).
+with the shape and logit_std of bench/shapes.py, as bench_worker.py.
 """
 
 from __future__ import annotations
@@ -17,29 +17,20 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from bench import shapes
 from worker.model.config import ModelConfig
 from worker.model.random_weights import random_hf_weights
 from worker.model.tiny_random import tiny_tokenizer
 
+# config.json: the benchmark shape and the keys a Hugging Face directory carries besides.
 QWEN25_15B: dict[str, Any] = {
     "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "vocab_size": 151936,
-    "hidden_size": 1536,
-    "intermediate_size": 8960,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 12,
-    "num_key_value_heads": 2,
+    **shapes.QWEN25_15B,
     "hidden_act": "silu",
-    "max_position_embeddings": 32768,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True,
     "bos_token_id": 151643,
     "eos_token_id": 151643,
     "torch_dtype": "bfloat16",
 }
-LOGIT_STD = 5.0
 SEED = 0
 
 
@@ -55,7 +46,7 @@ def write_checkpoint(path: Path, device: str) -> float:
     weights = random_hf_weights(
         ModelConfig.from_hf(QWEN25_15B),
         seed=SEED,
-        logit_std=LOGIT_STD,
+        logit_std=shapes.LOGIT_STD,
         device=device,
         dtype=torch.bfloat16,
     )
