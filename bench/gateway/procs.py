@@ -6,9 +6,6 @@ nginx and the proxy under test share this machine's cores the same way in every 
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,44 +17,23 @@ from pathlib import Path
 
 import psutil
 
+from bench.child import free_port, stop, wait_ok
+
 REPO = Path(__file__).resolve().parents[2]
 PROBE_BODY = b'{"model":"bench-model","messages":[{"role":"user","content":"ping"}]}'
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def taskset(cpus: str) -> list[str]:
     return ["taskset", "-c", cpus]
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float, log: Path) -> None:
-    """Poll POST {url}/v1/chat/completions until it answers 200 (the proxy reached nginx)."""
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(
-                f"{proc.args} exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
-            )
-        req = urllib.request.Request(
-            url + "/v1/chat/completions",
-            data=PROBE_BODY,
-            headers={"content-type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except urllib.error.HTTPError as e:
-            last = f"HTTP {e.code}"
-        except OSError as e:
-            last = str(e)
-        time.sleep(0.1)
-    raise SystemExit(f"{url} not ready after {timeout_s} s ({last}):\n{log.read_text()[-3000:]}")
+def probe(url: str) -> urllib.request.Request:
+    """POST {url}/v1/chat/completions: it answers 200 once the proxy reaches nginx."""
+    return urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=PROBE_BODY,
+        headers={"content-type": "application/json"},
+    )
 
 
 @dataclass
@@ -87,7 +63,8 @@ class Proxy:
                 # session: a new session would get its own scheduler autogroup at nice 0.
                 process_group=0,
             )
-        wait_ready(self.url, self.proc, ready_timeout_s, self.log)
+        deadline = time.monotonic() + ready_timeout_s
+        wait_ok(self.name, self.proc, probe(self.url), deadline, self.log, interval_s=0.1)
         return self
 
     def processes(self) -> list[psutil.Process]:
@@ -97,14 +74,7 @@ class Proxy:
         return [root, *root.children(recursive=True)]
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop(self.proc, 15, group=True)
 
 
 def gateway(upstream: str, cpus: str, workers: int, access_log: bool, root: Path = REPO) -> Proxy:

@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.child import free_port, log_tail, stop, wait_ok
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -50,33 +41,15 @@ class Proc:
     def wait_ready(self, deadline: float) -> None:
         """Poll ready_path until 200; exit with the log's tail when it dies or times out."""
         assert self.proc is not None
-        last = "no answer"
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + self.ready_path, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except urllib.error.HTTPError as e:
-                last = f"HTTP {e.code}"
-            except OSError as e:
-                last = str(e)
-            time.sleep(0.2)
-        raise SystemExit(f"{self.name} not ready in time ({last}):\n{self.tail()}")
+        wait_ok(
+            self.name, self.proc, self.url + self.ready_path, deadline, self.log, interval_s=0.2
+        )
 
     def tail(self, chars: int = 3000) -> str:
-        return self.log.read_text(errors="replace")[-chars:]
+        return log_tail(self.log, chars)
 
     def stop(self, timeout_s: float = 15) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop(self.proc, timeout_s, group=False)
 
 
 def worker(
