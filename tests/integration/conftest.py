@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -26,6 +28,9 @@ from multidict import CIMultiDict
 from gateway import GatewayConfig, create_app
 from gateway.settings import load_settings
 from gateway.state import STATE, GatewayState
+
+# Test modules import shared bodies by name (pytest runs with --import-mode=importlib).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @dataclass

@@ -5,17 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from mask_bodies import MASK_CHAT as CHAT
 
 pytestmark = pytest.mark.integration
 
-CHAT: dict[str, Any] = {
-    "model": "m",
-    "messages": [{"role": "user", "content": "hi"}],
-    "return_sampling_mask": True,
-    "return_meta_info": True,
-    "top_k": 20,
-    "max_tokens": 8,
-}
 COMPLETION: dict[str, Any] = {**{k: v for k, v in CHAT.items() if k != "messages"}, "prompt": "x"}
 GENERATE: dict[str, Any] = {
     "text": "hello",

@@ -5,17 +5,9 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from mask_bodies import MASK_CHAT
 
 pytestmark = pytest.mark.integration
-
-MASK_CHAT = {
-    "model": "m",
-    "messages": [{"role": "user", "content": "hi"}],
-    "return_sampling_mask": True,
-    "return_meta_info": True,
-    "top_k": 20,
-    "max_tokens": 8,
-}
 
 
 async def test_general_request_is_forwarded_byte_for_byte(upstreams, gateway, make_config):
