@@ -1,8 +1,10 @@
 """Exact support for the rows the band cannot decide (flat rows, long top-p tails).
 
-Called from the resolve kernel, one program per row. It re-reads the row once per step of a
-bisection over the 64-bit order keys (64 passes, plus 64 more when top-k renormalises top-p),
-so it costs far more than the band path; the caller counts the rows that take it.
+Called from the resolve kernel, one program per row. gather_above is the cheap step: one read
+of the row that lists every token above a lower floor than pass 1's (resolve_kernel's rescue).
+The fallback proper re-reads the row once per step of a bisection over the 64-bit order keys
+(64 passes, plus 64 more when top-k renormalises top-p), so it costs far more than the band
+path; the caller counts the rows that take it.
 S = {key >= t*} where t* is the smallest key t whose token would be kept:
   top-k: #{key > t} < k;  top-p: mass{key > t} / Z_k < top_p;  min-p: exp(z(t) - M) >= min_p.
 """
@@ -98,6 +100,31 @@ def fallback_draw(x_row, temp, vocab, t_cut, k0, k1, BLOCK: tl.constexpr):
         best = tl.where(better, b_score, best)
         best_key = tl.where(better, b_key, best_key)
     return best_key
+
+
+@triton.jit
+def gather_above(x_row, temp, vocab, t, scratch_row, LIMIT: tl.constexpr, BLOCK: tl.constexpr):
+    """Every key of the row with z > t, sorted ([LIMIT], EMPTY_KEY after them), and their count.
+
+    One read of the row (it stops early once more than LIMIT keys qualify). The keys are all
+    tokens with z > t, an exact prefix of design order above the floor t, whatever pass 1
+    kept; when the count exceeds LIMIT the block holds only some of them and the caller must
+    not use it.
+    """
+    tl.debug_barrier()  # earlier reads of this scratch row before the stores below
+    written = tl.full([], 0, tl.int32)
+    start = 0
+    while (start < vocab) & (written <= LIMIT):
+        keys, z, _ = _row_keys(x_row, temp, vocab, start, BLOCK)
+        sel = z > t  # z = -inf (and a NaN, mapped to -inf) is never selected
+        rank = written + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        tl.store(scratch_row + rank, keys, mask=sel & (rank < LIMIT))
+        written += tl.sum(sel.to(tl.int32), axis=0)
+        start += BLOCK
+    tl.debug_barrier()  # the scattered stores before the block load
+    slots = tl.arange(0, LIMIT)
+    got = tl.load(scratch_row + slots, mask=slots < written, other=EMPTY_KEY)
+    return tl.sort(got, 0, descending=True), written
 
 
 @triton.jit

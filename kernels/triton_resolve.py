@@ -3,8 +3,9 @@
 Grid (B,). Sorting all candidates of a row is the expensive step, so it goes in tiers: the
 best T1 candidates (a z threshold found by bisection, then compacted through scratch memory)
 are sorted in-kernel as packed (z, id) keys and decide most rows; rows they cannot decide try
-the best T2; rows those cannot decide run the bisection fallback (triton_fallback.py) in the
-same program. The emitted mask is the sorted prefix, already in design order. The decision
+the best T2; rows those cannot decide read the row once for every token above a lower floor (the
+rescue), and rows that still cannot decide run the bisection fallback (triton_fallback.py) in
+the same program. The emitted mask is the sorted prefix, already in design order. The decision
 rules are those of kernels/resolve.py.
 """
 
@@ -28,6 +29,7 @@ from kernels.triton_fallback import (
     fallback_gather,
     fallback_support,
     first_kept_key,
+    gather_above,
     position_of,
 )
 
@@ -145,6 +147,26 @@ def resolve_kernel(
         n, undecided, z2, ids2, mass2 = decide(
             best2, floor2, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
         )
+        x_row = x_ptr + row * stride_x
+        if undecided:
+            # The rescue: one read of the row listing every token above t, the second-largest
+            # segment floor d_c, then the same decision with t as the floor. Why it works: the
+            # row floor d_max is the largest d_c, and a single segment can push it deep into
+            # S (a pass-1 lane keeps its two largest tokens, so a lane holding three of the
+            # row's top few hundred sets d_c at the third: with n tokens in S over L lanes in
+            # all, about n^3 / (6 L^2) of rows, 5% at n = 170 over 8 x 512 lanes). Every other
+            # segment is complete above t, so the tokens above t are about as many as a band
+            # usually lists. It is exact for any t, as it reads every token; when more than
+            # T2 lie above t (or t gains nothing on the floor) the bisection below decides.
+            first = tl.min(tl.where(in_ch & (d_c == d_max), ch, NCH_BLOCK), axis=0)
+            t = tl.max(tl.where(ch == first, float("-inf"), d_c), axis=0)
+            known = tl.sum((z_all > t).to(tl.int32), axis=0)  # written candidates above t
+            if (t < floor2) & (known <= T2):
+                best2, got = gather_above(x_row, temp, vocab, t, scratch + T1, T2, FB_BLOCK)
+                n, undecided, z2, ids2, mass2 = decide(
+                    best2, t, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
+                )
+                undecided = undecided | (got > T2)
         if ~undecided:
             token, logprob, j = draw(z2, ids2, mass2, n, greedy, k0, k1, z_max, T2)
             if midx >= 0:
@@ -164,7 +186,6 @@ def resolve_kernel(
                 )
         else:
             fallback = tl.full([], 1, tl.int8)
-            x_row = x_ptr + row * stride_x
             top_key = tl.max(keys, axis=0)
             k_eff = tl.where(k_on, k, vocab + 1)
             t_cut, n, mass_s = fallback_support(

@@ -125,6 +125,42 @@ print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_r
                   "sizes": tri.support_sizes.tolist(), "cpu_sizes": cpu.support_sizes.tolist()}))
 """
 
+RESCUE = """
+# Rows whose band floor one segment pushes deep into S. Pass 1 keeps two tokens per lane and
+# KC = 8 per chunk, so segment 0 holding ten of S's 24 tokens, three of them in lane 0 (ids
+# 0, 16, 32, the 1st, 4th and 7th largest), leaves its d_c at a token of S: the band lists 6
+# (lanes) or 8 (band_kernel) tokens above the row floor, fewer than S needs. The other
+# segments are complete far lower, so one read of the row above the second-largest d_c
+# decides these rows without the bisection fallback. (On the model-shaped rows this
+# reproduces, 3 of a row's top ~100-300 tokens share one of 8 x 512 lanes.)
+vocab = 1024
+g = torch.Generator().manual_seed(11)
+b = 6
+x = torch.randn(b, vocab, generator=g)
+hot = [0, 1, 2, 16, 3, 4, 32, 5, 6, 7]  # segment 0, in rank order
+spread = [c * 64 + (5 * c) % 16 for c in range(1, 15)]  # one per later segment
+vals = 10.0 - 0.1 * torch.arange(24)
+for r in range(b):
+    rest = torch.tensor(spread)[torch.randperm(14, generator=g)]
+    x[r, torch.tensor(hot + rest.tolist())] = vals
+temp = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.7])
+k = torch.tensor([-1, -1, -1, 20, -1, -1], dtype=torch.int32)
+p = torch.tensor([0.9, 0.7, 0.99, 0.9, 1.0, 0.95])
+mp = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.05, 0.0])
+want = torch.ones(b, dtype=torch.bool)
+seed = torch.arange(b, dtype=torch.int64) + 3
+inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=64, seed=seed)
+band = torch.empty(b, dtype=torch.int64)
+tri = sample_triton(inp, band_config(vocab, chunk=64, kc=8, lanes=LANES), band_sizes=band)
+cpu = sample_torch(inp)
+ref = reference(x, temp, k, p, mp)
+rep = check_result(tri, ref, want, None, 64)
+print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
+                  "band": band.tolist(), "sizes": tri.support_sizes.tolist(),
+                  "cpu_sizes": cpu.support_sizes.tolist(), "masks": tri.masks() == cpu.masks(),
+                  "tokens": torch.equal(tri.tokens, cpu.tokens)}))
+"""
+
 CONTRACT = """
 from kernels.triton_path import launch_band
 vocab = 700
@@ -231,3 +267,16 @@ def test_confident_rows_decide_top_k_top_p_without_fallback(lanes: int) -> None:
     assert out["ok"], out["errors"]
     assert out["fallback"] == [False] * 6
     assert out["sizes"] == out["cpu_sizes"]
+
+
+@pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
+def test_one_bad_segment_decides_from_one_read_of_the_row(lanes: int) -> None:
+    """A segment whose pass-1 floor lies inside S (three of S's tokens in one lane, or more
+    than KC in one chunk): resolve_kernel lists every token above the second-largest segment
+    floor in one read of the row and decides, equal to the oracle, without the fallback."""
+    out = interpret(f"LANES = {lanes}\n" + RESCUE)
+    assert out["ok"], out["errors"]
+    assert all(s > n for s, n in zip(out["sizes"], out["band"], strict=True)), out
+    assert out["fallback"] == [False] * 6
+    assert out["sizes"] == out["cpu_sizes"]
+    assert out["masks"] and out["tokens"]
