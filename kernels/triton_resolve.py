@@ -162,6 +162,7 @@ def resolve_kernel(
             t = tl.max(tl.where(ch == first, float("-inf"), d_c), axis=0)
             known = tl.sum((z_all > t).to(tl.int32), axis=0)  # written candidates above t
             if (t < floor2) & (known <= T2):
+                fallback = tl.full([], 1, tl.int8)  # the band was not enough: counted
                 best2, got = gather_above(x_row, temp, vocab, t, scratch + T1, T2, FB_BLOCK)
                 n, undecided, z2, ids2, mass2 = decide(
                     best2, t, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
