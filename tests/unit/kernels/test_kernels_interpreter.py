@@ -8,17 +8,13 @@ tiered sort and the bisection fallback are all exercised.
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
+from collections.abc import Callable
 
 import pytest
 
 pytest.importorskip("triton")  # the worker extra installs it; a gateway-only checkout has none
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
+Interpreted = Callable[[str], dict]  # the `interpreted` fixture (tests/unit/conftest.py)
 
 PRELUDE = """
 import itertools, json, sys
@@ -212,36 +208,26 @@ print(json.dumps(res))
 """
 
 
-def interpret(body: str) -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", PRELUDE + body],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
-def test_interpreted_grid_matches_oracle_and_torch_path(lanes: int) -> None:
-    out = interpret(f"LANES = {lanes}\n" + GRID)
+def test_interpreted_grid_matches_oracle_and_torch_path(
+    lanes: int, interpreted: Interpreted
+) -> None:
+    out = interpreted(PRELUDE + f"LANES = {lanes}\n" + GRID)
     assert out["ok"], out["errors"]
     assert out["rows"] == 24
     assert out["fallback"] > 0  # the shrunken band sends some rows down the bisection path
     assert out["same_tokens"] and out["same_sizes"]
 
 
-def test_lanes_pass_one_keeps_the_band_contract() -> None:
+def test_lanes_pass_one_keeps_the_band_contract(interpreted: Interpreted) -> None:
     """band_lanes_kernel (64-token segments of 16 or 4 lanes): same chunk max as band_kernel
     and the same sum to rounding, candidates are real (x, id) pairs, d_c is exactly the
     largest z left out, and more than KC ties at a segment max keep the lowest id among
     those written. The lane count changes which lane tops compete, so the two may write
     different (equally valid) candidates."""
-    out = interpret('TRIED = [("w16", {"lanes": 16}), ("w4", {"lanes": 4})]\n' + CONTRACT)
+    out = interpreted(
+        PRELUDE + 'TRIED = [("w16", {"lanes": 16}), ("w4", {"lanes": 4})]\n' + CONTRACT
+    )
     assert out["stats_equal"] == [True, True]
     assert out["contract"] == [True, True]
     assert out["ties"] == [True, True]
@@ -249,8 +235,8 @@ def test_lanes_pass_one_keeps_the_band_contract() -> None:
 
 
 @pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
-def test_interpreted_edge_rows_match_torch_path(lanes: int) -> None:
-    out = interpret(f"LANES = {lanes}\n" + EDGES)
+def test_interpreted_edge_rows_match_torch_path(lanes: int, interpreted: Interpreted) -> None:
+    out = interpreted(PRELUDE + f"LANES = {lanes}\n" + EDGES)
     for name in ("tokens", "support_sizes", "nan_rows", "mask_status", "mask_offsets", "masks"):
         tri, cpu = out[name]
         assert tri == cpu, (name, tri, cpu)
@@ -262,20 +248,24 @@ def test_interpreted_edge_rows_match_torch_path(lanes: int) -> None:
 
 
 @pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
-def test_confident_rows_decide_top_k_top_p_without_fallback(lanes: int) -> None:
-    out = interpret(f"LANES = {lanes}\n" + PEAKED)
+def test_confident_rows_decide_top_k_top_p_without_fallback(
+    lanes: int, interpreted: Interpreted
+) -> None:
+    out = interpreted(PRELUDE + f"LANES = {lanes}\n" + PEAKED)
     assert out["ok"], out["errors"]
     assert out["fallback"] == [False] * 6
     assert out["sizes"] == out["cpu_sizes"]
 
 
 @pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
-def test_one_bad_segment_decides_from_one_read_of_the_row(lanes: int) -> None:
+def test_one_bad_segment_decides_from_one_read_of_the_row(
+    lanes: int, interpreted: Interpreted
+) -> None:
     """A segment whose pass-1 floor lies inside S (three of S's tokens in one lane, or more
     than KC in one chunk): resolve_kernel lists every token above the second-largest segment
     floor in one read of the row and decides, equal to the oracle, instead of bisecting over
     the row. The band was not enough, so the rows are counted as fallback rows."""
-    out = interpret(f"LANES = {lanes}\n" + RESCUE)
+    out = interpreted(PRELUDE + f"LANES = {lanes}\n" + RESCUE)
     assert out["ok"], out["errors"]
     assert all(s > n for s, n in zip(out["sizes"], out["band"], strict=True)), out
     assert out["fallback"] == [True] * 6

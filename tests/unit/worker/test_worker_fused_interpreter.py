@@ -10,17 +10,13 @@ head dims, GQA ratios 1, 3 and 4, contexts from 1 key to a full slot.
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
+from collections.abc import Callable
 
 import pytest
 
 pytest.importorskip("triton")
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
+Interpreted = Callable[[str], dict]  # the `interpreted` fixture (tests/unit/conftest.py)
 TOL = 2e-5  # float32: the two paths differ only in reduction order
 
 PRELUDE = """
@@ -145,30 +141,16 @@ ROPE_CASES = [
 ATTN_CASES = [(4, 4, 16), (6, 2, 20), (8, 2, 48), (3, 1, 64)]
 
 
-def interpret(body: str) -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", PRELUDE + body],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def test_add_rms_norm_and_silu_mul_match_torch() -> None:
-    out = interpret(NORM)
+def test_add_rms_norm_and_silu_mul_match_torch(interpreted: Interpreted) -> None:
+    out = interpreted(PRELUDE + NORM)
     assert len(out["norm"]) == 5 and len(out["silu"]) == 3
     for normed, residual, no_residual in out["norm"]:
         assert normed < TOL and residual == 0.0 and no_residual < TOL
     assert max(out["silu"]) < TOL
 
 
-def test_rope_and_store_matches_torch() -> None:
-    report = interpret(f"CASES = {ROPE_CASES!r}\n" + ROPE)
+def test_rope_and_store_matches_torch(interpreted: Interpreted) -> None:
+    report = interpreted(PRELUDE + f"CASES = {ROPE_CASES!r}\n" + ROPE)
     assert len(report) == len(ROPE_CASES)
     for case, out in zip(ROPE_CASES, report, strict=True):
         assert out["q"] < TOL and out["in_place"], case
@@ -176,8 +158,8 @@ def test_rope_and_store_matches_torch() -> None:
         assert out["kv_columns_untouched"], case
 
 
-def test_decode_attention_matches_sdpa_over_gathered_keys() -> None:
-    report = interpret(f"CASES = {ATTN_CASES!r}\n" + ATTN)
+def test_decode_attention_matches_sdpa_over_gathered_keys(interpreted: Interpreted) -> None:
+    report = interpreted(PRELUDE + f"CASES = {ATTN_CASES!r}\n" + ATTN)
     assert len(report) == len(ATTN_CASES)
     for case, out in zip(ATTN_CASES, report, strict=True):
         assert out.pop("nan_free"), case

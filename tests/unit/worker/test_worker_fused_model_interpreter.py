@@ -10,17 +10,13 @@ final hidden states and the KV caches must agree to float32 tolerance after ever
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
+from collections.abc import Callable
 
 import pytest
 
 pytest.importorskip("triton")
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
+Interpreted = Callable[[str], dict]  # the `interpreted` fixture (tests/unit/conftest.py)
 
 SCRIPT = """
 import json
@@ -76,18 +72,10 @@ print(json.dumps(report))
 """
 
 
-def test_fused_decoder_matches_torch_path_for_every_architecture() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_fused_decoder_matches_torch_path_for_every_architecture(
+    interpreted: Interpreted,
+) -> None:
+    report = interpreted(SCRIPT)
     assert sorted(report) == ["llama", "mistral", "qwen2", "qwen3"]
     for arch, steps in report.items():
         assert len(steps) == 3
