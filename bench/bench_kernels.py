@@ -19,13 +19,17 @@ import itertools
 import json
 import pathlib
 import statistics
+import sys
 import time
 
 import torch
 import triton
-import triton.language as tl
+
+if __package__ in (None, ""):  # run as a script: import from the repository root
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import kernels
+from bench.kernel_baselines import floor_pass, sort_path, topk_path
 from kernels.inputs import check_inputs
 from kernels.triton_path import NBISECT, band_config, launch_band, mask_index, sample_triton
 from kernels.workloads import entropy_nats, flat_logits, peaked_logits
@@ -62,29 +66,6 @@ VARIANTS = {
 }
 
 
-@triton.jit
-def _floor_kernel(x_ptr, m_ptr, s_ptr, stride_x, vocab, n_chunks, CHUNK: tl.constexpr):
-    """One read of the logits: chunk max and sum-exp, nothing else (the memory floor)."""
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    ids = chunk * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(x_ptr + row * stride_x + ids, mask=ids < vocab, other=float("-inf"))
-    x = x.to(tl.float32)
-    m = tl.max(x, axis=0)
-    tl.store(m_ptr + row * n_chunks + chunk, m)
-    tl.store(s_ptr + row * n_chunks + chunk, tl.sum(tl.exp(x - m), axis=0))
-
-
-def floor_pass(x: torch.Tensor, chunk: int) -> None:
-    batch, vocab = x.shape
-    n_chunks = triton.cdiv(vocab, chunk)
-    m = torch.empty(batch, n_chunks, device=x.device)
-    s = torch.empty_like(m)
-    _floor_kernel[(batch, n_chunks)](
-        x, m, s, x.stride(0), vocab, n_chunks, CHUNK=chunk, num_warps=8
-    )
-
-
 def floor_time(it, rep_ms: int) -> float:
     """The floor is the faster of two chunkings, so it is not handicapped by our choice."""
     return min(bench(lambda c=c: floor_pass(next(it)["logits"], c), rep_ms) for c in (2048, 4096))
@@ -99,42 +80,6 @@ def band_pass(x: torch.Tensor, temp: torch.Tensor, variant: str | None = None) -
     cand_id = torch.empty(batch, cfg.ncand, dtype=torch.int32, device=x.device)
     m, s, d = (torch.empty(batch, cfg.n_chunks, device=x.device) for _ in range(3))
     launch_band(x, temp, cand_x, cand_id, m, s, d, cfg, NBISECT)
-
-
-def sort_path(x, temp, top_k, top_p, min_p):
-    """(b) SGLang-style reference: full sort, cumsum, masks, sample, nonzero into CSR."""
-    z = x.float() / temp[:, None]
-    vals, order = torch.sort(z, dim=1, descending=True)
-    probs = torch.softmax(vals, dim=1)
-    pos = torch.arange(z.shape[1], device=z.device)[None, :]
-    keep = pos < torch.where(top_k > 0, top_k, z.shape[1])[:, None]
-    kept = probs * keep
-    kept = kept / kept.sum(dim=1, keepdim=True)
-    keep &= (torch.cumsum(kept, dim=1) - kept) < top_p[:, None]
-    keep &= probs >= min_p[:, None] * probs[:, :1]
-    pick = torch.multinomial(probs * keep, 1)
-    token = order.gather(1, pick)
-    rows, cols = keep.nonzero(as_tuple=True)
-    offsets = torch.cumsum(torch.bincount(rows, minlength=z.shape[0]), 0)
-    return token, order[rows, cols], offsets
-
-
-def topk_path(x, temp, top_k, top_p, min_p, k=1024):
-    """(c) topk(1024) candidates, full logsumexp for top-p, masks, sample, nonzero CSR."""
-    z = x.float() / temp[:, None]
-    vals, idx = torch.topk(z, k, dim=1)
-    lse = torch.logsumexp(z, dim=1, keepdim=True)
-    probs = torch.exp(vals - lse)
-    pos = torch.arange(k, device=z.device)[None, :]
-    keep = pos < torch.where(top_k > 0, top_k, k)[:, None]
-    kept = probs * keep
-    norm = torch.where(top_k[:, None] > 0, kept.sum(dim=1, keepdim=True), 1.0)
-    keep &= (torch.cumsum(kept, dim=1) - kept) / norm < top_p[:, None]
-    keep &= probs >= min_p[:, None] * probs[:, :1]
-    pick = torch.multinomial(probs * keep, 1)
-    token = idx.gather(1, pick)
-    rows, cols = keep.nonzero(as_tuple=True)
-    return token, idx[rows, cols]
 
 
 _LOGITS: dict[tuple, torch.Tensor] = {}
