@@ -38,7 +38,9 @@ class ConnectError(UpstreamError):
 
 
 class DisconnectedError(UpstreamError):
-    """The connection closed before any response byte: the upstream answered nothing."""
+    """The connection closed before any response byte: the upstream answered nothing.
+    (The only failure after which upstream.py sends a request again, and only on a reused
+    connection: a close after any response byte is a ProtocolError or a BodyError.)"""
 
 
 class ProtocolError(UpstreamError):

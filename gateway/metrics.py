@@ -105,6 +105,13 @@ class GatewayMetrics:
         self.retries = Counter(
             "maskgate_retries", "Attempts repeated on another endpoint.", ["pool"], registry=r
         )
+        self.stale_resends = Counter(
+            "maskgate_upstream_stale_resends",
+            "Requests sent again on a new connection after a kept-alive one closed before "
+            "any response byte (the upstream may have run them twice).",
+            ["pool", "upstream"],
+            registry=r,
+        )
 
         # --- streams ---
         self.stream_ttfb = LoopHistogram(
@@ -141,6 +148,7 @@ class GatewayMetrics:
         # prometheus_client's lock-protected label resolution.
         self._request_children: dict[tuple[str, str], tuple[HistogramChild, HistogramChild]] = {}
         self._status_children: dict[tuple[str, str, int], CounterChild] = {}
+        self._resend_hooks: dict[str, Callable[[str], None]] = {}
 
     def observe_request(
         self, route: str, pool: str, status: int, duration: float, overhead: float
@@ -159,6 +167,18 @@ class GatewayMetrics:
         if counter is None:
             counter = self._status_children[skey] = self.requests.labels(route, pool, str(status))
         counter.inc()
+
+    def stale_resend_hook(self, pool: str) -> Callable[[str], None]:
+        """The `on_resend` callback of UpstreamClient.request for one pool: it counts a
+        re-send to the endpoint it is given. Made once per pool, so a request builds none."""
+        hook = self._resend_hooks.get(pool)
+        if hook is None:
+
+            def hook(upstream: str) -> None:
+                self.stale_resends.labels(pool, upstream).inc()
+
+            self._resend_hooks[pool] = hook
+        return hook
 
     def watch_pool(
         self,

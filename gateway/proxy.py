@@ -184,6 +184,7 @@ async def _forward(
     cfg = state.config
     headers = _upstream_headers(request, state, ctx.rid, mask)
     client = state.client()
+    on_resend = state.metrics.stale_resend_hook(pool.name)
     tried: list[Endpoint] = []
     failure: ApiError | None = None
     for attempt in range(cfg.retries.max_attempts):
@@ -209,6 +210,7 @@ async def _forward(
                 headers,
                 raw or None,
                 timeout_s=cfg.timeouts.ttfb_s,
+                on_resend=on_resend,
             )
         except BaseException as e:
             ep.outstanding -= 1
@@ -259,8 +261,9 @@ def _connect_failure(
             _eject(pool, ep)
         return ServerError("upstream_unreachable", f"could not connect to {pool.name} upstream")
     if isinstance(e, DisconnectedError):
-        # A new connection closed without an answer (stale keep-alive connections are
-        # already retried inside the client): a fault, retried on another endpoint.
+        # A new connection closed without an answer (a stale keep-alive connection is
+        # already sent again inside the client, counted in maskgate_upstream_stale_resends):
+        # a fault, retried on another endpoint.
         errors.labels(pool.name, ep.url, "disconnect").inc()
         ep.circuit.record_failure()
         return ServerError("upstream_unreachable", "the upstream closed the connection")

@@ -11,7 +11,9 @@ close), pausing the socket when the reader falls behind (backpressure).
 Errors are typed so the proxy can decide about retries and ejection: `ConnectError` (no
 connection), `DisconnectedError` (closed before a response started: nothing was answered),
 `ProtocolError` (not HTTP we understand), `BodyError` (the connection broke mid-body), and
-`TimeoutError` from the deadlines the caller gives.
+`TimeoutError` from the deadlines the caller gives. A request on a kept-alive connection that
+closes before any response byte (the upstream timed the idle connection out as the request
+went) is sent once more on a new connection, and the caller is told (`on_resend`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from gateway.http1 import (
@@ -70,8 +73,13 @@ class UpstreamClient:
         body: bytes | None,
         *,
         timeout_s: float,
+        on_resend: Callable[[str], object] | None = None,
     ) -> Response:
-        """Send one request; returns once the response headers are in (within `timeout_s`)."""
+        """Send one request; returns once the response headers are in (within `timeout_s`).
+
+        When a connection reused from the pool closes before any response byte, the request
+        is sent once more on a new connection; `on_resend(endpoint)` is called just before.
+        """
         host, port, context, host_header = self._target(endpoint)
         head = [f"{method} {target} HTTP/1.1\r\nHost: {host_header}\r\n"]
         for name, value in headers:
@@ -84,9 +92,9 @@ class UpstreamClient:
             data += body
         is_head = method == "HEAD"
         loop = asyncio.get_running_loop()
-        for _ in range(2):
-            conn = self._take_idle(endpoint)
-            fresh = conn is None
+        conn = self._take_idle(endpoint)
+        reused = conn is not None
+        while True:
             if conn is None:
                 conn = await self._connect(endpoint, host, port, context)
             waiter = conn.send(data, is_head)
@@ -96,16 +104,25 @@ class UpstreamClient:
             try:
                 return await waiter
             except DisconnectedError:
+                # Raised only when the connection closed before any response byte (http1.py);
+                # response bytes then a close is a ProtocolError or a BodyError, never re-sent.
                 conn.abort()
-                if fresh:
-                    raise
-                # A kept-alive connection the upstream had just closed: once more, on a new one.
+                if not reused:
+                    raise  # a new connection closed unanswered: the upstream's fault
             except BaseException:
                 conn.abort()
                 raise
             finally:
                 timer.cancel()
-        raise DisconnectedError("the upstream closed the connection")
+            # A kept-alive connection the upstream closed as the request went out (its idle
+            # timeout raced our reuse): once more, on a new connection, never another idle one,
+            # so a request is sent at most twice here. The upstream may have read it, so a
+            # POST may run twice: `on_resend` lets the caller count it (once connected, so a
+            # request that is not sent again is not counted).
+            reused = False
+            conn = await self._connect(endpoint, host, port, context)
+            if on_resend is not None:
+                on_resend(endpoint)
 
     def give_back(self, conn: Connection) -> None:
         idle = self._idle.setdefault(conn.key, [])

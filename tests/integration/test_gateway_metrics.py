@@ -20,6 +20,7 @@ FIXED_NAMES = [
     "maskgate_upstream_circuit_state",
     "maskgate_upstream_errors_total",
     "maskgate_retries_total",
+    "maskgate_upstream_stale_resends_total",
     "maskgate_stream_ttfb_seconds",
     "maskgate_stream_errors_total",
     "maskgate_mask_support_size",

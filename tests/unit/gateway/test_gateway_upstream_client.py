@@ -3,16 +3,21 @@
 Each scripted server answers every request on a connection with the next canned byte
 string, optionally split into pieces at awkward places, so framing (Content-Length,
 chunked, until close), interim responses, keep-alive reuse and failures are all exercised
-exactly.
+exactly. A few tests run the gateway app in-process in front of one scripted server, to see
+what the proxy makes of the client's failures (stale re-sends, the metric, the retry policy).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
+from gateway import GatewayConfig, create_app
+from gateway.settings import load_settings
 from gateway.upstream import (
     BodyError,
     ConnectError,
@@ -168,23 +173,197 @@ async def test_close_delimited_body_and_connection_close(serve):
     await client.close()
 
 
-async def test_stale_keep_alive_connection_is_retried_on_a_new_one(serve):
-    async def hang_up(transport):
-        transport.close()  # as a server closing an idle connection just as a request came
+async def hang_up(transport):
+    transport.close()  # as a server closing an idle connection just as a request came
 
+
+async def warm(client: UpstreamClient, s: Scripted, n: int = 1) -> None:
+    """Leave `n` kept-alive connections idle in the client's pool (n requests in parallel)."""
+
+    async def one() -> None:
+        r = await client.request(s.url, "GET", "/warm", [], None, timeout_s=2)
+        await r.read()
+        r.release()
+
+    await asyncio.gather(*(one() for _ in range(n)))
+    assert s.connections == n
+
+
+async def test_stale_keep_alive_connection_is_sent_again_on_a_new_one(serve):
     s = await serve([ok(b"a"), hang_up, ok(b"b")])
     client = UpstreamClient(1.0)
-    r = await client.request(s.url, "GET", "/", [], None, timeout_s=2)
-    await r.read()
-    r.release()
-    r = await client.request(s.url, "GET", "/", [], None, timeout_s=2)
+    await warm(client, s)
+    resent: list[str] = []
+    r = await client.request(
+        s.url, "POST", "/generate", [], b'{"text": "x"}', timeout_s=2, on_resend=resent.append
+    )
     assert await r.read() == b"b"
-    assert s.connections == 2
-    # On a fresh connection the same thing is the upstream's fault, and is reported.
-    s.replies = [hang_up]
+    r.release()
+    assert resent == [s.url]
+    assert s.connections == 2  # the re-send went on a new connection
+    # The upstream read the request on both connections: it may have run it twice.
+    assert s.requests[1] == s.requests[2] and s.requests[1].endswith(b'{"text": "x"}')
     await client.close()
+
+
+async def test_the_resend_never_takes_another_idle_connection(serve):
+    s = await serve([ok(b"a"), ok(b"a"), hang_up, ok(b"b")])
+    client = UpstreamClient(1.0)
+    await warm(client, s, 2)
+    resent: list[str] = []
+    r = await client.request(s.url, "POST", "/", [], b"x", timeout_s=2, on_resend=resent.append)
+    assert await r.read() == b"b"
+    r.release()
+    # A third connection, though one idle connection was left: it may be as stale as the first.
+    assert (s.connections, len(s.requests), resent) == (3, 4, [s.url])
+    assert len(client._idle[s.url]) == 2
+    await client.close()
+
+
+async def test_a_request_is_sent_at_most_twice(serve):
+    s = await serve([ok(b"a"), hang_up, hang_up, ok(b"never")])
+    client = UpstreamClient(1.0)
+    await warm(client, s)
+    resent: list[str] = []
     with pytest.raises(DisconnectedError):
-        await client.request(s.url, "GET", "/", [], None, timeout_s=2)
+        await client.request(s.url, "POST", "/", [], b"x", timeout_s=2, on_resend=resent.append)
+    assert (len(s.requests), s.connections, resent) == (3, 2, [s.url])
+    await client.close()
+
+
+async def test_a_new_connection_closed_unanswered_is_not_sent_again(serve):
+    s = await serve([hang_up, ok(b"never")])
+    client = UpstreamClient(1.0)
+    resent: list[str] = []
+    with pytest.raises(DisconnectedError):
+        await client.request(s.url, "POST", "/", [], b"x", timeout_s=2, on_resend=resent.append)
+    assert (len(s.requests), s.connections, resent) == (1, 1, [])
+    await client.close()
+
+
+async def partial_head(transport):
+    transport.write(b"HTTP/1.1 200 OK\r\nContent-Le")
+    await asyncio.sleep(0.01)
+    transport.close()
+
+
+async def head_then_cut(transport):
+    transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+    await asyncio.sleep(0.01)
+    transport.close()
+
+
+async def status_line_only(transport):
+    transport.write(b"H")  # a single byte of an answer is an answer begun
+    await asyncio.sleep(0.01)
+    transport.close()
+
+
+@pytest.mark.parametrize("fault", [partial_head, status_line_only])
+async def test_a_reused_connection_closed_mid_head_is_not_sent_again(serve, fault):
+    s = await serve([ok(b"a"), fault, ok(b"never")])
+    client = UpstreamClient(1.0)
+    await warm(client, s)
+    resent: list[str] = []
+    with pytest.raises(ProtocolError):
+        await client.request(s.url, "POST", "/", [], b"x", timeout_s=2, on_resend=resent.append)
+    assert (len(s.requests), s.connections, resent) == (2, 1, [])
+    await client.close()
+
+
+async def test_a_reused_connection_closed_mid_body_is_not_sent_again(serve):
+    s = await serve([ok(b"a"), head_then_cut, ok(b"never")])
+    client = UpstreamClient(1.0)
+    await warm(client, s)
+    resent: list[str] = []
+    r = await client.request(s.url, "POST", "/", [], b"x", timeout_s=2, on_resend=resent.append)
+    with pytest.raises(BodyError):
+        await r.read()
+    r.close()
+    assert (len(s.requests), s.connections, resent) == (2, 1, [])
+    await client.close()
+
+
+async def test_a_reused_connection_that_times_out_is_not_sent_again(serve):
+    async def silent(transport):
+        await asyncio.sleep(5)
+
+    s = await serve([ok(b"a"), silent, ok(b"never")])
+    client = UpstreamClient(1.0)
+    await warm(client, s)
+    resent: list[str] = []
+    with pytest.raises(TimeoutError):
+        await client.request(s.url, "POST", "/", [], b"x", timeout_s=0.05, on_resend=resent.append)
+    assert (len(s.requests), s.connections, resent) == (2, 1, [])
+    await client.close()
+
+
+@contextlib.asynccontextmanager
+async def proxy_to(url: str) -> AsyncIterator[TestClient]:
+    """The gateway app in-process with one general endpoint and no health checks (they
+    would take the scripted replies)."""
+    pools = {"general": {"endpoints": [url], "health_path": None}, "mask": {"endpoints": []}}
+    config = load_settings(GatewayConfig, overrides={"access_log": False, "pools": pools})
+    async with TestClient(TestServer(create_app(config))) as client:
+        yield client
+
+
+async def post_generate(gw: TestClient) -> tuple[int, dict]:
+    resp = await gw.post("/generate", json={"text": "x"})
+    return resp.status, await resp.json()
+
+
+async def metric_lines(gw: TestClient, prefix: str) -> list[str]:
+    text = await (await gw.get("/metrics")).text()
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+RESENDS = "maskgate_upstream_stale_resends_total{"
+JSON = b"Content-Type: application/json\r\n"
+
+
+async def test_proxy_counts_a_stale_resend_of_generate(serve):
+    s = await serve([ok(b'{"n": 1}', JSON), hang_up, ok(b'{"n": 2}', JSON)])
+    async with proxy_to(s.url) as gw:
+        assert await post_generate(gw) == (200, {"n": 1})
+        assert await metric_lines(gw, RESENDS) == []
+        assert await post_generate(gw) == (200, {"n": 2})
+        assert await metric_lines(gw, RESENDS) == [
+            f'maskgate_upstream_stale_resends_total{{pool="general",upstream="{s.url}"}} 1.0'
+        ]
+        # Not a retry on another endpoint, and not an upstream fault.
+        assert await metric_lines(gw, "maskgate_retries_total{") == []
+        assert await metric_lines(gw, "maskgate_upstream_errors_total{") == []
+    # The second /generate reached the upstream twice, byte for byte (the same rid).
+    assert len(s.requests) == 3 and s.requests[1] == s.requests[2]
+    assert s.requests[1].startswith(b"POST /generate HTTP/1.1\r\n")
+    assert s.connections == 2
+
+
+async def test_proxy_does_not_resend_on_a_new_connection(serve):
+    s = await serve([hang_up, ok(b"{}", JSON)])
+    async with proxy_to(s.url) as gw:
+        status, body = await post_generate(gw)
+        assert (status, body["error"]["code"]) == (502, "upstream_unreachable")
+        assert await metric_lines(gw, RESENDS) == []
+        # The proxy's own retry policy applies (another endpoint; here there is none).
+        assert await metric_lines(gw, "maskgate_upstream_errors_total{") == [
+            "maskgate_upstream_errors_total{"
+            f'kind="disconnect",pool="general",upstream="{s.url}"}} 1.0'
+        ]
+    assert len(s.requests) == 1
+
+
+@pytest.mark.parametrize("fault", [partial_head, head_then_cut])
+async def test_proxy_does_not_resend_once_answer_bytes_arrived(serve, fault):
+    s = await serve([ok(b"{}", JSON), fault, ok(b"{}", JSON)])
+    async with proxy_to(s.url) as gw:
+        assert (await post_generate(gw))[0] == 200
+        status, body = await post_generate(gw)
+        assert (status, body["error"]["code"]) == (502, "upstream_error")
+        assert await metric_lines(gw, RESENDS) == []
+        assert await metric_lines(gw, "maskgate_retries_total{") == []
+    assert len(s.requests) == 2
 
 
 async def test_failures_are_typed(serve):
