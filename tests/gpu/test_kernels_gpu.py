@@ -153,6 +153,50 @@ def test_batch_sizes_and_dtypes(batch_size: int, dtype: torch.dtype) -> None:
     assert report.ok, report.errors
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bad_segment_and_confident_rows_match_oracle(dtype: torch.dtype) -> None:
+    """Rows the band alone cannot decide, at the real pass-1 shape of B = 128, V = 151936.
+
+    Even rows: 24 tokens far above the rest, three of them (ranks 1, 4, 7) in lane 0 of
+    segment 0, so that segment's floor lies inside S (the one-read rescue decides them). Odd
+    rows: one token 30 nats up (confident; with top-k 50 + top-p the top-k mass bounds
+    decide them, so they are not fallback rows)."""
+    vocab, rows = 151936, 128
+    g = torch.Generator().manual_seed(17)
+    # The background sits 10 nats down, so top-p stays among the 24 tokens (a N(0, 1)
+    # background over 151936 tokens would hold a third of the mass: |S| in the tens of
+    # thousands, which is the bisection's case, not this one).
+    x = torch.randn(rows, vocab, generator=g) - 10.0
+    lanes = band_config(vocab, batch=rows, itemsize=torch.empty((), dtype=dtype).element_size())
+    w = lanes.lanes
+    vals = 10.0 - 0.1 * torch.arange(24)
+    for r in range(0, rows, 2):
+        other = torch.randperm(vocab - 3 * w, generator=g)[:21] + 3 * w
+        order = [0, *other[:2].tolist(), w, *other[2:4].tolist(), 2 * w, *other[4:].tolist()]
+        x[r, torch.tensor(order)] = vals
+    for r in range(1, rows, 2):
+        x[r, (r * 997) % vocab] = 30.0
+    idx = torch.arange(rows)
+    batch = {
+        "logits": x.to(dtype),
+        "temperature": torch.ones(rows),
+        "top_k": torch.where(idx % 4 == 1, 50, -1).to(torch.int32),
+        "top_p": torch.tensor([0.9, 0.9, 0.7, 0.95])[idx % 4],
+        "min_p": torch.zeros(rows),
+    }
+    batch = {k: v.cuda() for k, v in batch.items()}
+    want = torch.ones(rows, dtype=torch.bool)
+    res = run(batch, want, 4096)
+    report = check_result(res, oracle(batch), want, None, 4096)
+    summary(f"bad segment / confident rows {dtype}", report, res)
+    assert report.ok, report.errors
+    sizes = res.support_sizes[0::2]
+    assert int(sizes.min()) > 6 and int(sizes.max()) <= 24  # beyond the band, within the 24
+    assert bool(res.fallback_rows[0::2].all())  # the band was not enough: counted
+    confident_topk = (idx % 4 == 1).cuda()
+    assert not bool(res.fallback_rows[confident_topk].any())
+
+
 def test_seeded_tokens_batch_invariant_and_match_cpu() -> None:
     vocab = 32000
     g = torch.Generator().manual_seed(9)
