@@ -77,6 +77,22 @@ def run(
     return res
 
 
+def run_checked(
+    name: str,
+    batch: dict[str, torch.Tensor],
+    want: torch.Tensor,
+    cap: int,
+    bounded: torch.Tensor | None = None,
+    pass1: str | None = None,
+) -> kernels.SampleResult:
+    """run() checked against the oracle: prints the SUMMARY line, fails on any error."""
+    res = run(batch, want, cap, pass1)
+    report = check_result(res, oracle(batch), want, bounded, cap)
+    summary(name, report, res)
+    assert report.ok, report.errors
+    return res
+
+
 def oracle(batch: dict[str, torch.Tensor]):
     return reference(*(batch[k] for k in ("logits", "temperature", "top_k", "top_p", "min_p")))
 
@@ -96,10 +112,7 @@ def test_full_grid_matches_oracle(vocab: int, cap: int) -> None:
     batch = grid(vocab, seed=vocab)
     rows = batch["logits"].shape[0]
     want = torch.arange(rows) % 7 != 3
-    res = run(batch, want, cap)
-    report = check_result(res, oracle(batch), want, batch["bounded"], cap)
-    summary(f"grid V={vocab} C={cap}", report, res)
-    assert report.ok, report.errors
+    run_checked(f"grid V={vocab} C={cap}", batch, want, cap, bounded=batch["bounded"])
 
 
 @pytest.mark.parametrize("pass1", list(PASS1))
@@ -109,10 +122,9 @@ def test_pass_one_variants_match_oracle(vocab: int, pass1: str) -> None:
     batch = grid(vocab, seed=vocab)
     rows = batch["logits"].shape[0]
     want = torch.arange(rows) % 7 != 3
-    res = run(batch, want, 4096, pass1)
-    report = check_result(res, oracle(batch), want, batch["bounded"], 4096)
-    summary(f"grid V={vocab} pass1={pass1}", report, res)
-    assert report.ok, report.errors
+    run_checked(
+        f"grid V={vocab} pass1={pass1}", batch, want, 4096, bounded=batch["bounded"], pass1=pass1
+    )
     g = torch.Generator().manual_seed(vocab)
     zipf = {
         "logits": peaked_logits(256, vocab, 1.4, g).to(torch.bfloat16).cuda(),
@@ -122,10 +134,7 @@ def test_pass_one_variants_match_oracle(vocab: int, pass1: str) -> None:
         "min_p": torch.full((256,), 0.0, device="cuda"),
     }
     want = torch.ones(256, dtype=torch.bool)
-    res = run(zipf, want, 4096, pass1)
-    report = check_result(res, oracle(zipf), want, None, 4096)
-    summary(f"zipf bf16 B=256 V={vocab} pass1={pass1}", report, res)
-    assert report.ok, report.errors
+    run_checked(f"zipf bf16 B=256 V={vocab} pass1={pass1}", zipf, want, 4096, pass1=pass1)
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 64, 512])
@@ -147,10 +156,7 @@ def test_batch_sizes_and_dtypes(batch_size: int, dtype: torch.dtype) -> None:
     }
     batch = {k: v.cuda() for k, v in batch.items()}
     want = torch.ones(batch_size, dtype=torch.bool)
-    res = run(batch, want, 4096)
-    report = check_result(res, oracle(batch), want, None, 4096)
-    summary(f"B={batch_size} {dtype}", report, res)
-    assert report.ok, report.errors
+    run_checked(f"B={batch_size} {dtype}", batch, want, 4096)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -186,10 +192,7 @@ def test_bad_segment_and_confident_rows_match_oracle(dtype: torch.dtype) -> None
     }
     batch = {k: v.cuda() for k, v in batch.items()}
     want = torch.ones(rows, dtype=torch.bool)
-    res = run(batch, want, 4096)
-    report = check_result(res, oracle(batch), want, None, 4096)
-    summary(f"bad segment / confident rows {dtype}", report, res)
-    assert report.ok, report.errors
+    res = run_checked(f"bad segment / confident rows {dtype}", batch, want, 4096)
     sizes = res.support_sizes[0::2]
     assert int(sizes.min()) > 6 and int(sizes.max()) <= 24  # beyond the band, within the 24
     assert bool(res.fallback_rows[0::2].all())  # the band was not enough: counted
