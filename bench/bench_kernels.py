@@ -196,6 +196,9 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=int, default=40)
     ap.add_argument("--split", action="store_true", help="time pass 1 variants and exit")
     ap.add_argument("--graphs", default="", help="--split: variants to time whole (graph)")
+    ap.add_argument(
+        "--profile", action="store_true", help="GPU time of each launch of kernels.sample"
+    )
     ap.add_argument("--plot-only", metavar="JSON", help="redraw the PNG from a results file")
     ap.add_argument("--cpu", action="store_true", help="time the CPU torch path instead")
     ap.add_argument(
@@ -209,6 +212,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.plot_only:
         plot(json.loads(pathlib.Path(args.plot_only).read_text()), out / "kernels_bench.png")
+        return
+    if args.profile:
+        kernel_profile(out)
         return
     if args.split:
         graphs = [v for v in args.graphs.split(",") if v]
@@ -327,6 +333,41 @@ def split_times(rep_ms: int, out: pathlib.Path, variants: list[str], graphs: lis
     for name in graphs:
         for (batch, dtype), row in zip(cases, rows, strict=True):
             record(row, f"graph_us_{name}", graph_time(bufs[batch, dtype], rep_ms, name))
+
+
+def kernel_profile(out: pathlib.Path, calls: int = 50) -> None:
+    """GPU time of each kernel kernels.sample launches (torch.profiler, eager calls), at
+    V=151936 for B=1 and 128 in fp32 and B=128 in bf16, top-p 0.95. Unlike graph replays this
+    splits the sample into its launches, without the gaps between them. Writes
+    kernels_profile.json."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = []
+    for batch, dtype in [(1, torch.float32), (128, torch.float32), (128, torch.bfloat16)]:
+        b = make_inputs(batch, 151936, dtype, "p0.95", False, 0)
+        inp = check_inputs(**_args(b), max_mask_tokens=CAP)
+        index = mask_index(inp.want_mask, inp.logits.device)
+        for _ in range(3):
+            sample_triton(inp, index=index)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                sample_triton(inp, index=index)
+            torch.cuda.synchronize()
+        for ev in prof.key_averages():
+            if ev.device_type.name == "CUDA" and ev.count >= calls:
+                us = ev.device_time_total / ev.count
+                rows.append(
+                    {
+                        "B": batch,
+                        "dtype": str(dtype).replace("torch.", ""),
+                        "kernel": ev.key,
+                        "count_per_call": ev.count / calls,
+                        "us": us,
+                    }
+                )
+                print(f"profile B={batch} {dtype} {ev.key[:60]:<60} {us:8.2f} us", flush=True)
+    (out / "kernels_profile.json").write_text(json.dumps(rows, indent=1))
 
 
 def cpu_bench(out: pathlib.Path, repeats: int = 7) -> None:

@@ -78,3 +78,36 @@ def unpack_z(keys):
 @triton.jit
 def unpack_id(keys):
     return MASK32 - (keys & MASK32)
+
+
+# Combine functions for tl.reduce over tuples: one block-wide reduction carries several
+# values, so independent sums and maxima share its shuffles and barriers. resolve_kernel is
+# latency-bound (one program per row), and each separate reduction costs ~0.2 us of it.
+@triton.jit
+def max3(a0, a1, a2, b0, b1, b2):
+    return tl.maximum(a0, b0), tl.maximum(a1, b1), tl.maximum(a2, b2)
+
+
+@triton.jit
+def add2(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
+def add3(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, a2 + b2
+
+
+@triton.jit
+def add2_max1(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, tl.maximum(a2, b2)
+
+
+@triton.jit
+def max1_add1(a0, a1, b0, b1):
+    return tl.maximum(a0, b0), a1 + b1
+
+
+@triton.jit
+def add4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3

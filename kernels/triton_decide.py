@@ -7,12 +7,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.triton_common import EMPTY_KEY, gumbel, unpack_id, unpack_z
+from kernels.triton_common import (
+    EMPTY_KEY,
+    add2,
+    add3,
+    add4,
+    gumbel,
+    max1_add1,
+    unpack_id,
+    unpack_z,
+)
 
 
 @triton.jit
 def store_mask(slot_row, cnt_ptr, status_ptr, midx, ids, pos, n, j, token, max_mask, cap, bounded):
-    """Writes the first ids of a sorted block as the row's mask slot (design 3.9, 3.10)."""
+    """Writes the first ids of a sorted block as the row's mask slot (design 3.9, 3.10);
+    returns how many."""
     over = n > max_mask
     count = tl.where(over, tl.where(bounded, cap, 0), n)
     status = tl.where(over, tl.where(bounded, 2, 1), 0)
@@ -21,18 +31,22 @@ def store_mask(slot_row, cnt_ptr, status_ptr, midx, ids, pos, n, j, token, max_m
     tl.store(slot_row + pos, out.to(tl.int32), mask=pos < count)
     tl.store(cnt_ptr + midx, count.to(tl.int64))
     tl.store(status_ptr + midx, status.to(tl.int8))
+    return count.to(tl.int64)
 
 
 @triton.jit
-def best_sorted(keys, z, listed, d_max, z_max, scratch, LIMIT: tl.constexpr, NBISECT: tl.constexpr):
+def best_sorted(
+    keys, z, listed, d_max, z_max, lo, n_lo, scratch, LIMIT: tl.constexpr, NBISECT: tl.constexpr
+):
     """The best (at most LIMIT) listed candidates, sorted, and the new floor below them.
 
-    keys, z, listed: [CAND_BLOCK] unsorted candidates. Returns ([LIMIT] sorted keys, floor):
-    every token with z > floor is among the returned keys.
+    keys, z, listed: [CAND_BLOCK] unsorted candidates; lo: the lowest z worth sorting
+    (max(d_max, z_max - 30)) and n_lo the listed candidates with z >= lo, which the caller
+    counts in a reduction it needs anyway. Returns ([LIMIT] sorted keys, floor): every token
+    with z > floor is among the returned keys.
     """
-    lo = tl.maximum(d_max, z_max - 30.0)
     hi = z_max
-    if tl.sum((listed & (z >= lo)).to(tl.int32), axis=0) > LIMIT:
+    if n_lo > LIMIT:
         for _ in range(NBISECT):
             mid = lo + (hi - lo) * 0.5
             over = tl.sum((listed & (z >= mid)).to(tl.int32), axis=0) > LIMIT
@@ -42,9 +56,11 @@ def best_sorted(keys, z, listed, d_max, z_max, scratch, LIMIT: tl.constexpr, NBI
     pick = listed & (z >= lo)
     rank = tl.cumsum(pick.to(tl.int32), axis=0) - 1
     pick = pick & (rank < LIMIT)  # ties at the row max beyond LIMIT: lowest ids first
-    floor = tl.maximum(d_max, tl.max(tl.where(listed & ~pick, z, float("-inf")), axis=0))
+    below, n_pick = tl.reduce(
+        (tl.where(listed & ~pick, z, float("-inf")), pick.to(tl.int32)), 0, max1_add1
+    )
+    floor = tl.maximum(d_max, below)
     tl.store(scratch + rank, keys, mask=pick)
-    n_pick = tl.sum(pick.to(tl.int32), axis=0)
     tl.debug_barrier()  # the scattered stores before the block load
     slots = tl.arange(0, LIMIT)
     best = tl.load(scratch + slots, mask=slots < n_pick, other=EMPTY_KEY)
@@ -55,38 +71,52 @@ def best_sorted(keys, z, listed, d_max, z_max, scratch, LIMIT: tl.constexpr, NBI
 def decide(keys, d_max, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, BLOCK: tl.constexpr):
     """|S| from sorted keys whose tokens above d_max form an exact prefix of design order.
 
-    Returns (n, undecided, z, ids, mass), the last three per sorted slot.
+    Returns (n, undecided, z, ids, mass), the last three per sorted slot. Two block-wide
+    reductions (each carrying several sums) and one scan.
     """
     pos = tl.arange(0, BLOCK)
     ids = unpack_id(keys)
     z = tl.where(keys == EMPTY_KEY, float("-inf"), unpack_z(keys))
     complete = d_max == float("-inf")
-    listed = z > d_max
-    n_listed = tl.sum(listed.to(tl.int64), axis=0)
+    listed = z > d_max  # a prefix of the slots: they are sorted
+    mass = tl.where(listed, tl.exp(z - z_max), 0.0)
+    min_p64 = min_p.to(tl.float64)
+    rel = tl.exp(z.to(tl.float64) - z_max.to(tl.float64))
+    # z_k: the mass of the first min(k, n_listed) slots (all listed ones when k reaches past
+    # them), the top-k normaliser when k is on.
+    n_listed, cut_m, z_k, mass_all = tl.reduce(
+        (
+            listed.to(tl.int64),
+            (listed & (rel >= min_p64)).to(tl.int64),
+            tl.where(pos < k, mass, 0.0),
+            mass,
+        ),
+        0,
+        add4,
+    )
     big = BLOCK + 1
     k_known = ~k_on | complete | (k <= n_listed)
     cut_k = tl.where(k_on, tl.minimum(k, n_listed), n_listed)
     cut_k = tl.where(k_known, cut_k, big)
     cut_k = tl.where(~k_on & ~complete, big, cut_k)
-    mass = tl.where(listed, tl.exp(z - z_max), 0.0)
-    z_k = tl.sum(tl.where(pos < tl.minimum(cut_k, n_listed), mass, 0.0), axis=0)
     z_norm = tl.where(k_on, z_k, z_sum)
     before = tl.cumsum(mass, axis=0) - mass
     # IEEE division: dyadic boundaries (e.g. 55 / 110 == 0.5) must compare exactly.
     frac = tl.math.div_rn(before, tl.zeros_like(before) + z_norm)
-    cut_p = tl.sum((listed & (frac < top_p)).to(tl.int64), axis=0)
     # top-k reaching past the listed tokens (a peaked row: fewer than k tokens in the band):
     # the top-k mass is unknown but bounded, z_norm <= z_k <= z_hi, since each unlisted
     # token has z <= d_max. The cut is decided when both bounds give it.
     p_blind = p_on & k_on & ~k_known
     z_hi = z_norm + tl.where(p_blind, (k - n_listed).to(tl.float32), 0.0) * tl.exp(d_max - z_max)
     frac_hi = tl.math.div_rn(before, tl.zeros_like(before) + z_hi)
-    p_blind = p_blind & (tl.sum((listed & (frac_hi < top_p)).to(tl.int64), axis=0) != cut_p)
-    next_kept = tl.math.div_rn(tl.sum(mass, axis=0), z_hi) < top_p
+    cut_p, cut_hi = tl.reduce(
+        ((listed & (frac < top_p)).to(tl.int64), (listed & (frac_hi < top_p)).to(tl.int64)),
+        0,
+        add2,
+    )
+    p_blind = p_blind & (cut_hi != cut_p)
+    next_kept = tl.math.div_rn(mass_all, z_hi) < top_p
     cut_p = tl.where(complete | (cut_p < n_listed) | ~next_kept, cut_p, big)
-    min_p64 = min_p.to(tl.float64)
-    rel = tl.exp(z.to(tl.float64) - z_max.to(tl.float64))
-    cut_m = tl.sum((listed & (rel >= min_p64)).to(tl.int64), axis=0)
     beyond = tl.exp(d_max.to(tl.float64) - z_max.to(tl.float64)) >= min_p64
     cut_m = tl.where(complete | (cut_m < n_listed) | ~beyond, cut_m, big)
     n = tl.minimum(cut_k, tl.where(p_on, cut_p, big))
@@ -103,7 +133,10 @@ def draw(z, ids, mass, n, greedy, k0, k1, z_max, BLOCK: tl.constexpr):
     in_s = pos < n
     score = tl.where(in_s, z + gumbel(k0, k1, ids), float("-inf"))
     j = tl.where(greedy, 0, tl.argmax(score, axis=0).to(tl.int64))
-    token = tl.sum(tl.where(pos == j, ids, 0), axis=0)
-    z_y = tl.sum(tl.where(pos == j, z, 0.0), axis=0)
-    lse = z_max + tl.log(tl.sum(tl.where(in_s, mass, 0.0), axis=0))
+    token, z_y, s_mass = tl.reduce(
+        (tl.where(pos == j, ids, 0), tl.where(pos == j, z, 0.0), tl.where(in_s, mass, 0.0)),
+        0,
+        add3,
+    )
+    lse = z_max + tl.log(s_mass)
     return token, tl.where(greedy, 0.0, z_y - lse), j

@@ -1,6 +1,6 @@
 """Pass 3: pack the per-row mask slots into CSR (offsets + ids) without a host sync.
 
-Grid (R,). Program r sums the counts of the requesting rows before it (R is at most the
+Grid (R,), R >= 2 (a single mask row is already packed). Program r sums the counts of the requesting rows before it (R is at most the
 batch size, so one block load does it) and copies its slot to that offset.
 """
 
@@ -29,6 +29,4 @@ def emit_kernel(
         offs = i + tl.arange(0, COPY_BLOCK)
         keep = offs < count
         tl.store(ids_ptr + start + offs, tl.load(slot + offs, mask=keep), mask=keep)
-    tl.store(offsets_ptr + r + 1, start + count)
-    if r == 0:
-        tl.store(offsets_ptr, tl.zeros([], tl.int64))
+    tl.store(offsets_ptr + r + 1, start + count)  # offsets[0]: resolve_kernel's row 0

@@ -201,6 +201,9 @@ def sample_triton(
     else:
         seed = inp.seed
     step = inp.step if inp.step is not None else seed
+    # CSR: resolve's row 0 writes offsets[0]. A single mask row needs no packing: its slot is
+    # already mask_ids, resolve writes its count to offsets[1] too, and emit is skipped.
+    offsets = torch.empty(n_rows + 1, dtype=torch.int64, device=dev)
     resolve_kernel[(batch,)](
         cand_x,
         cand_id,
@@ -226,6 +229,8 @@ def sample_triton(
         counts,
         status,
         slots,
+        offsets,
+        int(n_rows == 1),
         scratch,
         vocab,
         cfg.n_chunks,
@@ -243,9 +248,8 @@ def sample_triton(
         num_warps=cfg.resolve_warps or (8 if cand_block >= 2048 else 4),
     )
 
-    offsets = torch.zeros(n_rows + 1, dtype=torch.int64, device=dev)
-    mask_ids = torch.empty(n_rows * cap, dtype=torch.int32, device=dev)
-    if n_rows > 0:
+    mask_ids = slots if n_rows == 1 else torch.empty(n_rows * cap, dtype=torch.int32, device=dev)
+    if n_rows > 1:
         emit_kernel[(n_rows,)](
             slots,
             counts,

@@ -17,6 +17,8 @@ import triton.language as tl
 from kernels.triton_common import (
     EMPTY_KEY,
     GREEDY_T,
+    add2_max1,
+    max3,
     pack_key,
     row_keys,
     scale,
@@ -34,7 +36,7 @@ from kernels.triton_fallback import (
 )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["direct"])  # 0 or 1: one compile serves both
 def resolve_kernel(
     cand_x_ptr,
     cand_id_ptr,
@@ -60,6 +62,8 @@ def resolve_kernel(
     cnt_ptr,
     status_ptr,
     slot_ptr,  # [R] int64, [R] int8, [R, cap] int32
+    offsets_ptr,  # [R + 1] int64 CSR offsets: row 0 writes the leading 0
+    direct,  # 1: R == 1, the slot is the CSR ids and the row also writes offsets[1]
     scratch_ptr,  # [B, T1 + T2 + CAP_BLOCK] int64 compaction space
     vocab,
     n_chunks,
@@ -82,14 +86,14 @@ def resolve_kernel(
     m_c = tl.load(m_ptr + stat, mask=in_ch, other=float("-inf"))
     s_c = tl.load(s_ptr + stat, mask=in_ch, other=0.0)
     d_c = tl.load(d_ptr + stat, mask=in_ch, other=float("-inf"))
-    z_max = tl.max(m_c, axis=0)
+    z_max, d_max, nan_seen = tl.reduce((m_c, d_c, (s_c != s_c).to(tl.int32)), 0, max3)
     temp = tl.load(temp_ptr + row)
     greedy = temp.to(tl.float64) < GREEDY_T
     # A NaN or +inf anywhere (s_c is NaN then), or no finite logit: never sampled.
-    bad = (tl.max((s_c != s_c).to(tl.int32), axis=0) > 0) | (z_max == float("-inf"))
-    bad = bad | (z_max == float("inf"))
+    bad = (nan_seen > 0) | (z_max == float("-inf")) | (z_max == float("inf"))
     z_sum = tl.sum(tl.where(m_c > float("-inf"), s_c * tl.exp(m_c - z_max), 0.0), axis=0)
-    d_max = tl.max(d_c, axis=0)
+    if row == 0:
+        tl.store(offsets_ptr, tl.zeros([], tl.int64))
 
     k = tl.load(topk_ptr + row).to(tl.int64)
     k_on = (k > 0) & (k < vocab)
@@ -114,9 +118,13 @@ def resolve_kernel(
     z_all = scale(x_c, temp)  # exact z for the candidates only
     keys = tl.where(z_all > float("-inf"), pack_key(z_all, ids_c), EMPTY_KEY)
     listed = z_all > d_max  # every token with z > d_max is a candidate
-    tl.store(band_ptr + row, tl.sum(listed.to(tl.int64), axis=0))
+    lo = tl.maximum(d_max, z_max - 30.0)  # below this, no tier sorts a candidate
+    n_band, n_lo, top_key = tl.reduce(
+        (listed.to(tl.int64), (listed & (z_all >= lo)).to(tl.int32), keys), 0, add2_max1
+    )
+    tl.store(band_ptr + row, n_band)
 
-    best, floor = best_sorted(keys, z_all, listed, d_max, z_max, scratch, T1, NBISECT)
+    best, floor = best_sorted(keys, z_all, listed, d_max, z_max, lo, n_lo, scratch, T1, NBISECT)
     n, undecided, z, ids, mass = decide(
         best, floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T1
     )
@@ -124,11 +132,12 @@ def resolve_kernel(
     token, logprob, j = draw(z, ids, mass, n, greedy, k0, k1, z_max, T1)
     # Greedy: the largest key of all candidates (its chunk always writes it), even when ties
     # leave nothing listed above d_max.
-    token = tl.where(greedy, unpack_id(tl.max(keys, axis=0)), token)
+    token = tl.where(greedy, unpack_id(top_key), token)
     fallback = tl.full([], 0, tl.int8)
+    emitted = tl.full([], 0, tl.int64)  # ids this row writes to its mask slot
     if greedy | bad | ~undecided:
         if midx >= 0:
-            store_mask(
+            emitted = store_mask(
                 slot_row,
                 cnt_ptr,
                 status_ptr,
@@ -143,7 +152,9 @@ def resolve_kernel(
                 bounded,
             )
     else:
-        best2, floor2 = best_sorted(keys, z_all, listed, d_max, z_max, scratch + T1, T2, NBISECT)
+        best2, floor2 = best_sorted(
+            keys, z_all, listed, d_max, z_max, lo, n_lo, scratch + T1, T2, NBISECT
+        )
         n, undecided, z2, ids2, mass2 = decide(
             best2, floor2, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
         )
@@ -171,7 +182,7 @@ def resolve_kernel(
         if ~undecided:
             token, logprob, j = draw(z2, ids2, mass2, n, greedy, k0, k1, z_max, T2)
             if midx >= 0:
-                store_mask(
+                emitted = store_mask(
                     slot_row,
                     cnt_ptr,
                     status_ptr,
@@ -187,7 +198,6 @@ def resolve_kernel(
                 )
         else:
             fallback = tl.full([], 1, tl.int8)
-            top_key = tl.max(keys, axis=0)
             k_eff = tl.where(k_on, k, vocab + 1)
             t_cut, n, mass_s = fallback_support(
                 x_row, temp, vocab, top_key, k_eff, top_p, min_p, z_max, z_sum, FB_BLOCK
@@ -221,7 +231,7 @@ def resolve_kernel(
                     e_pos = tl.arange(0, CAP_BLOCK)
                     e_keys = tl.load(gather + e_pos, mask=e_pos < got, other=EMPTY_KEY)
                     e_keys = tl.sort(e_keys, 0, descending=True)
-                    store_mask(
+                    emitted = store_mask(
                         slot_row,
                         cnt_ptr,
                         status_ptr,
@@ -236,7 +246,8 @@ def resolve_kernel(
                         bounded,
                     )
                 else:
-                    tl.store(cnt_ptr + midx, tl.full([], 0, tl.int64))
+                    emitted = tl.full([], 0, tl.int64)
+                    tl.store(cnt_ptr + midx, emitted)
                     tl.store(status_ptr + midx, tl.full([], 1, tl.int8))
     token = tl.where(bad, 0, token)
     logprob = tl.where(bad, float("nan"), logprob)
@@ -245,3 +256,5 @@ def resolve_kernel(
     tl.store(size_ptr + row, tl.where(bad, 0, n))
     tl.store(nan_ptr + row, bad.to(tl.int8))
     tl.store(fb_ptr + row, fallback)
+    if (direct != 0) & (midx >= 0):
+        tl.store(offsets_ptr + 1, emitted)

@@ -208,6 +208,40 @@ print(json.dumps(res))
 """
 
 
+CSR_SHAPES = """
+# No mask row (offsets [0], written by resolve's row 0), one mask row anywhere in the batch
+# (its slot is the CSR itself, no emit launch) and two or more (emit packs the slots).
+g = torch.Generator().manual_seed(3)
+x = torch.randn(5, 200, generator=g) * 3
+temp = torch.tensor([1.0, 0.0, 0.8, 1.0, 1.2])
+k = torch.tensor([-1, -1, 20, -1, 5], dtype=torch.int32)
+p = torch.tensor([0.9, 1.0, 0.95, 1.0, 0.8])
+mp = torch.tensor([0.0, 0.0, 0.0, 0.05, 0.0])
+seed = torch.arange(5, dtype=torch.int64)
+out = []
+for pattern in ([], [0], [3], [4], [1, 2], [0, 2, 4]):
+    want = torch.zeros(5, dtype=torch.bool)
+    want[pattern] = True
+    tri, cpu = both(x, temp, k, p, mp, want, 16, seed, lanes=16)
+    n = int(tri.mask_offsets[-1])
+    out.append({
+        "offsets": [tri.mask_offsets.tolist(), cpu.mask_offsets.tolist()],
+        "rows": [tri.mask_rows.tolist(), cpu.mask_rows.tolist()],
+        "masks": [tri.masks(), cpu.masks()],
+        "ids": [tri.mask_ids[:n].tolist(), cpu.mask_ids.tolist()],
+        "tokens": [tri.tokens.tolist(), cpu.tokens.tolist()],
+    })
+print(json.dumps(out))
+"""
+
+
+def test_csr_with_zero_one_and_several_mask_rows(interpreted: Interpreted) -> None:
+    for case in interpreted(PRELUDE + CSR_SHAPES):
+        for name, (tri, cpu) in case.items():
+            assert tri == cpu, (name, tri, cpu)
+        assert case["offsets"][0][0] == 0
+
+
 @pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
 def test_interpreted_grid_matches_oracle_and_torch_path(
     lanes: int, interpreted: Interpreted
