@@ -40,6 +40,14 @@ class DecodeGraphs:
         # 16-byte aligned, the alignment Triton specialises pointers on (one kernel variant).
         width = self.buckets[-1] + self.buckets[-1] % 2
         self.inputs = torch.zeros((3, width), dtype=torch.int64, device=dev)
+        # Their pinned host twin: one asynchronous copy a step, issued without waiting on the
+        # device. It is rewritten only once the last copy from it has completed.
+        self.host = torch.zeros((3, width), dtype=torch.int64, pin_memory=True)
+        self.host_rows = self.host.numpy()
+        self.copied = torch.cuda.Event()
+        # bucket_of[n]: the smallest batch bucket >= n, for n in 1..max_batch.
+        top = self.buckets[-1]
+        self.bucket_of = [0] + [next(x for x in self.buckets if x >= n) for n in range(1, top + 1)]
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()
         self.num_replays = 0
@@ -52,22 +60,22 @@ class DecodeGraphs:
     def run(self, rows: list[RowWork]) -> torch.Tensor:
         """Decode rows -> logits [len(rows), vocab] float32."""
         n = len(rows)
-        b = next(x for x in self.buckets if x >= n)
+        b = self.bucket_of[n]
         context = max(r.start_pos for r in rows) + 1
-        keys = MIN_KEYS
-        while keys < context:
-            keys *= 2
-        keys = min(keys, self.kv.max_model_len)
-        pad = b - n
-        host = torch.tensor(
-            [
-                [r.token_ids[0] for r in rows] + [0] * pad,
-                [r.start_pos for r in rows] + [0] * pad,
-                [r.slot for r in rows] + [self.kv.scratch_slot] * pad,
-            ],
-            dtype=torch.int64,
-        )
-        self.inputs[:, :b].copy_(host)
+        # The next power of two >= context, at least MIN_KEYS (a power of two).
+        keys = min(max(MIN_KEYS, 1 << (context - 1).bit_length()), self.kv.max_model_len)
+        # The previous copy from the host buffer: long complete, as every step ends in a copy
+        # back; this only guards the rewrite.
+        self.copied.synchronize()
+        h = self.host_rows
+        h[0, :n] = [r.token_ids[0] for r in rows]
+        h[1, :n] = [r.start_pos for r in rows]
+        h[2, :n] = [r.slot for r in rows]
+        h[:2, n:b] = 0  # padding rows: token 0 at position 0 of the scratch slot
+        h[2, n:b] = self.kv.scratch_slot
+        # The whole buffer: a contiguous copy is one DMA (a [3, b] slice is strided).
+        self.inputs.copy_(self.host, non_blocking=True)
+        self.copied.record()
         entry = self.graphs.get((b, keys))
         if entry is None:
             entry = self._capture(b, keys)

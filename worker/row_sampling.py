@@ -1,5 +1,10 @@
 """The sampler call of a step: per-row parameters to device tensors, `kernels.sample` (or the
 sort-all baseline, same signature), and its outputs back to per-row `RowResult`s.
+
+The runner's forward is still running on the GPU when the sampler is called, so nothing here
+waits on the device before `kernels.sample` is launched: the parameters go over in one
+asynchronous copy from pinned memory, and the host's only waits are the copies back of the
+results.
 """
 
 from __future__ import annotations
@@ -7,8 +12,10 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
+import numpy as np
 import torch
 
 import kernels
@@ -23,6 +30,27 @@ SampleFn = Callable[..., Any]  # kernels.sample or worker.sort_all.sample_sort_a
 SMALL_BATCHES = (1, 2, 16)
 # The runner's logits dtype (LlamaForCausalLM.compute_logits): pass 1's config depends on it.
 LOGITS_DTYPE = torch.float32
+# The per-row fields of RowSampler's parameter buffer, in buffer order, with the dtypes
+# kernels.sample takes. Each starts at a multiple of ALIGN bytes: Triton compiles a separate
+# kernel variant for pointers that are not 16-byte aligned.
+_FIELDS = (
+    ("seed", torch.int64),
+    ("step", torch.int64),
+    ("temperature", torch.float32),
+    ("top_p", torch.float32),
+    ("min_p", torch.float32),
+    ("top_k", torch.int32),
+    ("bounded", torch.bool),
+    ("want_mask", torch.bool),  # last: the sampler reads it on the host (it sizes outputs)
+)
+_NUMPY = {
+    torch.int64: np.int64,
+    torch.float32: np.float32,
+    torch.int32: np.int32,
+    torch.bool: np.bool_,
+}
+ALIGN = 16
+INT32_MAX = 2**31 - 1
 
 
 @torch.inference_mode()
@@ -104,82 +132,151 @@ def _warm_call(
     )
 
 
-def sample_rows(
-    sample_fn: SampleFn, logits: torch.Tensor, rows: list[RowWork], max_mask_tokens: int
-) -> tuple[list[RowResult], float, int]:
-    """kernels.sample over [B, V] logits; returns per-row results, sampler seconds and the
-    number of rows that needed the sampler's slow full pass."""
-    dev = logits.device
-    floats = torch.tensor(
-        [[r.params.temperature, r.params.top_p, r.params.min_p] for r in rows],
-        dtype=torch.float32,
-    ).to(dev)
-    seeded = any(r.params.seed is not None for r in rows)
-    # Unseeded rows in a batch with seeded ones get a fresh random key, which is what
-    # kernels does for seed=None.
-    ints = torch.tensor(
-        [
-            [
-                r.params.top_k,
-                r.step,
-                r.params.seed if r.params.seed is not None else random.getrandbits(63),
-                r.bounded,
-            ]
-            for r in rows
-        ],
-        dtype=torch.int64,
-    ).to(dev)
-    want_mask = torch.tensor([r.want_mask for r in rows], dtype=torch.bool)
-    timer = _Timer(dev)
-    res = sample_fn(
-        logits,
-        _column(floats, 0),
-        ints[:, 0].to(torch.int32),
-        _column(floats, 1),
-        _column(floats, 2),
-        want_mask,
-        max_mask_tokens=max_mask_tokens,
-        seed=_column(ints, 2) if seeded else None,
-        step=_column(ints, 1) if seeded else None,
-        bounded=ints[:, 3].bool(),
-    )
-    seconds = timer.stop()
-    # Three device-to-host copies instead of eight (each .tolist() of a CUDA tensor is a
-    # synchronous copy): per-row values in one float64 block (exact for ids, sizes and
-    # float32 log-probs), the mask rows' metadata with the CSR offsets, and the mask ids.
-    per_row = torch.stack(
-        [
-            res.tokens.double(),
-            res.logprobs.double(),
-            res.nan_rows.double(),
-            res.support_sizes.double(),
-            res.fallback_rows.double(),
-        ]
-    ).tolist()
-    tokens, logprobs, nan, sizes, fallback = per_row
-    results = [
-        RowResult(token=int(t), logprob=lp, nan=bool(bad))
-        for t, lp, bad in zip(tokens, logprobs, nan, strict=True)
-    ]
-    num_masks = res.mask_rows.shape[0]
-    if num_masks:
-        meta = torch.cat([res.mask_rows, res.mask_status.long(), res.mask_offsets.long()]).tolist()
-        mask_rows, status, offsets = (
-            meta[:num_masks],
-            meta[num_masks : 2 * num_masks],
-            meta[2 * num_masks :],
+class RowSampler:
+    """The sampler call of a step, with the parameter buffers it reuses from step to step.
+
+    All per-row parameters of a step go to the device in one copy: the fields share one byte
+    buffer (pinned on CUDA, so the copy is asynchronous and the host does not wait for the
+    forward still running on the GPU), and the sampler's arguments are typed views of its
+    device twin, each starting at a multiple of ALIGN bytes whatever the batch.
+    """
+
+    def __init__(self, sample_fn: SampleFn, device: torch.device, max_mask_tokens: int) -> None:
+        self.sample_fn = sample_fn
+        self.device = device
+        self.max_mask_tokens = max_mask_tokens
+        self.cuda = device.type == "cuda"
+        self.capacity = 0  # rows the buffers hold; grown on demand
+        self.host_fields: dict[str, np.ndarray] = {}  # name -> view of host_buf, [capacity]
+        # name -> view of device_buf, [capacity] (want_mask: of host_buf)
+        self.fields: dict[str, torch.Tensor] = {}
+        self.views: dict[int, dict[str, torch.Tensor]] = {}  # B -> fields cut to [B]
+        # The last parameter copy: the host buffer is rewritten only once it has completed.
+        self.copied = torch.cuda.Event() if self.cuda else None
+
+    def sample(
+        self, logits: torch.Tensor, rows: list[RowWork]
+    ) -> tuple[list[RowResult], float, int]:
+        """kernels.sample over logits [B, V], row i of logits being rows[i]; returns per-row
+        results, the sampler's seconds (device time on CUDA) and the number of rows that
+        needed the sampler's slow full pass."""
+        b = len(rows)
+        seeded = self._fill(rows)
+        f = self.views.get(b)
+        if f is None:
+            f = self.views[b] = {name: t[:b] for name, t in self.fields.items()}
+        timer = _Timer(self.device)
+        res = self.sample_fn(
+            logits,
+            f["temperature"],
+            f["top_k"],
+            f["top_p"],
+            f["min_p"],
+            f["want_mask"],
+            max_mask_tokens=self.max_mask_tokens,
+            seed=f["seed"] if seeded else None,
+            step=f["step"] if seeded else None,
+            bounded=f["bounded"],
         )
+        timer.mark()
+        results, num_fallback = _to_rows(res, rows)
+        return results, timer.seconds(), num_fallback
+
+    def _fill(self, rows: list[RowWork]) -> bool:
+        """Writes the rows' parameters to the host buffer and starts its copy to the device;
+        returns whether any row is seeded (seed and step are written only then)."""
+        b = len(rows)
+        if b > self.capacity:
+            self._allocate(b)
+        if self.copied is not None:
+            # The previous copy from the host buffer: long complete, as every step ends in a
+            # copy back; this only guards the rewrite.
+            self.copied.synchronize()
+        h = self.host_fields
+        params = [r.params for r in rows]
+        h["temperature"][:b] = [p.temperature for p in params]
+        h["top_p"][:b] = [p.top_p for p in params]
+        h["min_p"][:b] = [p.min_p for p in params]
+        # top_k >= V means off (design 3.4), so clamping to the int32 range keeps its meaning.
+        h["top_k"][:b] = [min(p.top_k, INT32_MAX) for p in params]
+        h["bounded"][:b] = [r.bounded for r in rows]
+        h["want_mask"][:b] = [r.want_mask for r in rows]
+        seeded = any(p.seed is not None for p in params)
+        if seeded:
+            # Unseeded rows in a batch with seeded ones get a fresh random 63-bit key, which
+            # is what kernels does for seed=None.
+            h["seed"][:b] = [
+                p.seed if p.seed is not None else random.getrandbits(63) for p in params
+            ]
+            h["step"][:b] = [r.step for r in rows]
+        if self.copied is not None:
+            self.device_buf.copy_(self.host_buf[: self.device_buf.numel()], non_blocking=True)
+            self.copied.record()
+        return seeded
+
+    def _allocate(self, batch: int) -> None:
+        """Buffers for up to `batch` rows, rounded up to a multiple of 16."""
+        cap = -(-batch // 16) * 16
+        spans = {}
+        size = 0
+        for name, dtype in _FIELDS:
+            spans[name] = (size, size + cap * dtype.itemsize)
+            size += -(-cap * dtype.itemsize // ALIGN) * ALIGN
+        self.host_buf = torch.empty(size, dtype=torch.uint8, pin_memory=self.cuda)
+        # Every field but want_mask goes to the device; on CPU the sampler reads host_buf.
+        self.device_buf = self.host_buf
+        if self.cuda:
+            on_device = spans["want_mask"][0]
+            self.device_buf = torch.empty(on_device, dtype=torch.uint8, device=self.device)
+        host = self.host_buf.numpy()
+        for name, dtype in _FIELDS:
+            lo, hi = spans[name]
+            self.host_fields[name] = host[lo:hi].view(_NUMPY[dtype])
+            buf = self.host_buf if name == "want_mask" else self.device_buf
+            self.fields[name] = buf[lo:hi].view(dtype)
+        self.views.clear()
+        self.capacity = cap
+
+
+def _to_rows(res: Any, rows: list[RowWork]) -> tuple[list[RowResult], int]:
+    """A SampleResult to per-row results, in one device-to-host copy of everything but the
+    mask ids and one of the mask ids (their count is known only from the first)."""
+    b = len(rows)
+    # res.mask_rows is these rows, ascending: known here, so not copied.
+    mask_rows = [i for i, r in enumerate(rows) if r.want_mask]
+    num_masks = len(mask_rows)
+    parts = [res.tokens, res.logprobs, res.nan_rows, res.fallback_rows]
+    if num_masks:
+        parts += [res.support_sizes, res.mask_status, res.mask_offsets]
+    # One float64 block holds every value exactly (ids, sizes and offsets are < 2**53, the
+    # log-probs float32); `out=` casts each part straight to it.
+    size = 4 * b + (b + 2 * num_masks + 1 if num_masks else 0)
+    block = torch.empty(size, dtype=torch.float64, device=res.tokens.device)
+    values = torch.cat(parts, out=block).cpu().numpy()
+    tokens = values[:b].astype(np.int64).tolist()
+    nan = (values[2 * b : 3 * b] != 0).tolist()
+    num_fallback = int(np.count_nonzero(values[3 * b : 4 * b]))
+    # Positional: RowResult(token, logprob, mask, mask_status, support_size, nan).
+    results = list(
+        map(RowResult, tokens, values[b : 2 * b].tolist(), repeat(None), repeat(0), repeat(0), nan)
+    )
+    if num_masks:
+        meta = values[4 * b :].astype(np.int64)
+        sizes = meta[:b].tolist()
+        status = meta[b : b + num_masks].tolist()
+        offsets = meta[b + num_masks :].tolist()
         ids = res.mask_ids[: offsets[-1]].tolist()
-        for j, (row, st) in enumerate(zip(mask_rows, status, strict=True)):
+        for j, row in enumerate(mask_rows):
             r = results[row]
-            r.mask_status = st
-            r.support_size = int(sizes[row])
+            r.mask_status = st = status[j]
+            r.support_size = sizes[row]
             r.mask = None if st == STATUS_OVERFLOW else ids[offsets[j] : offsets[j + 1]]
-    return results, seconds, int(sum(fallback))
+    return results, num_fallback
 
 
 class _Timer:
-    """Wall time of a device region: CUDA events on CUDA (no extra sync), perf_counter on CPU."""
+    """Time of the sampler call: CUDA events on CUDA (device time, read once the results are
+    back, so timing adds no wait), perf_counter around the call on CPU."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -190,16 +287,15 @@ class _Timer:
         else:
             self.t0 = time.perf_counter()
 
-    def stop(self) -> float:
+    def mark(self) -> None:
+        """The end of the timed region (just after the sampler call)."""
         if self.cuda:
             self.end.record()
-            self.end.synchronize()
+        else:
+            self.t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        if self.cuda:
+            self.end.synchronize()  # already passed when the results have been copied back
             return self.begin.elapsed_time(self.end) / 1000.0
-        return time.perf_counter() - self.t0
-
-
-def _column(t: torch.Tensor, j: int) -> torch.Tensor:
-    """Column j of a [B, k] tensor in a fresh allocation. `.contiguous()` returns a [1]-row
-    column as a view at a 4- or 8-byte offset, and Triton compiles a separate kernel for
-    pointers that are not 16-byte aligned: a batch of one would trigger a recompile."""
-    return t[:, j].clone(memory_format=torch.contiguous_format)
+        return self.t1 - self.t0

@@ -19,7 +19,7 @@ from worker.cuda_graphs import DecodeGraphs
 from worker.kv_cache import allocate_kv_cache, bytes_per_slot
 from worker.model import LoadedModel, load
 from worker.model.attention import build_attn_batch
-from worker.row_sampling import sample_rows, warm_up_sampler
+from worker.row_sampling import RowSampler, warm_up_sampler
 from worker.sort_all import sample_sort_all_rows
 
 # Default KV budget when none is given: on CPU a fixed 2 GiB; on CUDA the free memory after
@@ -91,6 +91,7 @@ class ModelRunner:
             if cuda_graphs and self.device.type == "cuda"
             else None
         )
+        self.sampler = RowSampler(self.sample_fn, self.device, max_mask_tokens)
         if self.device.type == "cuda":
             # Every sampling row holds its own KV slot: at most max_num_slots rows a step.
             warm_up_sampler(
@@ -138,16 +139,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, rows: list[RowWork]) -> tuple[list[RowResult | None], StepStats]:
-        stats = StepStats(num_rows=len(rows), num_tokens=sum(len(r.token_ids) for r in rows))
+        stats = StepStats(num_rows=len(rows))
         out: list[RowResult | None] = [None] * len(rows)
         if not rows:
             return out, stats
-        order = self._order(rows)
+        order, stats.num_tokens = self._order(rows)
         logits = self._logits(order, rows)
         sampling = [i for i in order if rows[i].sample]
         if sampling:
-            results, stats.mask_seconds, stats.num_fallback_rows = sample_rows(
-                self.sample_fn, logits, [rows[i] for i in sampling], self.max_mask_tokens
+            results, stats.mask_seconds, stats.num_fallback_rows = self.sampler.sample(
+                logits, [rows[i] for i in sampling]
             )
             for i, res in zip(sampling, results, strict=True):
                 out[i] = res
@@ -159,28 +160,44 @@ class ModelRunner:
     def logits(self, rows: list[RowWork]) -> torch.Tensor:
         """Run a step without sampling: float32 logits [rows with sample=True, vocab], in the
         order of `rows`. Writes the KV cache exactly as `run` does."""
-        order = self._order(rows)
+        order, _ = self._order(rows)
         logits = self._logits(order, rows)
         sampling = [i for i in order if rows[i].sample]
         back = sorted(range(len(sampling)), key=lambda j: sampling[j])
         return logits[torch.tensor(back, dtype=torch.int64, device=logits.device)]
 
-    def _order(self, rows: list[RowWork]) -> list[int]:
-        """Validates the rows; returns their indices with decode rows (one token) first."""
-        for r in rows:
-            n = len(r.token_ids)
-            if not 0 <= r.slot < self.max_num_slots:
-                raise ValueError(f"slot {r.slot} outside [0, {self.max_num_slots})")
-            if n == 0 or r.start_pos < 0 or r.start_pos + n > self.max_model_len:
+    def _order(self, rows: list[RowWork]) -> tuple[list[int], int]:
+        """Validates the rows; returns their indices with decode rows (one token) first, in
+        their given order otherwise, and the number of tokens they feed. One pass: it runs on
+        the host before every step."""
+        decode: list[int] = []
+        longer: list[int] = []
+        slots: set[int] = set()
+        num_tokens = 0
+        num_slots, max_len, vocab = self.max_num_slots, self.max_model_len, self.vocab_size
+        for i, r in enumerate(rows):
+            ids = r.token_ids
+            n = len(ids)
+            if not 0 <= r.slot < num_slots:
+                raise ValueError(f"slot {r.slot} outside [0, {num_slots})")
+            if n == 0 or r.start_pos < 0 or r.start_pos + n > max_len:
                 raise ValueError(
                     f"row feeds positions [{r.start_pos}, {r.start_pos + n}); "
-                    f"allowed: non-empty within [0, {self.max_model_len})"
+                    f"allowed: non-empty within [0, {max_len})"
                 )
-            if min(r.token_ids) < 0 or max(r.token_ids) >= self.vocab_size:
-                raise ValueError(f"token id outside [0, {self.vocab_size})")
-        if len({r.slot for r in rows}) != len(rows):
+            if n == 1:
+                if not 0 <= ids[0] < vocab:
+                    raise ValueError(f"token id outside [0, {vocab})")
+                decode.append(i)
+            else:
+                if min(ids) < 0 or max(ids) >= vocab:
+                    raise ValueError(f"token id outside [0, {vocab})")
+                longer.append(i)
+            slots.add(r.slot)
+            num_tokens += n
+        if len(slots) != len(rows):
             raise ValueError("two rows of one step share a KV slot")
-        return sorted(range(len(rows)), key=lambda i: len(rows[i].token_ids) > 1)
+        return decode + longer, num_tokens
 
     def _logits(self, order: list[int], rows: list[RowWork]) -> torch.Tensor:
         """Forward the rows in `order`; logits [num sampling rows, vocab] float32, same order."""
@@ -205,10 +222,18 @@ class ModelRunner:
         # One host-to-device copy for all index vectors of the step, each row padded to an
         # even length so every row starts 16-byte aligned: Triton compiles a kernel variant
         # per pointer alignment, and an odd token count would otherwise add one mid-traffic.
+        # Row 3 holds `last`, so no copy (a wait on the queued forward) comes after the
+        # forward; pinned on CUDA, so the copy does not wait for the device either.
         n = len(ids)
         pad = [0] * (n % 2)
-        host = torch.tensor([ids + pad, pos + pad, slots + pad], dtype=torch.int64)
-        flat = host.to(self.device)[:, :n]
+        last_row = last + [0] * (n + len(pad) - len(last))
+        host = torch.tensor(
+            [ids + pad, pos + pad, slots + pad, last_row],
+            dtype=torch.int64,
+            pin_memory=self.device.type == "cuda",
+        )
+        dev = host.to(self.device, non_blocking=True)
+        flat = dev[:3, :n]
         batch = build_attn_batch(
             write_slots=flat[2],
             positions=flat[1],
@@ -224,7 +249,7 @@ class ModelRunner:
             hidden = self.model(flat[0], flat[1], self.kv_layers, batch)
         if not last:
             return hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
-        return self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
+        return self.model.compute_logits(hidden[dev[3, : len(last)]])
 
     def _eager_attention(self) -> AbstractContextManager[object]:
         """SDPA backends for eager steps. On the H200 eager decode steps took 60-97 ms whatever

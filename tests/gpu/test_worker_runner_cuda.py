@@ -3,11 +3,16 @@ which the unit tests hold to transformers' logits."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
-from worker.batch import RowWork, SamplingParams
+import kernels
+from kernels.result import STATUS_OVERFLOW
+from worker.batch import RowResult, RowWork, SamplingParams
 from worker.model import load
+from worker.row_sampling import RowSampler
 from worker.runner import ModelRunner
 
 pytestmark = [
@@ -61,3 +66,97 @@ def test_cuda_sampling_masks_follow_the_semantics() -> None:
         assert r is not None and r.mask is not None and r.mask_status == 0
         assert r.token in r.mask and r.mask[0] == greedy.token and r.logprob <= 0
     assert stats.mask_seconds > 0
+
+
+def _plain_sample(logits: torch.Tensor, rows: list[RowWork], cap: int) -> list[RowResult]:
+    """kernels.sample with one fresh device tensor per argument (every row seeded)."""
+    dev = logits.device
+    res = kernels.sample(
+        logits,
+        torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=dev),
+        torch.tensor([r.params.top_k for r in rows], dtype=torch.int32, device=dev),
+        torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=dev),
+        torch.tensor([r.params.min_p for r in rows], dtype=torch.float32, device=dev),
+        torch.tensor([r.want_mask for r in rows], dtype=torch.bool),
+        max_mask_tokens=cap,
+        seed=torch.tensor([r.params.seed for r in rows], dtype=torch.int64, device=dev),
+        step=torch.tensor([r.step for r in rows], dtype=torch.int64, device=dev),
+        bounded=torch.tensor([r.bounded for r in rows], dtype=torch.bool, device=dev),
+    )
+    out = [
+        RowResult(token=t, logprob=lp, nan=bad)
+        for t, lp, bad in zip(
+            res.tokens.tolist(),
+            res.logprobs.double().tolist(),
+            res.nan_rows.bool().tolist(),
+            strict=True,
+        )
+    ]
+    masks = res.masks()
+    for j, row in enumerate(res.mask_rows.tolist()):
+        st = int(res.mask_status[j])
+        out[row].mask_status = st
+        out[row].support_size = int(res.support_sizes[row])
+        out[row].mask = None if st == STATUS_OVERFLOW else masks[j]
+    return out
+
+
+def _seeded_rows(n: int, salt: int) -> list[RowWork]:
+    kinds = [
+        (SamplingParams(temperature=0.0), True, False),
+        (SamplingParams(top_k=50, top_p=0.9), True, False),
+        (SamplingParams(top_p=0.9), False, False),
+        (SamplingParams(temperature=0.7, min_p=0.05), True, False),
+        (SamplingParams(top_p=0.9999), True, False),
+        (SamplingParams(top_p=0.9999), True, True),
+    ]
+    rows = []
+    for i in range(n):
+        p, want, bounded = kinds[(i + salt) % len(kinds)]
+        p = SamplingParams(p.temperature, p.top_k, p.top_p, p.min_p, seed=17 * i + salt)
+        rows.append(RowWork(i, [1], 0, True, p, want_mask=want, bounded=bounded, step=salt + i))
+    return rows
+
+
+def test_cuda_row_sampler_matches_a_plain_sampler_call() -> None:
+    """One RowSampler over back-to-back steps of changing batches (its buffers reused, the
+    parameter copy asynchronous) draws exactly what a plain kernels.sample call draws, with
+    every argument on the device, in its dtype and 16-byte aligned."""
+    cap = 256
+    spied: dict[str, torch.Tensor] = {}
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        names = ("logits", "temperature", "top_k", "top_p", "min_p", "want_mask")
+        spied.clear()
+        spied.update(zip(names[1:], args[1:], strict=True))
+        spied.update((k, v) for k, v in kw.items() if isinstance(v, torch.Tensor))
+        return kernels.sample(*args, **kw)
+
+    sampler = RowSampler(spy, torch.device("cuda"), cap)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for step, n in enumerate([1, 3, 16, 64, 128, 2, 128, 17, 1]):
+        logits = torch.randn(n, 151936, device="cuda", generator=gen) * 3.0
+        rows = _seeded_rows(n, step)
+        got, seconds, _ = sampler.sample(logits, rows)
+        assert got == _plain_sample(logits, rows, cap), (step, n)
+        assert seconds > 0
+        assert len(spied) == 8  # temperature .. want_mask, seed, step, bounded
+        for name, t in spied.items():
+            assert t.shape == (n,) and t.data_ptr() % 16 == 0, name
+            assert t.device.type == ("cpu" if name == "want_mask" else "cuda"), name
+
+
+def test_cuda_graph_padding_rows_leave_real_slots_alone() -> None:
+    """A decode of 3 rows after one of 4 (both in the 4-row bucket): the padding row writes
+    the scratch slot, not slot 3, which the previous step's inputs named."""
+    runner = ModelRunner(
+        load("tiny-random", "cuda", torch.float32), max_num_slots=6, max_model_len=64
+    )
+    assert runner.graphs is not None
+    runner.run([RowWork(s, [5, 6, 7], 0, True) for s in range(4)])
+    runner.run([RowWork(s, [9], 3, True) for s in range(4)])
+    before = runner.kv.k[:, 3].clone(), runner.kv.v[:, 3].clone()
+    runner.run([RowWork(s, [11], 4, True) for s in range(3)])
+    torch.cuda.synchronize()
+    assert torch.equal(runner.kv.k[:, 3], before[0]) and torch.equal(runner.kv.v[:, 3], before[1])
+    assert runner.graphs.num_replays == 2

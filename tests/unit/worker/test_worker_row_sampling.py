@@ -1,0 +1,289 @@
+"""RowSampler (worker/row_sampling.py): per-row parameters to kernels.sample and its outputs
+back to RowResults, held to a plain reference call of kernels.sample (one tensor per argument,
+built from the rows) that the buffer reuse, the single parameter copy and the packed copy back
+must not change."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+import torch
+
+import kernels
+from kernels.result import STATUS_OVERFLOW
+from worker.batch import RowResult, RowWork, SamplingParams
+from worker.row_sampling import RowSampler
+
+VOCAB = 300
+CAP = 64  # max_mask_tokens: small enough that wide rows overflow
+CPU = torch.device("cpu")
+
+# (params, want_mask, bounded): greedy, each filter alone and combined, wide rows that
+# overflow CAP in exact and in bounded mode.
+KINDS = [
+    (SamplingParams(temperature=0.0), True, False),
+    (SamplingParams(temperature=0.8, top_k=20), True, False),
+    (SamplingParams(temperature=1.0, top_p=0.9), True, False),
+    (SamplingParams(temperature=1.3, min_p=0.05), False, False),
+    (SamplingParams(temperature=0.7, top_k=50, top_p=0.8, min_p=0.01), True, False),
+    (SamplingParams(temperature=1.0, top_p=0.999), True, False),
+    (SamplingParams(temperature=1.0, top_p=0.999), True, True),
+    (SamplingParams(temperature=1.0, top_k=10), False, True),
+]
+
+
+def make_rows(n: int, seeded: bool | None, salt: int = 0) -> list[RowWork]:
+    """n rows cycling through KINDS; seeded: all, none (False) or every other row (None)."""
+    rows = []
+    for i in range(n):
+        params, want, bounded = KINDS[(i + salt) % len(KINDS)]
+        if seeded or (seeded is None and i % 2 == 0):
+            params = SamplingParams(
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
+                min_p=params.min_p,
+                seed=1000 + 7 * i + salt,
+            )
+        rows.append(RowWork(i, [1], 5, True, params, want_mask=want, bounded=bounded, step=i))
+    return rows
+
+
+def make_logits(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, VOCAB, generator=g) * 3.0
+    x[:, :4] = x[:, :1]  # ties: the order breaks them by id
+    x[:, 10:20] = float("-inf")
+    return x
+
+
+def reference(logits: torch.Tensor, rows: list[RowWork], keys: list[int] | None) -> list[RowResult]:
+    """kernels.sample with one freshly built tensor per argument, converted field by field.
+    keys: the seed of every row (None: an unseeded batch)."""
+    dev = logits.device
+    res = kernels.sample(
+        logits,
+        torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=dev),
+        torch.tensor([r.params.top_k for r in rows], dtype=torch.int32, device=dev),
+        torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=dev),
+        torch.tensor([r.params.min_p for r in rows], dtype=torch.float32, device=dev),
+        torch.tensor([r.want_mask for r in rows], dtype=torch.bool),
+        max_mask_tokens=CAP,
+        seed=None if keys is None else torch.tensor(keys, dtype=torch.int64, device=dev),
+        step=None if keys is None else torch.tensor([r.step for r in rows], device=dev),
+        bounded=torch.tensor([r.bounded for r in rows], dtype=torch.bool, device=dev),
+    )
+    out = [
+        RowResult(token=t, logprob=lp, nan=bad)
+        for t, lp, bad in zip(
+            res.tokens.tolist(),
+            res.logprobs.double().tolist(),
+            res.nan_rows.bool().tolist(),
+            strict=True,
+        )
+    ]
+    masks = res.masks()
+    for j, row in enumerate(res.mask_rows.tolist()):
+        st = int(res.mask_status[j])
+        out[row].mask_status = st
+        out[row].support_size = int(res.support_sizes[row])
+        out[row].mask = None if st == STATUS_OVERFLOW else masks[j]
+    return out
+
+
+def seeds_of(rows: list[RowWork]) -> list[int]:
+    seeds = [r.params.seed for r in rows]
+    assert all(s is not None for s in seeds)
+    return seeds  # type: ignore[return-value]
+
+
+class Spy:
+    """A sample_fn that records its arguments and the keys it was given, then samples."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, *args: Any, **kw: Any) -> Any:
+        names = ("logits", "temperature", "top_k", "top_p", "min_p", "want_mask")
+        call = {**dict(zip(names, args, strict=True)), **kw}
+        self.calls.append(
+            {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in call.items()}
+        )
+        self.last_args = call
+        return kernels.sample(*args, **kw)
+
+
+def keys_of(spy: Spy) -> list[int] | None:
+    seed = spy.calls[-1]["seed"]
+    return None if seed is None else seed.tolist()
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5, 16, 17, 40])
+def test_seeded_rows_match_the_reference_and_each_other_across_batches(batch: int) -> None:
+    rows = make_rows(batch, seeded=True)
+    logits = make_logits(batch)
+    got, seconds, fallback = RowSampler(kernels.sample, CPU, CAP).sample(logits, rows)
+    want = reference(logits, rows, seeds_of(rows))
+    assert got == want
+    assert seconds >= 0 and fallback == 0
+    # Batch invariance: each row alone draws exactly what it drew in the batch.
+    alone = RowSampler(kernels.sample, CPU, CAP)
+    for i in range(batch):
+        (one,), _, _ = alone.sample(logits[i : i + 1], [rows[i]])
+        assert one == got[i], i
+
+
+def test_statuses_and_sizes_cover_every_kind() -> None:
+    rows = make_rows(len(KINDS), seeded=True)
+    got, _, _ = RowSampler(kernels.sample, CPU, CAP).sample(make_logits(len(KINDS)), rows)
+    greedy, topk, _, no_mask, _, exact_wide, bounded_wide, bounded_no_mask = got
+    assert greedy.mask == [greedy.token] and greedy.logprob == 0.0 and greedy.support_size == 1
+    assert topk.mask is not None and len(topk.mask) == topk.support_size == 20
+    assert no_mask.mask is None and no_mask.support_size == 0 and no_mask.mask_status == 0
+    assert exact_wide.mask is None and exact_wide.mask_status == STATUS_OVERFLOW
+    assert exact_wide.support_size > CAP
+    assert bounded_wide.mask_status == 2 and bounded_wide.mask is not None
+    assert len(bounded_wide.mask) == CAP and bounded_wide.token in bounded_wide.mask
+    assert bounded_no_mask.mask is None and bounded_no_mask.mask_status == 0
+    assert all(isinstance(r.token, int) and isinstance(r.nan, bool) for r in got)
+
+
+def test_unseeded_batches_pass_no_keys_and_match_the_reference() -> None:
+    rows = make_rows(9, seeded=False)
+    logits = make_logits(9, seed=3)
+    spy = Spy()
+    torch.manual_seed(11)
+    got, _, _ = RowSampler(spy, CPU, CAP).sample(logits, rows)
+    assert spy.calls[-1]["seed"] is None and spy.calls[-1]["step"] is None
+    torch.manual_seed(11)  # kernels draws the keys of an unseeded batch from torch's generator
+    assert got == reference(logits, rows, None)
+
+
+def test_mixed_batches_keep_seeded_draws_and_give_unseeded_rows_fresh_keys() -> None:
+    rows = make_rows(12, seeded=None)
+    logits = make_logits(12, seed=5)
+    spy = Spy()
+    sampler = RowSampler(spy, CPU, CAP)
+    got, _, _ = sampler.sample(logits, rows)
+    first = keys_of(spy)
+    sampler.sample(logits, rows)
+    second = keys_of(spy)
+    assert first is not None and second is not None
+    assert spy.calls[-1]["step"].tolist() == [r.step for r in rows]
+    for i, r in enumerate(rows):
+        if r.params.seed is not None:
+            assert first[i] == second[i] == r.params.seed
+        else:
+            assert 0 <= first[i] < 2**63 and 0 <= second[i] < 2**63
+            assert first[i] != second[i]
+    # Seeded rows draw what they draw in an all-seeded batch (the keys of the others aside).
+    want = reference(logits, rows, first)
+    assert got == want
+    alone = [r for r in rows if r.params.seed is not None]
+    idx = [i for i, r in enumerate(rows) if r.params.seed is not None]
+    only, _, _ = RowSampler(kernels.sample, CPU, CAP).sample(logits[idx], alone)
+    assert only == [got[i] for i in idx]
+
+
+def test_unseeded_keys_come_from_the_random_module() -> None:
+    rows = make_rows(4, seeded=None)
+    spy = Spy()
+    random.seed(99)
+    RowSampler(spy, CPU, CAP).sample(make_logits(4), rows)
+    random.seed(99)
+    fresh = [random.getrandbits(63) for r in rows if r.params.seed is None]
+    keys = keys_of(spy)
+    assert keys is not None
+    assert [k for k, r in zip(keys, rows, strict=True) if r.params.seed is None] == fresh
+
+
+def test_want_mask_mixes() -> None:
+    logits = make_logits(6, seed=8)
+    base = make_rows(6, seeded=True)
+    for pattern in ([False] * 6, [True] * 6, [True, False] * 3, [False] * 5 + [True]):
+        rows = [
+            RowWork(r.slot, r.token_ids, r.start_pos, True, r.params, want, r.bounded, r.step)
+            for r, want in zip(base, pattern, strict=True)
+        ]
+        got, _, _ = RowSampler(kernels.sample, CPU, CAP).sample(logits, rows)
+        assert got == reference(logits, rows, seeds_of(rows))
+        assert [r.mask is not None or r.mask_status != 0 for r in got] == pattern
+
+
+def test_one_sampler_reused_over_changing_batches() -> None:
+    """Buffers grow and are rewritten in place: no value of an earlier step leaks."""
+    spy = Spy()
+    sampler = RowSampler(spy, CPU, CAP)
+    for step, (n, seeded) in enumerate([(3, True), (1, False), (40, True), (7, None), (2, True)]):
+        rows = make_rows(n, seeded=seeded, salt=step)
+        logits = make_logits(n, seed=step)
+        torch.manual_seed(step)
+        got, _, _ = sampler.sample(logits, rows)
+        torch.manual_seed(step)
+        assert got == reference(logits, rows, keys_of(spy)), (n, seeded)
+        args = spy.calls[-1]
+        assert args["temperature"].tolist() == pytest.approx([r.params.temperature for r in rows])
+        assert args["bounded"].tolist() == [r.bounded for r in rows]
+        assert args["want_mask"].tolist() == [r.want_mask for r in rows]
+
+
+@pytest.mark.parametrize("batch", [1, 3, 16, 33])
+def test_arguments_have_the_sampler_dtypes_and_aligned_pointers(batch: int) -> None:
+    spy = Spy()
+    RowSampler(spy, CPU, CAP).sample(make_logits(batch), make_rows(batch, seeded=True))
+    args = spy.last_args
+    dtypes = {
+        "temperature": torch.float32,
+        "top_p": torch.float32,
+        "min_p": torch.float32,
+        "top_k": torch.int32,
+        "seed": torch.int64,
+        "step": torch.int64,
+        "bounded": torch.bool,
+        "want_mask": torch.bool,
+    }
+    for name, dtype in dtypes.items():
+        t = args[name]
+        assert t.dtype == dtype and t.shape == (batch,) and t.is_contiguous(), name
+        # Triton compiles another kernel variant for pointers not 16-byte aligned.
+        assert t.data_ptr() % 16 == 0, name
+        assert t.device.type == "cpu"
+
+
+def test_nan_rows_are_flagged_alone() -> None:
+    rows = make_rows(3, seeded=True)
+    logits = make_logits(3)
+    logits[1, 7] = float("nan")
+    got, _, _ = RowSampler(kernels.sample, CPU, CAP).sample(logits, rows)
+    assert [r.nan for r in got] == [False, True, False]
+    want = reference(logits, rows, seeds_of(rows))
+    assert math.isnan(got[1].logprob) and math.isnan(want[1].logprob)
+    got[1].logprob = want[1].logprob = 0.0  # NaN != NaN
+    assert got == want
+
+
+def test_a_top_k_past_int32_means_off() -> None:
+    """top_k >= V is off (design 3.4); a value past the int32 range must not wrap."""
+    logits = make_logits(1)
+    wide = SamplingParams(temperature=1.0, top_k=2**40 + 5, seed=4)
+    off = SamplingParams(temperature=1.0, top_k=-1, seed=4)
+    sampler = RowSampler(kernels.sample, CPU, 4096)
+    (a,), _, _ = sampler.sample(logits, [RowWork(0, [1], 0, True, wide, want_mask=True)])
+    (b,), _, _ = sampler.sample(logits, [RowWork(0, [1], 0, True, off, want_mask=True)])
+    assert a == b and a.mask is not None and len(a.mask) == VOCAB - 10
+
+
+def test_fallback_rows_are_counted() -> None:
+    rows = make_rows(5, seeded=True)
+    logits = make_logits(5)
+
+    def all_fallback(*args: Any, **kw: Any) -> Any:
+        res = kernels.sample(*args, **kw)
+        flags = torch.tensor([True, False, True, True, False])
+        return type(res)(**{**res.__dict__, "fallback_rows": flags})
+
+    _, _, fallback = RowSampler(all_fallback, CPU, CAP).sample(logits, rows)
+    assert fallback == 3
