@@ -10,7 +10,12 @@ batch size, B prompts of --prompt-len random tokens are prefilled, then every se
   top_p_masks      top_p=0.9 only, masks              (the case SGLang reverted)
 
 Throughput is rows x steps / wall time of ModelRunner.run (forward, kernels.sample, and the
-host copy of tokens, log-probs and masks). transformers' `generate` runs the same weights
+host copy of tokens, log-probs and masks). Each (batch, setting) is measured --repeats times
+(default 3), the settings interleaved and their order rotated each round so that drift of the
+GPU's clocks or of the host hits every setting alike; every figure of a row is the median over
+its repeats, and the row keeps the spread (`tokens_per_s_runs`, `spread` = (max - min) /
+median). `sampler_ms` is the mean sampler time per step (device time on CUDA: StepStats'
+mask_seconds), `forward_ms` the forward alone over the same rows. transformers runs once. transformers' `generate` runs the same weights
 with a logits processor that builds the same masks the way the reference does (a full sort
 of every row, then host copies), at the same batch; its decode rate is taken from the
 difference of two runs (--steps + --warmup and --warmup new tokens), so prefill cancels.
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 import traceback
@@ -119,6 +125,7 @@ def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespa
         "step_ms": 1000 * wall / args.steps,
         "forward_ms": 1000 * forward / args.steps,
         "sampler_share": mask_s / wall,
+        "sampler_ms": 1000 * mask_s / args.steps,
         "mean_mask_len": mask_ids / (batch * args.steps) if want else 0.0,
         "overflows": overflows,
         "fallback_rows": fallbacks,  # rows the sampler sent down its slow full pass
@@ -185,6 +192,33 @@ def guarded(fn: Any, *args: Any) -> dict:
         return {"tokens_per_s": None, "error": f"{type(e).__name__}: {e}"[:500]}
 
 
+def measure(
+    fn: Any, runner: Any, batch: int, settings: list[str], args: argparse.Namespace
+) -> dict:
+    """args.repeats rounds over `settings`, rotated one place each round; setting -> the
+    median row (see aggregate)."""
+    runs: dict[str, list[dict]] = {s: [] for s in settings}
+    for rep in range(args.repeats):
+        k = rep % len(settings)
+        for setting in settings[k:] + settings[:k]:
+            runs[setting].append(guarded(fn, runner, batch, setting, args))
+    return {s: aggregate(runs[s]) for s in settings}
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """The median of every figure over the repeats, with the spread of the throughput; a
+    failed repeat fails the row (its error is kept)."""
+    failed = [r for r in runs if r.get("tokens_per_s") is None]
+    if failed:
+        return {**failed[0], "repeats": len(runs)}
+    row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    rates = [r["tokens_per_s"] for r in runs]
+    row["repeats"] = len(runs)
+    row["tokens_per_s_runs"] = rates
+    row["spread"] = (max(rates) - min(rates)) / row["tokens_per_s"]
+    return row
+
+
 def bench_model(name: str, args: argparse.Namespace, out: list[dict]) -> None:
     t0 = time.perf_counter()
     loaded, weights = make_model(name, args.device)
@@ -199,10 +233,10 @@ def bench_model(name: str, args: argparse.Namespace, out: list[dict]) -> None:
             loaded, max_num_slots=max(args.batches), max_model_len=max_len, fused_kernels=fused
         )
         for batch in args.batches:
-            for setting in args.settings:
+            for setting, result in measure(decode, runner, batch, args.settings, args).items():
                 row = {"model": name, "impl": impl, "batch": batch, "setting": setting}
                 row["fused"] = runner.fused
-                out.append({**row, **guarded(decode, runner, batch, setting, args)})
+                out.append({**row, **result})
                 print(json.dumps(out[-1]), flush=True)
         del runner
     if args.eager:
@@ -216,7 +250,8 @@ def bench_model(name: str, args: argparse.Namespace, out: list[dict]) -> None:
         )
         for batch in args.batches:
             row = {"model": name, "impl": "maskgate-eager", "batch": batch, "setting": "masks_off"}
-            out.append({**row, **guarded(decode, eager, batch, "masks_off", args)})
+            result = measure(decode, eager, batch, ["masks_off"], args)["masks_off"]
+            out.append({**row, **result})
             print(json.dumps(out[-1]), flush=True)
         del eager
     if args.hf:
@@ -253,8 +288,8 @@ def summarize(rows: list[dict]) -> list[str]:
         "| model | batch | runner | masks off | top-k+top-p masks | top-p off | top-p masks "
         "| mask cost (top-k+top-p / top-p) | vs transformers (top-k+top-p / top-p) "
         "| graphs speed-up | fused speed-up (top-k+top-p / top-p masks) "
-        "| top-p masks ms/step (forward / whole) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| top-p masks ms/step (forward / sampler / whole) | spread (worst setting) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ms = {(r["model"], r["impl"], r["batch"], r["setting"]): r for r in rows}
     impls = [i for i in ("maskgate", "maskgate-unfused") if any(r["impl"] == i for r in rows)]
@@ -278,10 +313,18 @@ def summarize(rows: list[dict]) -> list[str]:
                 r = ms.get((model, impl, batch, "top_p_masks"), {})
                 split = "-"
                 if r.get("forward_ms") and r.get("step_ms"):
-                    split = f"{r['forward_ms']:.2f} / {r['step_ms']:.2f}"
+                    sampler = f"{r['sampler_ms']:.2f}" if "sampler_ms" in r else "-"
+                    split = f"{r['forward_ms']:.2f} / {sampler} / {r['step_ms']:.2f}"
+                spreads = [
+                    ms[(model, impl, batch, s)].get("spread")
+                    for s in SETTINGS
+                    if (model, impl, batch, s) in ms
+                ]
+                spread = max((x for x in spreads if x is not None), default=None)
+                worst = "-" if spread is None else f"{spread:.1%}"
                 lines.append(
                     f"| {model} | {batch} | {impl} | {' | '.join(cells)} | {cost} | {speed} "
-                    f"| {graphs} | {fused} | {split} |"
+                    f"| {graphs} | {fused} | {split} | {worst} |"
                 )
     return lines
 
@@ -304,13 +347,22 @@ def plot(rows: list[dict], path: Path) -> None:
         series += [("transformers", s) for s in HF_SETTINGS]
         for impl, setting in series:
             pts = sorted(
-                (r["batch"], r["tokens_per_s"])
+                (r["batch"], r["tokens_per_s"], r.get("tokens_per_s_runs") or [r["tokens_per_s"]])
                 for r in rows
                 if (r["model"], r["impl"], r["setting"]) == (model, impl, setting)
+                and r["tokens_per_s"]
             )
             if pts:
                 style = "--" if impl != "maskgate" else "-"
-                ax.plot(*zip(*pts, strict=True), style, marker="o", label=f"{impl} {setting}")
+                xs, ys, runs = zip(*pts, strict=True)
+                # Bars: the lowest and highest of the repeats around their median.
+                err = [
+                    [y - min(r) for y, r in zip(ys, runs, strict=True)],
+                    [max(r) - y for y, r in zip(ys, runs, strict=True)],
+                ]
+                ax.errorbar(
+                    xs, ys, yerr=err, fmt=style, marker="o", capsize=2, label=f"{impl} {setting}"
+                )
         ax.set(title=f"{model} decode", xlabel="batch", ylabel="tokens/s")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -327,6 +379,13 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="measurements of each (batch, setting), settings interleaved; rows report the "
+        "median and the spread",
+    )
     ap.add_argument("--no-hf", dest="hf", action="store_false")
     ap.add_argument("--no-eager", dest="eager", action="store_false")
     ap.add_argument(
@@ -343,6 +402,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script only")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
+    if args.repeats < 1:
+        sys.exit("--repeats must be >= 1")
     args.settings = [x for x in args.settings.split(",") if x]
     unknown = sorted(set(args.settings) - set(SETTINGS))
     if unknown:
