@@ -44,7 +44,7 @@ ROW_SEGMENTS = 64
 LANES_16 = 1024
 LANE_PROGRAMS_16 = 256
 MAX_TILES = 64
-RESOLVE_BISECT = 8  # threshold steps picking a tier's best candidates
+RESOLVE_BISECT = 8  # halvings of the threshold search picking a tier's best (done in quarters)
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
 FB_BLOCK = 2048
 # Largest mask a row may emit on CUDA: the fallback sorts up to this many keys in registers.

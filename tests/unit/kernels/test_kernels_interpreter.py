@@ -235,6 +235,36 @@ print(json.dumps(out))
 """
 
 
+WIDE_BAND = """
+# Wide bands (256 candidates per 512-token chunk, over 1500 listed per row): each tier first
+# narrows its candidates with the quartered threshold search, then sorts the best 256 / 1024.
+g = torch.Generator().manual_seed(1)
+b, v = 4, 4096
+x = torch.randn(b, v, generator=g) * torch.tensor([1.0, 1.5, 2.0, 3.0])[:, None]
+temp = torch.ones(b)
+k = torch.tensor([-1, 300, -1, 50], dtype=torch.int32)
+p = torch.tensor([0.3, 0.9, 0.95, 0.9])
+mp = torch.zeros(b)
+want = torch.ones(b, dtype=torch.bool)
+inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=v, seed=torch.arange(b))
+band = torch.empty(b, dtype=torch.int64)
+tri = sample_triton(inp, band_config(v, chunk=512, kc=256, lanes=0), band_sizes=band)
+rep = check_result(tri, reference(x, temp, k, p, mp), want, None, v)
+cpu = sample_torch(inp)
+print(json.dumps({"ok": rep.ok, "errors": rep.errors, "band": band.tolist(),
+                  "sizes": tri.support_sizes.tolist(), "cpu_sizes": cpu.support_sizes.tolist(),
+                  "same": tri.masks() == cpu.masks() and torch.equal(tri.tokens, cpu.tokens)}))
+"""
+
+
+def test_wide_band_narrows_then_sorts_each_tier(interpreted: Interpreted) -> None:
+    out = interpreted(PRELUDE + WIDE_BAND)
+    assert out["ok"], out["errors"]
+    assert min(out["band"]) > 1024  # every tier had to narrow its candidates first
+    assert out["sizes"] == out["cpu_sizes"] and out["same"]
+    assert max(out["sizes"]) > 256  # a support reaching into the second tier
+
+
 def test_csr_with_zero_one_and_several_mask_rows(interpreted: Interpreted) -> None:
     for case in interpreted(PRELUDE + CSR_SHAPES):
         for name, (tri, cpu) in case.items():
