@@ -58,7 +58,9 @@ def _lane_step(x, t1, i1, t2, i2, d, s, it, c):
 
 
 @triton.jit
-def band_lanes_kernel(
+def lanes_pass(
+    row,
+    seg,
     x_ptr,  # [B, V] logits (f32 / bf16 / f16), row stride stride_x
     temp_ptr,  # [B] float32
     cand_x_ptr,  # [B, n_chunks * KC] float32 candidate logits (-inf in unused slots)
@@ -75,8 +77,7 @@ def band_lanes_kernel(
     DELTA: tl.constexpr,
     NBISECT: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    seg = tl.program_id(1)
+    """One segment of a row: pass 1's whole work for program (row, seg)."""
     start = seg * SEG
     temp = tl.load(temp_ptr + row)
     t = tl.where(temp.to(tl.float64) < GREEDY_T, 1.0, temp)  # greedy rows: z = x
@@ -152,4 +153,43 @@ def band_lanes_kernel(
         s_sum,
         d_seg,
         t,
+    )
+
+
+@triton.jit
+def band_lanes_kernel(
+    x_ptr,  # [B, V] logits (f32 / bf16 / f16), row stride stride_x
+    temp_ptr,  # [B] float32
+    cand_x_ptr,  # [B, n_chunks * KC] float32 candidate logits (-inf in unused slots)
+    cand_id_ptr,  # [B, n_chunks * KC] int32 candidate token ids
+    m_ptr,  # [B, n_chunks] float32 segment max of z
+    s_ptr,  # [B, n_chunks] float32 sum exp(z - m_c); NaN flags a NaN or +inf
+    d_ptr,  # [B, n_chunks] float32 max z among tokens not written as candidates
+    stride_x,
+    vocab,
+    n_chunks,
+    SEG: tl.constexpr,  # tokens per program, a multiple of W
+    W: tl.constexpr,  # lanes
+    KC: tl.constexpr,
+    DELTA: tl.constexpr,
+    NBISECT: tl.constexpr,
+):
+    lanes_pass(
+        tl.program_id(0).to(tl.int64),
+        tl.program_id(1),
+        x_ptr,
+        temp_ptr,
+        cand_x_ptr,
+        cand_id_ptr,
+        m_ptr,
+        s_ptr,
+        d_ptr,
+        stride_x,
+        vocab,
+        n_chunks,
+        SEG,
+        W,
+        KC,
+        DELTA,
+        NBISECT,
     )

@@ -1,10 +1,14 @@
-"""The CUDA sampler: three Triton launches, no host synchronisation, no full vocabulary sort.
+"""The CUDA sampler: Triton launches, no host synchronisation, no full vocabulary sort.
 
   band_lanes_kernel (B, n_chunks)  the one full read of the logits: per-segment stats and
                                    candidates (band_kernel, one program per 2048-token chunk,
                                    is the older pass 1: same contract, kept as a reference)
   resolve_kernel    (B,)           sort candidates, decide S (or bisect: fallback), draw, slots
-  emit_kernel       (R,)           pack the slots as CSR
+  emit_kernel       (R,)           pack the slots as CSR (only when R >= 2)
+
+Small launches run the first two as one, band_resolve_kernel (B, n_chunks): the program that
+finishes a row's last segment resolves the row (kernels/triton_fused.py). So B = 1 with a
+mask is a single launch.
 
 The only host-side inputs are shapes and want_mask (a CPU tensor: it sizes the outputs).
 """
@@ -21,6 +25,7 @@ from kernels.result import SampleResult
 from kernels.triton_band import band_kernel
 from kernels.triton_band_lanes import band_lanes_kernel
 from kernels.triton_emit import emit_kernel
+from kernels.triton_fused import band_resolve_kernel
 from kernels.triton_resolve import resolve_kernel
 
 CHUNK_MAX = 2048  # band_kernel's tokens per program
@@ -44,6 +49,12 @@ ROW_SEGMENTS = 64
 LANES_16 = 1024
 LANE_PROGRAMS_16 = 256
 MAX_TILES = 64
+# Launches of at most this many pass-1 programs resolve each row in the same launch, in the
+# program that finishes the row's last segment (kernels/triton_fused.py): B = 1 saves a launch
+# gap. Larger launches keep two: compiled for sm_90, the fused kernel takes resolve's 128
+# registers per thread against pass 1's 47, so an SM holds 2 of its 256-thread programs
+# instead of 5, too few loads in flight for a long stream; 256 programs is about 2 per SM.
+FUSE_PROGRAMS = 256
 RESOLVE_BISECT = 8  # halvings of the threshold search picking a tier's best (done in quarters)
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
 FB_BLOCK = 2048
@@ -58,6 +69,7 @@ class BandConfig:
     n_chunks: int
     lanes: int = 0  # > 0: band_lanes_kernel with this many lanes; 0: band_kernel
     resolve_warps: int = 0  # resolve_kernel's warps; 0 picks by candidate count
+    fused: bool = False  # one launch: the last segment of a row resolves it (lanes only)
 
     @property
     def ncand(self) -> int:
@@ -72,11 +84,14 @@ def band_config(
     batch: int = 1,
     resolve_warps: int = 0,
     itemsize: int = 4,
+    fused: bool | None = None,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
     The segment of band_lanes_kernel grows with the batch, so a worker meets a few configs
-    (powers of two of tiles) per vocabulary; each compiles its own pass 1 once.
+    (powers of two of tiles) per vocabulary; each compiles its own pass 1 once. fused (one
+    launch for both passes, band_resolve_kernel) defaults to launches of at most
+    FUSE_PROGRAMS programs.
     """
     wide = itemsize >= 4
     if lanes is None:
@@ -89,12 +104,17 @@ def band_config(
     if kc is None:
         per_chunk = max(KC_MIN, CAND_TARGET // n_chunks)
         kc = min(chunk, 1 << (per_chunk.bit_length() - 1))  # a power of two for tl.arange
+    if fused is None:
+        fused = lanes > 0 and batch * n_chunks <= FUSE_PROGRAMS
+    if fused and not lanes:
+        raise ValueError("fused needs the lanes pass 1 (lanes > 0)")
     return BandConfig(
         chunk=chunk,
         kc=kc,
         n_chunks=n_chunks,
         lanes=min(lanes, chunk),
         resolve_warps=resolve_warps,
+        fused=fused,
     )
 
 
@@ -107,6 +127,28 @@ def lanes_segment(vocab: int, lanes: int, batch: int, programs: int = LANE_PROGR
             break
         tiles *= 2
     return tiles * lanes
+
+
+_ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def arrival_counters(batch: int, device: torch.device) -> torch.Tensor:
+    """[>= batch] int32 zeros for band_resolve_kernel, which leaves them zero again.
+
+    Cached per device and stream (launches on one stream are ordered, so they can share
+    counters); inside a CUDA graph capture a fresh buffer belongs to the graph instead.
+    """
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return torch.zeros(batch, dtype=torch.int32, device=device)
+        key = (device, torch.cuda.current_stream(device).cuda_stream)
+    else:
+        key = (device, 0)
+    buf = _ARRIVALS.get(key)
+    if buf is None or buf.numel() < batch:
+        buf = torch.zeros(max(batch, 64), dtype=torch.int32, device=device)
+        _ARRIVALS[key] = buf
+    return buf
 
 
 def max_chunks(vocab: int, cfg: BandConfig) -> int:
@@ -182,8 +224,6 @@ def sample_triton(
     cand_x = torch.empty(batch, cfg.ncand, dtype=torch.float32, device=dev)
     cand_id = torch.empty(batch, cfg.ncand, dtype=torch.int32, device=dev)
     m_c, s_c, d_c = (torch.empty(batch, cfg.n_chunks, device=dev) for _ in range(3))
-    launch_band(x, inp.temperature, cand_x, cand_id, m_c, s_c, d_c, cfg)
-
     tokens = torch.empty(batch, dtype=torch.int64, device=dev)
     logprobs = torch.empty(batch, dtype=torch.float32, device=dev)
     sizes = torch.empty(batch, dtype=torch.int64, device=dev)
@@ -204,15 +244,7 @@ def sample_triton(
     # CSR: resolve's row 0 writes offsets[0]. A single mask row needs no packing: its slot is
     # already mask_ids, resolve writes its count to offsets[1] too, and emit is skipped.
     offsets = torch.empty(n_rows + 1, dtype=torch.int64, device=dev)
-    resolve_kernel[(batch,)](
-        cand_x,
-        cand_id,
-        m_c,
-        s_c,
-        d_c,
-        x,
-        x.stride(0),
-        inp.temperature,
+    row_args = (
         inp.top_k,
         inp.top_p,
         inp.min_p,
@@ -232,21 +264,55 @@ def sample_triton(
         offsets,
         int(n_rows == 1),
         scratch,
-        vocab,
-        cfg.n_chunks,
-        inp.max_mask_tokens,
-        cap,
-        cfg.ncand,
-        CAND_BLOCK=cand_block,
-        NCH_BLOCK=triton.next_power_of_2(max(cfg.n_chunks, max_chunks(vocab, cfg))),
-        T1=t1,
-        T2=t2,
-        CAP_BLOCK=cap_block,
-        FB_BLOCK=FB_BLOCK,
-        NBISECT=RESOLVE_BISECT,
-        HAS_STEP=inp.step is not None,
-        num_warps=cfg.resolve_warps or (8 if cand_block >= 2048 else 4),
     )
+    resolve_meta = {
+        "CAND_BLOCK": cand_block,
+        "NCH_BLOCK": triton.next_power_of_2(max(cfg.n_chunks, max_chunks(vocab, cfg))),
+        "T1": t1,
+        "T2": t2,
+        "CAP_BLOCK": cap_block,
+        "FB_BLOCK": FB_BLOCK,
+        "NBISECT": RESOLVE_BISECT,
+        "HAS_STEP": inp.step is not None,
+    }
+    stats = (cand_x, cand_id, m_c, s_c, d_c)
+    if cfg.fused:
+        band_resolve_kernel[(batch, cfg.n_chunks)](
+            x,
+            inp.temperature,
+            *stats,
+            x.stride(0),
+            vocab,
+            cfg.n_chunks,
+            arrival_counters(batch, dev),
+            *row_args,
+            inp.max_mask_tokens,
+            cap,
+            cfg.ncand,
+            SEG=cfg.chunk,
+            W=cfg.lanes,
+            KC=cfg.kc,
+            DELTA=DELTA,
+            BAND_BISECT=NBISECT,
+            **resolve_meta,
+            num_warps=BAND_WARPS,
+        )
+    else:
+        launch_band(x, inp.temperature, *stats, cfg)
+        resolve_kernel[(batch,)](
+            *stats,
+            x,
+            x.stride(0),
+            inp.temperature,
+            *row_args,
+            vocab,
+            cfg.n_chunks,
+            inp.max_mask_tokens,
+            cap,
+            cfg.ncand,
+            **resolve_meta,
+            num_warps=cfg.resolve_warps or (8 if cand_block >= 2048 else 4),
+        )
 
     mask_ids = slots if n_rows == 1 else torch.empty(n_rows * cap, dtype=torch.int32, device=dev)
     if n_rows > 1:

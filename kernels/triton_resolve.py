@@ -36,8 +36,9 @@ from kernels.triton_fallback import (
 )
 
 
-@triton.jit(do_not_specialize=["direct"])  # 0 or 1: one compile serves both
-def resolve_kernel(
+@triton.jit
+def resolve_row(
+    row,
     cand_x_ptr,
     cand_id_ptr,
     m_ptr,
@@ -79,13 +80,14 @@ def resolve_kernel(
     NBISECT: tl.constexpr,
     HAS_STEP: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    """One row's whole pass 2. Pass 1's outputs are read through L2 (".cg"): in the fused
+    launch (triton_fused.py) other programs wrote them moments ago."""
     ch = tl.arange(0, NCH_BLOCK)
     in_ch = ch < n_chunks
     stat = row * n_chunks + ch
-    m_c = tl.load(m_ptr + stat, mask=in_ch, other=float("-inf"))
-    s_c = tl.load(s_ptr + stat, mask=in_ch, other=0.0)
-    d_c = tl.load(d_ptr + stat, mask=in_ch, other=float("-inf"))
+    m_c = tl.load(m_ptr + stat, mask=in_ch, other=float("-inf"), cache_modifier=".cg")
+    s_c = tl.load(s_ptr + stat, mask=in_ch, other=0.0, cache_modifier=".cg")
+    d_c = tl.load(d_ptr + stat, mask=in_ch, other=float("-inf"), cache_modifier=".cg")
     z_max, d_max, nan_seen = tl.reduce((m_c, d_c, (s_c != s_c).to(tl.int32)), 0, max3)
     temp = tl.load(temp_ptr + row)
     greedy = temp.to(tl.float64) < GREEDY_T
@@ -113,8 +115,9 @@ def resolve_kernel(
 
     pos = tl.arange(0, CAND_BLOCK)
     cand = row * ncand + pos
-    x_c = tl.load(cand_x_ptr + cand, mask=pos < ncand, other=float("-inf"))
-    ids_c = tl.load(cand_id_ptr + cand, mask=pos < ncand, other=0).to(tl.int64)
+    x_c = tl.load(cand_x_ptr + cand, mask=pos < ncand, other=float("-inf"), cache_modifier=".cg")
+    ids_c = tl.load(cand_id_ptr + cand, mask=pos < ncand, other=0, cache_modifier=".cg")
+    ids_c = ids_c.to(tl.int64)
     z_all = scale(x_c, temp)  # exact z for the candidates only
     keys = tl.where(z_all > float("-inf"), pack_key(z_all, ids_c), EMPTY_KEY)
     listed = z_all > d_max  # every token with z > d_max is a candidate
@@ -258,3 +261,91 @@ def resolve_kernel(
     tl.store(fb_ptr + row, fallback)
     if (direct != 0) & (midx >= 0):
         tl.store(offsets_ptr + 1, emitted)
+
+
+@triton.jit(do_not_specialize=["direct"])  # 0 or 1: one compile serves both
+def resolve_kernel(
+    cand_x_ptr,
+    cand_id_ptr,
+    m_ptr,
+    s_ptr,
+    d_ptr,  # pass-1 outputs
+    x_ptr,
+    stride_x,
+    temp_ptr,
+    topk_ptr,
+    topp_ptr,
+    minp_ptr,
+    bounded_ptr,
+    seed_ptr,
+    step_ptr,
+    midx_ptr,  # [B] int64 mask index of the row, -1 when it asked for no mask
+    tok_ptr,
+    lp_ptr,
+    size_ptr,
+    nan_ptr,
+    fb_ptr,
+    band_ptr,  # [B] outputs
+    cnt_ptr,
+    status_ptr,
+    slot_ptr,  # [R] int64, [R] int8, [R, cap] int32
+    offsets_ptr,  # [R + 1] int64 CSR offsets: row 0 writes the leading 0
+    direct,  # 1: R == 1, the slot is the CSR ids and the row also writes offsets[1]
+    scratch_ptr,  # [B, T1 + T2 + CAP_BLOCK] int64 compaction space
+    vocab,
+    n_chunks,
+    max_mask,
+    cap,
+    ncand,  # candidate slots per row (a runtime value: one compile serves every batch size)
+    CAND_BLOCK: tl.constexpr,
+    NCH_BLOCK: tl.constexpr,
+    T1: tl.constexpr,
+    T2: tl.constexpr,
+    CAP_BLOCK: tl.constexpr,
+    FB_BLOCK: tl.constexpr,
+    NBISECT: tl.constexpr,
+    HAS_STEP: tl.constexpr,
+):
+    resolve_row(
+        tl.program_id(0).to(tl.int64),
+        cand_x_ptr,
+        cand_id_ptr,
+        m_ptr,
+        s_ptr,
+        d_ptr,
+        x_ptr,
+        stride_x,
+        temp_ptr,
+        topk_ptr,
+        topp_ptr,
+        minp_ptr,
+        bounded_ptr,
+        seed_ptr,
+        step_ptr,
+        midx_ptr,
+        tok_ptr,
+        lp_ptr,
+        size_ptr,
+        nan_ptr,
+        fb_ptr,
+        band_ptr,
+        cnt_ptr,
+        status_ptr,
+        slot_ptr,
+        offsets_ptr,
+        direct,
+        scratch_ptr,
+        vocab,
+        n_chunks,
+        max_mask,
+        cap,
+        ncand,
+        CAND_BLOCK,
+        NCH_BLOCK,
+        T1,
+        T2,
+        CAP_BLOCK,
+        FB_BLOCK,
+        NBISECT,
+        HAS_STEP,
+    )

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("triton")  # the worker extra installs it; a gateway-only checkout has none
 
-from kernels.triton_path import CAND_TARGET, MAX_TILES, band_config, max_chunks
+from kernels.triton_path import CAND_TARGET, FUSE_PROGRAMS, MAX_TILES, band_config, max_chunks
 
 VOCABS = [111, 1000, 32000, 128256, 151936, 262144]
 
@@ -36,3 +36,13 @@ def test_longer_segments_for_larger_batches_and_16_bit_logits() -> None:
     one, many = (band_config(151936, batch=b).chunk for b in (1, 128))
     assert one < many
     assert band_config(151936, batch=128, itemsize=2).lanes > band_config(151936, batch=128).lanes
+
+
+def test_small_launches_fuse_the_two_passes() -> None:
+    assert band_config(151936, batch=1).fused  # 75 programs: resolve in the same launch
+    big = band_config(151936, batch=128)
+    assert not big.fused and 128 * big.n_chunks > FUSE_PROGRAMS
+    assert not band_config(151936, lanes=0).fused  # band_kernel is never fused
+    assert not band_config(151936, batch=1, fused=False).fused
+    with pytest.raises(ValueError, match="lanes"):
+        band_config(151936, lanes=0, fused=True)

@@ -26,10 +26,12 @@ from kernels.torch_path import sample_torch
 from kernels.triton_path import band_config, sample_triton
 from kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
+FUSED = True  # lanes pass 1: resolve in the same launch (band_resolve_kernel) or after it
+
 def both(logits, temp, k, p, mp, want, cap, seed=None, step=None, bounded=None, lanes=0):
     inp = check_inputs(logits, temp, k, p, mp, want, max_mask_tokens=cap, seed=seed,
                        step=step, bounded=bounded)
-    cfg = band_config(logits.shape[1], chunk=64, kc=8, lanes=lanes)
+    cfg = band_config(logits.shape[1], chunk=64, kc=8, lanes=lanes, fused=bool(lanes) and FUSED)
     return sample_triton(inp, cfg), sample_torch(inp)
 """
 
@@ -272,11 +274,16 @@ def test_csr_with_zero_one_and_several_mask_rows(interpreted: Interpreted) -> No
         assert case["offsets"][0][0] == 0
 
 
-@pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
+LANE_MODES = pytest.mark.parametrize(
+    ("lanes", "fused"), [(0, False), (16, True), (16, False)], ids=["bisect", "fused", "lanes"]
+)
+
+
+@LANE_MODES
 def test_interpreted_grid_matches_oracle_and_torch_path(
-    lanes: int, interpreted: Interpreted
+    lanes: int, fused: bool, interpreted: Interpreted
 ) -> None:
-    out = interpreted(PRELUDE + f"LANES = {lanes}\n" + GRID)
+    out = interpreted(PRELUDE + f"LANES = {lanes}\nFUSED = {fused}\n" + GRID)
     assert out["ok"], out["errors"]
     assert out["rows"] == 24
     assert out["fallback"] > 0  # the shrunken band sends some rows down the bisection path
@@ -298,9 +305,11 @@ def test_lanes_pass_one_keeps_the_band_contract(interpreted: Interpreted) -> Non
     assert min(out["written"]) > 0
 
 
-@pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
-def test_interpreted_edge_rows_match_torch_path(lanes: int, interpreted: Interpreted) -> None:
-    out = interpreted(PRELUDE + f"LANES = {lanes}\n" + EDGES)
+@LANE_MODES
+def test_interpreted_edge_rows_match_torch_path(
+    lanes: int, fused: bool, interpreted: Interpreted
+) -> None:
+    out = interpreted(PRELUDE + f"LANES = {lanes}\nFUSED = {fused}\n" + EDGES)
     for name in ("tokens", "support_sizes", "nan_rows", "mask_status", "mask_offsets", "masks"):
         tri, cpu = out[name]
         assert tri == cpu, (name, tri, cpu)
