@@ -75,7 +75,7 @@ def band_pass(x: torch.Tensor, temp: torch.Tensor, variant: str | None = None) -
     """Pass 1 of kernels.sample alone, to split its time from the resolve pass."""
     batch, vocab = x.shape
     kw = VARIANTS[variant] if variant else {}
-    cfg = band_config(vocab, batch=batch, itemsize=x.element_size(), **kw)
+    cfg = band_config(vocab, batch=batch, **kw)
     cand_x = torch.empty(batch, cfg.ncand, device=x.device)
     cand_id = torch.empty(batch, cfg.ncand, dtype=torch.int32, device=x.device)
     m, s, d = (torch.empty(batch, cfg.n_chunks, device=x.device) for _ in range(3))
@@ -134,8 +134,7 @@ def graph_time(inp_list, rep_ms: int, variant: str | None = None) -> float:
     inp = check_inputs(**_args(inp_list[0]), max_mask_tokens=CAP)
     batch, vocab = inp.logits.shape
     kw = VARIANTS[variant] if variant else None
-    itemsize = inp.logits.element_size()
-    cfg = band_config(vocab, batch=batch, itemsize=itemsize, **kw) if kw is not None else None
+    cfg = band_config(vocab, batch=batch, **kw) if kw is not None else None
     index = mask_index(inp.want_mask, inp.logits.device)
     return replay_time(lambda: sample_triton(inp, cfg, index=index), rep_ms)
 

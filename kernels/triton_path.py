@@ -43,11 +43,12 @@ LANES = 512
 # over more tokens (16384 at B=128, V=151936), B=1 still spreads its row over the SMs.
 LANE_PROGRAMS = 1024
 ROW_SEGMENTS = 64
-# 16-bit logits: 2 lanes per thread would load only 4 bytes a thread per tile, too few bytes
-# in flight (60.4 us at B=128 bf16 against 43.8 in fp32); 4 lanes per thread and longer
-# segments (65536 tokens at B=128, V=151936) timed 44.3 us.
-LANES_16 = 1024
-LANE_PROGRAMS_16 = 256
+# 16-bit logits take the same shape. A 16-bit shape (1024 lanes, 65536-token segments: 3 per
+# row at B=128, V=151936) streamed faster (pass 1 44.3 us against 60.4 in bf16 on the H200),
+# but its 3072 lanes per row, against 5120, put three of a row's top tokens in one lane about
+# 2.8 times as often, and 3 segments leave the rescue little to work with: 0.8% of bf16
+# Zipf rows at top-p 0.95 took the bisection fallback, and a launch with one such row took
+# 252 us instead of 59 (bench_kernels.py --quick). The fp32 shape had no fallback rows there.
 MAX_TILES = 64
 # Launches of at most this many pass-1 programs resolve each row in the same launch, in the
 # program that finishes the row's last segment (kernels/triton_fused.py): B = 1 saves a launch
@@ -83,7 +84,6 @@ def band_config(
     lanes: int | None = None,
     batch: int = 1,
     resolve_warps: int = 0,
-    itemsize: int = 4,
     fused: bool | None = None,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
@@ -93,12 +93,11 @@ def band_config(
     launch for both passes, band_resolve_kernel) defaults to launches of at most
     FUSE_PROGRAMS programs.
     """
-    wide = itemsize >= 4
     if lanes is None:
-        lanes = LANES if wide else LANES_16
+        lanes = LANES
     if lanes and chunk is None:
         lanes = min(lanes, triton.next_power_of_2(vocab))
-        chunk = lanes_segment(vocab, lanes, batch, LANE_PROGRAMS if wide else LANE_PROGRAMS_16)
+        chunk = lanes_segment(vocab, lanes, batch)
     chunk = chunk or min(CHUNK_MAX, triton.next_power_of_2(vocab))
     n_chunks = triton.cdiv(vocab, chunk)
     if kc is None:
@@ -207,7 +206,7 @@ def sample_triton(
     x = inp.logits
     batch, vocab = x.shape
     dev = x.device
-    cfg = config or band_config(vocab, batch=batch, itemsize=x.element_size())
+    cfg = config or band_config(vocab, batch=batch)
     cap = min(inp.max_mask_tokens, vocab)
     if cap > MAX_CAP:
         raise ValueError(

@@ -85,8 +85,8 @@ def warm_up_batches(vocab_size: int, max_batch: int) -> list[int]:
     """Batch sizes that meet every compiled variant of kernels.sample's CUDA path for batches of
     1..max_batch rows, all rows asking for masks (ascending, few: ~10 for max_batch 256).
 
-    Two things vary with the batch: pass 1's `band_config(vocab, batch=B)` for LOGITS_DTYPE
-    (a handful of configs, in power-of-two steps of B) and the emit kernel's block over the
+    Two things vary with the batch: pass 1's `band_config(vocab, batch=B)` (a handful of
+    configs, in power-of-two steps of B, the smallest fused with resolve) and the emit kernel's block over the
     mask rows (next power of two of their count). The powers of two up to max_batch, and
     max_batch itself, give every emit block; each config none of them meets adds its
     smallest B.
@@ -95,10 +95,9 @@ def warm_up_batches(vocab_size: int, max_batch: int) -> list[int]:
 
     batches = {1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch}
     batches.add(max_batch)
-    itemsize = LOGITS_DTYPE.itemsize
-    seen = {band_config(vocab_size, batch=b, itemsize=itemsize) for b in batches}
+    seen = {band_config(vocab_size, batch=b) for b in batches}
     for b in range(1, max_batch + 1):
-        cfg = band_config(vocab_size, batch=b, itemsize=itemsize)
+        cfg = band_config(vocab_size, batch=b)
         if cfg not in seen:
             seen.add(cfg)
             batches.add(b)

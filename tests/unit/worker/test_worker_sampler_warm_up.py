@@ -17,8 +17,6 @@ from worker.batch import RowWork
 from worker.row_sampling import LOGITS_DTYPE, SMALL_BATCHES, warm_up_batches, warm_up_sampler
 from worker.runner import ModelRunner
 
-ITEMSIZE = LOGITS_DTYPE.itemsize
-
 
 def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
@@ -32,8 +30,8 @@ def test_warm_up_batches_meet_every_pass1_config_and_emit_block(vocab: int, max_
     batches = warm_up_batches(vocab, max_batch)
     assert batches == sorted(set(batches)) and 1 <= batches[0] <= batches[-1] <= max_batch
     every = range(1, max_batch + 1)
-    configs = {band_config(vocab, batch=b, itemsize=ITEMSIZE) for b in every}
-    assert {band_config(vocab, batch=b, itemsize=ITEMSIZE) for b in batches} == configs
+    configs = {band_config(vocab, batch=b) for b in every}
+    assert {band_config(vocab, batch=b) for b in batches} == configs
     # all rows ask for masks: the emit kernel's block is the next power of two of the rows
     assert {next_pow2(b) for b in batches} == {next_pow2(b) for b in every}
     # few: at most one size per config beyond the powers of two
@@ -42,7 +40,7 @@ def test_warm_up_batches_meet_every_pass1_config_and_emit_block(vocab: int, max_
 
 def test_warm_up_batches_for_qwen_vocab_at_256_rows() -> None:
     batches = warm_up_batches(151936, 256)
-    configs = {band_config(151936, batch=b, itemsize=ITEMSIZE) for b in range(1, 257)}
+    configs = {band_config(151936, batch=b) for b in range(1, 257)}
     assert 2 <= len(configs) <= 8  # pass 1 changes segment size with the batch
     assert len(batches) <= 10
     assert batches[0] == 1 and batches[-1] == 256
