@@ -202,6 +202,9 @@ def measure(
         k = rep % len(settings)
         for setting in settings[k:] + settings[:k]:
             runs[setting].append(guarded(fn, runner, batch, setting, args))
+            rate = runs[setting][-1].get("tokens_per_s")
+            # progress, so a run cut short still shows how far it got and at what rate
+            print(f"  batch {batch} {setting} repeat {rep + 1}: {rate or 0:.0f} tok/s", flush=True)
     return {s: aggregate(runs[s]) for s in settings}
 
 
@@ -229,9 +232,12 @@ def bench_model(name: str, args: argparse.Namespace, out: list[dict]) -> None:
     if args.fused == "both":
         runs.append(("maskgate-unfused", False))
     for impl, fused in runs:
+        t0 = time.perf_counter()
         runner = ModelRunner(
             loaded, max_num_slots=max(args.batches), max_model_len=max_len, fused_kernels=fused
         )
+        # The runner compiles every sampler and model kernel variant before its first step.
+        print(f"[{name}] {impl} runner ready in {time.perf_counter() - t0:.1f} s", flush=True)
         for batch in args.batches:
             for setting, result in measure(decode, runner, batch, args.settings, args).items():
                 row = {"model": name, "impl": impl, "batch": batch, "setting": setting}
