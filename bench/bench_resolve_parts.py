@@ -19,10 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 
 import torch
 import triton
 import triton.language as tl
+
+if __package__ in (None, ""):  # run as a script: import from the repository root
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from bench.bench_kernels import replay_time
 
 
 @triton.jit
@@ -83,22 +89,14 @@ def bracket_kernel(z_ptr, out_ptr, N: tl.constexpr, WAYS: tl.constexpr, ROUNDS: 
     tl.store(out_ptr + row, lo)
 
 
-def replay_us(fn) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(10):
-            fn()
-    return triton.testing.do_bench(g.replay, warmup=10, rep=50, return_mode="median") * 100.0
-
-
 def launch_us(kernel, rows: int, *args, **meta) -> float:
-    return replay_us(lambda: kernel[(rows,)](*args, **meta))
+    """GPU time of one launch: ten launches captured in a graph, replayed, divided by ten."""
+
+    def ten() -> None:
+        for _ in range(10):
+            kernel[(rows,)](*args, **meta)
+
+    return replay_time(ten, 50) / 10
 
 
 def main() -> None:
