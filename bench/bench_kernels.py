@@ -198,6 +198,9 @@ def main() -> None:
     ap.add_argument(
         "--profile", action="store_true", help="GPU time of each launch of kernels.sample"
     )
+    ap.add_argument(
+        "--phases", action="store_true", help="cycles resolve spends in each of its phases"
+    )
     ap.add_argument("--plot-only", metavar="JSON", help="redraw the PNG from a results file")
     ap.add_argument("--cpu", action="store_true", help="time the CPU torch path instead")
     ap.add_argument(
@@ -214,6 +217,9 @@ def main() -> None:
         return
     if args.profile:
         kernel_profile(out)
+        return
+    if args.phases:
+        resolve_phases(out)
         return
     if args.split:
         graphs = [v for v in args.graphs.split(",") if v]
@@ -367,6 +373,39 @@ def kernel_profile(out: pathlib.Path, calls: int = 50) -> None:
                 )
                 print(f"profile B={batch} {dtype} {ev.key[:60]:<60} {us:8.2f} us", flush=True)
     (out / "kernels_profile.json").write_text(json.dumps(rows, indent=1))
+
+
+PHASE_NAMES = ("stats", "keys", "tier sort", "decide", "draw", "slot", "exit")
+
+
+def resolve_phases(out: pathlib.Path, calls: int = 20) -> None:
+    """Cycles each row's resolve spends per phase (the SM's %clock64, stamped by resolve_row
+    with TIMING), medians over rows and calls, at V=151936 fp32 top-p 0.95 for B=1 (the fused
+    launch) and B=128. resolve is one program per row and latency-bound, so this is where
+    its time goes. Writes kernels_phases.json."""
+    from kernels.triton_resolve import PHASES
+
+    rows = []
+    for batch in (1, 128):
+        b = make_inputs(batch, 151936, torch.float32, "p0.95", False, 0)
+        inp = check_inputs(**_args(b), max_mask_tokens=CAP)
+        index = mask_index(inp.want_mask, inp.logits.device)
+        stamps = torch.zeros(batch, PHASES.value, dtype=torch.int64, device="cuda")
+        deltas = []
+        for i in range(calls + 2):
+            sample_triton(inp, index=index, phase_cycles=stamps)
+            if i >= 2:  # the first calls compile and warm the caches
+                deltas.append(stamps.diff(dim=1).cpu())
+        d = torch.cat(deltas).double().median(dim=0).values.tolist()
+        row = {"B": batch, "total_cycles": sum(d), **dict(zip(PHASE_NAMES, d, strict=True))}
+        rows.append(row)
+        print(
+            f"phases B={batch}: "
+            + " ".join(f"{k}={v:.0f}" for k, v in zip(PHASE_NAMES, d, strict=True))
+            + f" total={sum(d):.0f} cycles ({sum(d) / 1980:.1f} us at 1.98 GHz)",
+            flush=True,
+        )
+    (out / "kernels_phases.json").write_text(json.dumps(rows, indent=1))
 
 
 def cpu_bench(out: pathlib.Path, repeats: int = 7) -> None:

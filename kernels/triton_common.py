@@ -21,6 +21,16 @@ EMPTY_KEY = tl.constexpr(-(2**63))
 
 
 @triton.jit
+def cycles(after):
+    """The SM's cycle counter (%clock64), read once `after` (an int64 scalar, an input of the
+    read so it cannot be scheduled before that value exists): phase stamps for the
+    benchmark, CUDA only."""
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %clock64;", "=l,l", [after], dtype=tl.int64, is_pure=False, pack=1
+    )
+
+
+@triton.jit
 def mix32(x):
     """Bijective 32-bit finaliser on int64 values in [0, 2**32)."""
     x = x ^ (x >> 16)

@@ -70,6 +70,8 @@ def band_resolve_kernel(
     FB_BLOCK: tl.constexpr,
     NBISECT: tl.constexpr,
     HAS_STEP: tl.constexpr,
+    times_ptr,
+    TIMING: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     lanes_pass(
@@ -137,4 +139,6 @@ def band_resolve_kernel(
             FB_BLOCK,
             NBISECT,
             HAS_STEP,
+            times_ptr,
+            TIMING,
         )

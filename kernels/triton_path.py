@@ -197,11 +197,14 @@ def sample_triton(
     config: BandConfig | None = None,
     index: torch.Tensor | None = None,
     band_sizes: torch.Tensor | None = None,
+    phase_cycles: torch.Tensor | None = None,
 ) -> SampleResult:
     """kernels.sample on the Triton path (CUDA tensors, or CPU under TRITON_INTERPRET=1).
 
     index: a precomputed mask_index (lets a caller capture the launches in a CUDA graph).
     band_sizes: optional [B] int64 out, candidates listed above the band floor (benchmark).
+    phase_cycles: optional [B, PHASES] int64 out, CUDA only: each row's resolve stamps the SM's
+    cycle counter at its phase boundaries (benchmark; a separate compile of resolve).
     """
     x = inp.logits
     batch, vocab = x.shape
@@ -273,6 +276,8 @@ def sample_triton(
         "FB_BLOCK": FB_BLOCK,
         "NBISECT": RESOLVE_BISECT,
         "HAS_STEP": inp.step is not None,
+        "times_ptr": tokens if phase_cycles is None else phase_cycles,
+        "TIMING": phase_cycles is not None,
     }
     stats = (cand_x, cand_id, m_c, s_c, d_c)
     if cfg.fused:

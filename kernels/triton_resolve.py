@@ -18,6 +18,7 @@ from kernels.triton_common import (
     EMPTY_KEY,
     GREEDY_T,
     add2_max1,
+    cycles,
     max3,
     pack_key,
     row_keys,
@@ -34,6 +35,8 @@ from kernels.triton_fallback import (
     gather_above,
     position_of,
 )
+
+PHASES = tl.constexpr(8)  # cycle stamps per row with TIMING: entry, 6 phase ends, exit
 
 
 @triton.jit
@@ -79,9 +82,15 @@ def resolve_row(
     FB_BLOCK: tl.constexpr,
     NBISECT: tl.constexpr,
     HAS_STEP: tl.constexpr,
+    times_ptr,  # [B, PHASES] int64 cycle stamps of the row's phases, written when TIMING
+    TIMING: tl.constexpr,
 ):
     """One row's whole pass 2. Pass 1's outputs are read through L2 (".cg"): in the fused
-    launch (triton_fused.py) other programs wrote them moments ago."""
+    launch (triton_fused.py) other programs wrote them moments ago. With TIMING, the row
+    stamps the SM's cycle counter at PHASES points (bench_kernels.py --phases)."""
+    stamp = times_ptr + row * PHASES
+    if TIMING:
+        tl.store(stamp, cycles(row))
     ch = tl.arange(0, NCH_BLOCK)
     in_ch = ch < n_chunks
     stat = row * n_chunks + ch
@@ -96,6 +105,8 @@ def resolve_row(
     z_sum = tl.sum(tl.where(m_c > float("-inf"), s_c * tl.exp(m_c - z_max), 0.0), axis=0)
     if row == 0:
         tl.store(offsets_ptr, tl.zeros([], tl.int64))
+    if TIMING:
+        tl.store(stamp + 1, cycles((z_sum != z_sum).to(tl.int64)))  # after the stats
 
     k = tl.load(topk_ptr + row).to(tl.int64)
     k_on = (k > 0) & (k < vocab)
@@ -126,13 +137,23 @@ def resolve_row(
         (listed.to(tl.int64), (listed & (z_all >= lo)).to(tl.int32), keys), 0, add2_max1
     )
     tl.store(band_ptr + row, n_band)
+    if TIMING:
+        tl.store(stamp + 2, cycles(top_key))  # after the keys
 
     best, floor = best_sorted(keys, z_all, listed, d_max, z_max, lo, n_lo, scratch, T1, NBISECT)
+    if TIMING:
+        tl.store(
+            stamp + 3, cycles(tl.max(best, axis=0) + (floor != floor).to(tl.int64))
+        )  # after the tier sort
     n, undecided, z, ids, mass = decide(
         best, floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T1
     )
+    if TIMING:
+        tl.store(stamp + 4, cycles(n))  # after the decision
     n = tl.where(greedy, 1, n)
     token, logprob, j = draw(z, ids, mass, n, greedy, k0, k1, z_max, T1)
+    if TIMING:
+        tl.store(stamp + 5, cycles(token))  # after the draw
     # Greedy: the largest key of all candidates (its chunk always writes it), even when ties
     # leave nothing listed above d_max.
     token = tl.where(greedy, unpack_id(top_key), token)
@@ -252,6 +273,10 @@ def resolve_row(
                     emitted = tl.full([], 0, tl.int64)
                     tl.store(cnt_ptr + midx, emitted)
                     tl.store(status_ptr + midx, tl.full([], 1, tl.int8))
+    if TIMING:
+        tl.store(
+            stamp + 6, cycles(emitted + token + n)
+        )  # after the mask slot (or the slower paths)
     token = tl.where(bad, 0, token)
     logprob = tl.where(bad, float("nan"), logprob)
     tl.store(tok_ptr + row, token)
@@ -261,6 +286,8 @@ def resolve_row(
     tl.store(fb_ptr + row, fallback)
     if (direct != 0) & (midx >= 0):
         tl.store(offsets_ptr + 1, emitted)
+    if TIMING:
+        tl.store(stamp + 7, cycles(emitted))
 
 
 @triton.jit(do_not_specialize=["direct"])  # 0 or 1: one compile serves both
@@ -305,6 +332,8 @@ def resolve_kernel(
     FB_BLOCK: tl.constexpr,
     NBISECT: tl.constexpr,
     HAS_STEP: tl.constexpr,
+    times_ptr,  # [B, PHASES] int64 cycle stamps of the row's phases, written when TIMING
+    TIMING: tl.constexpr,
 ):
     resolve_row(
         tl.program_id(0).to(tl.int64),
@@ -348,4 +377,6 @@ def resolve_kernel(
         FB_BLOCK,
         NBISECT,
         HAS_STEP,
+        times_ptr,
+        TIMING,
     )
