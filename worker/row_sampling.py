@@ -64,19 +64,20 @@ def warm_up_sampler(
     """Compile the sampler's Triton variants before traffic arrives; compiled mid-traffic, a
     variant stalls every stream of the worker for seconds.
 
-    SMALL_BATCHES run every variant of sample_fn. Then `kernels.sample` (the baseline sends
-    its mask-free batches there too) runs once seeded and once unseeded, every row asking for
-    a mask, at each size of `warm_up_batches(vocab_size, max_batch)`: its pass 1 has a config
-    per batch range, and its resolve kernel specialises on that config's chunk count.
+    Calls are keyed (seed and step given) as RowSampler's always are, so the sampler's
+    unseeded variant is never compiled. SMALL_BATCHES run sample_fn with and without masks.
+    Then `kernels.sample` (the baseline sends its mask-free batches there too) runs once,
+    every row asking for a mask, at each size of `warm_up_batches(vocab_size, max_batch)`: its
+    pass 1 has a config per batch range, and its resolve kernel specialises on that config's
+    chunk count.
     """
     for b in SMALL_BATCHES:
-        for want, seeded in ((True, True), (False, False), (True, False)):
-            _warm_call(sample_fn, b, vocab_size, device, max_mask_tokens, want, seeded)
+        for want in (True, False):
+            _warm_call(sample_fn, b, vocab_size, device, max_mask_tokens, want)
     covered = SMALL_BATCHES if sample_fn is kernels.sample else ()
     for b in warm_up_batches(vocab_size, max_batch):
         if b not in covered:
-            for seeded in (True, False):
-                _warm_call(kernels.sample, b, vocab_size, device, max_mask_tokens, True, seeded)
+            _warm_call(kernels.sample, b, vocab_size, device, max_mask_tokens, True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -111,9 +112,8 @@ def _warm_call(
     device: torch.device,
     max_mask_tokens: int,
     want: bool,
-    seeded: bool,
 ) -> None:
-    """One sampler call over [b, vocab_size] random logits of the runner's dtype."""
+    """One keyed sampler call over [b, vocab_size] random logits of the runner's dtype."""
     logits = torch.randn(b, vocab_size, device=device, dtype=LOGITS_DTYPE)
     rows = torch.ones(b, device=device)
     ids = torch.arange(b, device=device, dtype=torch.int64)
@@ -125,8 +125,8 @@ def _warm_call(
         rows * 0.0,
         torch.full((b,), want, dtype=torch.bool),
         max_mask_tokens=max_mask_tokens,
-        seed=ids if seeded else None,
-        step=ids.clone() if seeded else None,
+        seed=ids,
+        step=ids.clone(),
         bounded=torch.zeros(b, device=device, dtype=torch.bool),
     )
 
@@ -160,7 +160,7 @@ class RowSampler:
         results, the sampler's seconds (device time on CUDA) and the number of rows that
         needed the sampler's slow full pass."""
         b = len(rows)
-        seeded = self._fill(rows)
+        self._fill(rows)
         f = self.views.get(b)
         if f is None:
             f = self.views[b] = {name: t[:b] for name, t in self.fields.items()}
@@ -173,17 +173,20 @@ class RowSampler:
             f["min_p"],
             f["want_mask"],
             max_mask_tokens=self.max_mask_tokens,
-            seed=f["seed"] if seeded else None,
-            step=f["step"] if seeded else None,
+            seed=f["seed"],
+            step=f["step"],
             bounded=f["bounded"],
         )
         timer.mark()
         results, num_fallback = _to_rows(res, rows)
         return results, timer.seconds(), num_fallback
 
-    def _fill(self, rows: list[RowWork]) -> bool:
-        """Writes the rows' parameters to the host buffer and starts its copy to the device;
-        returns whether any row is seeded (seed and step are written only then)."""
+    def _fill(self, rows: list[RowWork]) -> None:
+        """Writes the rows' parameters to the host buffer and starts its copy to the device.
+
+        Every row is keyed: unseeded rows get a fresh random 63-bit key, which is what kernels
+        does for seed=None, so the sampler always runs one variant (its seeded one) and its
+        unseeded one is never compiled nor its device random draw launched."""
         b = len(rows)
         if b > self.capacity:
             self._allocate(b)
@@ -200,18 +203,11 @@ class RowSampler:
         h["top_k"][:b] = [min(p.top_k, INT32_MAX) for p in params]
         h["bounded"][:b] = [r.bounded for r in rows]
         h["want_mask"][:b] = [r.want_mask for r in rows]
-        seeded = any(p.seed is not None for p in params)
-        if seeded:
-            # Unseeded rows in a batch with seeded ones get a fresh random 63-bit key, which
-            # is what kernels does for seed=None.
-            h["seed"][:b] = [
-                p.seed if p.seed is not None else random.getrandbits(63) for p in params
-            ]
-            h["step"][:b] = [r.step for r in rows]
+        h["seed"][:b] = [p.seed if p.seed is not None else random.getrandbits(63) for p in params]
+        h["step"][:b] = [r.step for r in rows]
         if self.copied is not None:
             self.device_buf.copy_(self.host_buf[: self.device_buf.numel()], non_blocking=True)
             self.copied.record()
-        return seeded
 
     def _allocate(self, batch: int) -> None:
         """Buffers for up to `batch` rows, rounded up to a multiple of 16."""

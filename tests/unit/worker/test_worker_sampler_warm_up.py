@@ -46,23 +46,25 @@ def test_warm_up_batches_for_qwen_vocab_at_256_rows() -> None:
     assert batches[0] == 1 and batches[-1] == 256
 
 
-def test_warm_up_calls_kernels_sample_at_every_size_seeded_and_not(
+def test_warm_up_calls_kernels_sample_keyed_at_every_size(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls: list[tuple[int, bool, bool]] = []  # (rows, all rows ask for masks, seeded)
+    calls: list[tuple[int, bool]] = []  # (rows, all rows ask for masks)
 
     def recording_sample(logits: torch.Tensor, *args: Any, **kw: Any) -> None:
         assert logits.dtype == LOGITS_DTYPE  # the dtype warm_up_batches planned for
+        # keyed, as RowSampler always calls it: the unseeded variant is never compiled
+        assert kw["seed"] is not None and kw["step"] is not None
         want = args[4]
-        calls.append((logits.shape[0], bool(want.all()), kw["seed"] is not None))
+        calls.append((logits.shape[0], bool(want.all())))
 
     monkeypatch.setattr(kernels, "sample", recording_sample)
     vocab, max_batch = 32000, 64
     warm_up_sampler(kernels.sample, vocab, torch.device("cpu"), 4096, max_batch)
     for b in warm_up_batches(vocab, max_batch):
-        assert (b, True, True) in calls and (b, True, False) in calls
+        assert (b, True) in calls
     for b in SMALL_BATCHES:
-        assert {(b, True, True), (b, False, False), (b, True, False)} <= set(calls)
+        assert {(b, True), (b, False)} <= set(calls)
     assert len(calls) == len(set(calls))  # nothing compiled twice for nothing
 
 
