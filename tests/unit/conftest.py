@@ -38,3 +38,33 @@ def interpreted() -> Interpreted:
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     return run
+
+
+Sm90Compile = Callable[[object, dict, dict], object]
+
+
+@pytest.fixture(scope="session")
+def sm90_compile() -> Sm90Compile:
+    """Compiles a Triton kernel for an H100/H200 (sm_90) without a GPU: (kernel, argument
+    types by name, compile-time constants) -> the compiled kernel, whose PTX it checks
+    targets sm_90 and whose cubin it checks is non-empty. Skips when Triton or its ptxas is
+    missing."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", 90, 32)
+
+    def compile_for_sm90(fn: object, types: dict, const: dict) -> object:
+        signature = {p: "constexpr" if p in const else types[p] for p in fn.arg_names}  # type: ignore[attr-defined]
+        try:
+            compiled = triton.compile(ASTSource(fn, signature, const), target=target)
+        except RuntimeError as e:
+            if "ptxas" in str(e).lower() and "not found" in str(e).lower():
+                pytest.skip(f"no ptxas to finish the lowering: {e}")
+            raise
+        assert ".target sm_90" in compiled.asm["ptx"]
+        assert len(compiled.asm["cubin"]) > 0
+        return compiled
+
+    return compile_for_sm90

@@ -9,12 +9,11 @@ ships with Triton (about 45 s on a 2-core machine).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 triton = pytest.importorskip("triton")
-
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 from kernels.triton_fused import band_resolve_kernel  # noqa: E402
 from kernels.triton_path import (  # noqa: E402
@@ -27,7 +26,6 @@ from kernels.triton_path import (  # noqa: E402
     max_chunks,
 )
 
-SM90 = GPUTarget("cuda", 90, 32)
 POINTERS = {
     "x_ptr": "*fp32",
     "temp_ptr": "*fp32",
@@ -59,7 +57,7 @@ POINTERS = {
 }
 
 
-def test_fused_launch_with_phase_stamps_compiles_for_sm90() -> None:
+def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> None:
     vocab, cap = 151936, 4096
     cfg = band_config(vocab, batch=1)
     assert cfg.fused
@@ -80,16 +78,7 @@ def test_fused_launch_with_phase_stamps_compiles_for_sm90() -> None:
         "HAS_STEP": True,
         "TIMING": True,
     }
-    fn = band_resolve_kernel
-    signature = {p: "constexpr" if p in const else POINTERS.get(p, "i32") for p in fn.arg_names}
-    try:
-        compiled = triton.compile(ASTSource(fn, signature, const), target=SM90)
-    except RuntimeError as e:
-        if "ptxas" in str(e).lower() and "not found" in str(e).lower():
-            pytest.skip(f"no ptxas to finish the lowering: {e}")
-        raise
-    ptx = compiled.asm["ptx"]
-    assert ".target sm_90" in ptx
+    types = {p: POINTERS.get(p, "i32") for p in band_resolve_kernel.arg_names}
+    ptx = sm90_compile(band_resolve_kernel, types, const).asm["ptx"]
     assert "%clock64" in ptx  # the phase stamps
     assert "atom" in ptx and ".acq_rel" in ptx  # the arrival counter
-    assert len(compiled.asm["cubin"]) > 0
