@@ -91,14 +91,30 @@ def resolve_row(
     stamp = times_ptr + row * PHASES
     if TIMING:
         tl.store(stamp, cycles(row))
+    # Every global load first: their latencies overlap instead of queueing behind each
+    # block-wide reduction (a reduction's barrier keeps later loads after it).
     ch = tl.arange(0, NCH_BLOCK)
     in_ch = ch < n_chunks
     stat = row * n_chunks + ch
     m_c = tl.load(m_ptr + stat, mask=in_ch, other=float("-inf"), cache_modifier=".cg")
     s_c = tl.load(s_ptr + stat, mask=in_ch, other=0.0, cache_modifier=".cg")
     d_c = tl.load(d_ptr + stat, mask=in_ch, other=float("-inf"), cache_modifier=".cg")
-    z_max, d_max, nan_seen = tl.reduce((m_c, d_c, (s_c != s_c).to(tl.int32)), 0, max3)
+    pos = tl.arange(0, CAND_BLOCK)
+    cand = row * ncand + pos
+    x_c = tl.load(cand_x_ptr + cand, mask=pos < ncand, other=float("-inf"), cache_modifier=".cg")
+    ids_c = tl.load(cand_id_ptr + cand, mask=pos < ncand, other=0, cache_modifier=".cg")
     temp = tl.load(temp_ptr + row)
+    k = tl.load(topk_ptr + row).to(tl.int64)
+    top_p = tl.load(topp_ptr + row)
+    min_p = tl.load(minp_ptr + row)
+    seed = tl.load(seed_ptr + row)
+    step = tl.full([], 0, tl.int64)
+    if HAS_STEP:
+        step = tl.load(step_ptr + row)
+    midx = tl.load(midx_ptr + row)
+    bounded = tl.load(bounded_ptr + row) != 0
+
+    z_max, d_max, nan_seen = tl.reduce((m_c, d_c, (s_c != s_c).to(tl.int32)), 0, max3)
     greedy = temp.to(tl.float64) < GREEDY_T
     # A NaN or +inf anywhere (s_c is NaN then), or no finite logit: never sampled.
     bad = (nan_seen > 0) | (z_max == float("-inf")) | (z_max == float("inf"))
@@ -108,26 +124,13 @@ def resolve_row(
     if TIMING:
         tl.store(stamp + 1, cycles((z_sum != z_sum).to(tl.int64)))  # after the stats
 
-    k = tl.load(topk_ptr + row).to(tl.int64)
     k_on = (k > 0) & (k < vocab)
-    top_p = tl.load(topp_ptr + row)
     p_on = top_p < 1.0
-    min_p = tl.load(minp_ptr + row)
     m_on = min_p > 0.0
-    seed = tl.load(seed_ptr + row)
-    step = tl.full([], 0, tl.int64)
-    if HAS_STEP:
-        step = tl.load(step_ptr + row)
     k0, k1 = row_keys(seed, step)
-    midx = tl.load(midx_ptr + row)
-    bounded = tl.load(bounded_ptr + row) != 0
     slot_row = slot_ptr + midx * cap
     scratch = scratch_ptr + row * (T1 + T2 + CAP_BLOCK)
 
-    pos = tl.arange(0, CAND_BLOCK)
-    cand = row * ncand + pos
-    x_c = tl.load(cand_x_ptr + cand, mask=pos < ncand, other=float("-inf"), cache_modifier=".cg")
-    ids_c = tl.load(cand_id_ptr + cand, mask=pos < ncand, other=0, cache_modifier=".cg")
     ids_c = ids_c.to(tl.int64)
     z_all = scale(x_c, temp)  # exact z for the candidates only
     keys = tl.where(z_all > float("-inf"), pack_key(z_all, ids_c), EMPTY_KEY)
