@@ -47,6 +47,8 @@ N_BUFFERS = 4
 # resolve_kernel warps (r<warps>).
 VARIANTS = {
     "default": {},
+    "fused": {"fused": True},  # one launch (band_resolve_kernel) at any batch size
+    "split": {"fused": False},  # pass 1 and resolve as two launches at any batch size
     "bisect": {"lanes": 0},
     "l256": {"lanes": 256},
     "l512": {"lanes": 512},
@@ -201,6 +203,7 @@ def main() -> None:
     ap.add_argument(
         "--phases", action="store_true", help="cycles resolve spends in each of its phases"
     )
+    ap.add_argument("--phase-batches", default="1,128", help="--phases: batch sizes")
     ap.add_argument("--plot-only", metavar="JSON", help="redraw the PNG from a results file")
     ap.add_argument("--cpu", action="store_true", help="time the CPU torch path instead")
     ap.add_argument(
@@ -219,7 +222,7 @@ def main() -> None:
         kernel_profile(out)
         return
     if args.phases:
-        resolve_phases(out)
+        resolve_phases(out, [int(b) for b in args.phase_batches.split(",")])
         return
     if args.split:
         graphs = [v for v in args.graphs.split(",") if v]
@@ -378,15 +381,17 @@ def kernel_profile(out: pathlib.Path, calls: int = 50) -> None:
 PHASE_NAMES = ("stats", "keys", "tier sort", "decide", "draw", "slot", "exit")
 
 
-def resolve_phases(out: pathlib.Path, calls: int = 20) -> None:
+def resolve_phases(out: pathlib.Path, batches: list[int], calls: int = 20) -> None:
     """Cycles each row's resolve spends per phase (the SM's %clock64, stamped by resolve_row
-    with TIMING), medians over rows and calls, at V=151936 fp32 top-p 0.95 for B=1 (the fused
-    launch) and B=128. resolve is one program per row and latency-bound, so this is where
-    its time goes. Writes kernels_phases.json."""
+    with TIMING), medians over rows and calls, at V=151936 fp32 top-p 0.95 (B=1 takes the
+    fused launch). resolve is one program per row and latency-bound, so this is where its
+    time goes. Batches past one wave (B=1024: about 8 rows per SM, a few at a time)
+    show what a program pays when an earlier one on its SM has already fetched the code.
+    Writes kernels_phases.json."""
     from kernels.triton_resolve import PHASES
 
     rows = []
-    for batch in (1, 128):
+    for batch in batches:
         b = make_inputs(batch, 151936, torch.float32, "p0.95", False, 0)
         inp = check_inputs(**_args(b), max_mask_tokens=CAP)
         index = mask_index(inp.want_mask, inp.logits.device)
