@@ -378,7 +378,20 @@ def kernel_profile(out: pathlib.Path, calls: int = 50) -> None:
     (out / "kernels_profile.json").write_text(json.dumps(rows, indent=1))
 
 
-PHASE_NAMES = ("stats", "keys", "tier sort", "decide", "draw", "slot", "exit")
+# The tier sort (best_sorted) in four steps: "search" (the quartering threshold search), "rank"
+# (the scan and the floor), "gather" (the scatter to scratch and the block load back), "sort".
+PHASE_NAMES = (
+    "stats",
+    "keys",
+    "search",
+    "rank",
+    "gather",
+    "sort",
+    "decide",
+    "draw",
+    "slot",
+    "exit",
+)
 
 
 def resolve_phases(out: pathlib.Path, batches: list[int], calls: int = 20) -> None:

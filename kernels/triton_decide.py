@@ -12,6 +12,7 @@ from kernels.triton_common import (
     add2,
     add3,
     add4,
+    cycles,
     gumbel,
     max1_add1,
     unpack_id,
@@ -36,14 +37,26 @@ def store_mask(slot_row, cnt_ptr, status_ptr, midx, ids, pos, n, j, token, max_m
 
 @triton.jit
 def best_sorted(
-    keys, z, listed, d_max, z_max, lo, n_lo, scratch, LIMIT: tl.constexpr, NBISECT: tl.constexpr
+    keys,
+    z,
+    listed,
+    d_max,
+    z_max,
+    lo,
+    n_lo,
+    scratch,
+    LIMIT: tl.constexpr,
+    NBISECT: tl.constexpr,
+    stamp,
+    TIMING: tl.constexpr,
 ):
     """The best (at most LIMIT) listed candidates, sorted, and the new floor below them.
 
     keys, z, listed: [CAND_BLOCK] unsorted candidates; lo: the lowest z worth sorting
     (max(d_max, z_max - 30)) and n_lo the listed candidates with z >= lo, which the caller
     counts in a reduction it needs anyway. Returns ([LIMIT] sorted keys, floor): every token
-    with z > floor is among the returned keys.
+    with z > floor is among the returned keys. With TIMING, stamps the cycle counter at
+    stamp[0..3] after the threshold search, the rank, the gather and the sort.
     """
     hi = z_max
     if n_lo > LIMIT:
@@ -67,6 +80,8 @@ def best_sorted(
             hi = tl.where(c3 > LIMIT, hi, tl.where(c2 > LIMIT, t3, tl.where(c1 > LIMIT, t2, t1)))
             lo = new_lo
         lo = hi
+    if TIMING:
+        tl.store(stamp, cycles((lo != lo).to(tl.int64)))  # after the threshold search
     pick = listed & (z >= lo)
     rank = tl.cumsum(pick.to(tl.int32), axis=0) - 1
     pick = pick & (rank < LIMIT)  # ties at the row max beyond LIMIT: lowest ids first
@@ -74,11 +89,18 @@ def best_sorted(
         (tl.where(listed & ~pick, z, float("-inf")), pick.to(tl.int32)), 0, max1_add1
     )
     floor = tl.maximum(d_max, below)
+    if TIMING:
+        tl.store(stamp + 1, cycles(n_pick.to(tl.int64)))  # after the rank
     tl.store(scratch + rank, keys, mask=pick)
     tl.debug_barrier()  # the scattered stores before the block load
     slots = tl.arange(0, LIMIT)
     best = tl.load(scratch + slots, mask=slots < n_pick, other=EMPTY_KEY)
-    return tl.sort(best, 0, descending=True), floor
+    if TIMING:  # the reduction that orders the stamp after the load counts in the sort
+        tl.store(stamp + 2, cycles(tl.max(best, axis=0)))  # after the gather
+    best = tl.sort(best, 0, descending=True)
+    if TIMING:
+        tl.store(stamp + 3, cycles(tl.max(best, axis=0)))  # after the sort
+    return best, floor
 
 
 @triton.jit

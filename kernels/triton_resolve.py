@@ -36,7 +36,9 @@ from kernels.triton_fallback import (
     position_of,
 )
 
-PHASES = tl.constexpr(8)  # cycle stamps per row with TIMING: entry, 6 phase ends, exit
+# Cycle stamps per row with TIMING: entry, then the ends of stats, keys, the tier sort's four
+# steps (search, rank, gather, sort), decide, draw, slot, and the exit.
+PHASES = tl.constexpr(11)
 
 
 @triton.jit
@@ -143,20 +145,18 @@ def resolve_row(
     if TIMING:
         tl.store(stamp + 2, cycles(top_key))  # after the keys
 
-    best, floor = best_sorted(keys, z_all, listed, d_max, z_max, lo, n_lo, scratch, T1, NBISECT)
-    if TIMING:
-        tl.store(
-            stamp + 3, cycles(tl.max(best, axis=0) + (floor != floor).to(tl.int64))
-        )  # after the tier sort
+    best, floor = best_sorted(
+        keys, z_all, listed, d_max, z_max, lo, n_lo, scratch, T1, NBISECT, stamp + 3, TIMING
+    )
     n, undecided, z, ids, mass = decide(
         best, floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T1
     )
     if TIMING:
-        tl.store(stamp + 4, cycles(n))  # after the decision
+        tl.store(stamp + 7, cycles(n))  # after the decision
     n = tl.where(greedy, 1, n)
     token, logprob, j = draw(z, ids, mass, n, greedy, k0, k1, z_max, T1)
     if TIMING:
-        tl.store(stamp + 5, cycles(token))  # after the draw
+        tl.store(stamp + 8, cycles(token))  # after the draw
     # Greedy: the largest key of all candidates (its chunk always writes it), even when ties
     # leave nothing listed above d_max.
     token = tl.where(greedy, unpack_id(top_key), token)
@@ -180,7 +180,7 @@ def resolve_row(
             )
     else:
         best2, floor2 = best_sorted(
-            keys, z_all, listed, d_max, z_max, lo, n_lo, scratch + T1, T2, NBISECT
+            keys, z_all, listed, d_max, z_max, lo, n_lo, scratch + T1, T2, NBISECT, stamp, False
         )
         n, undecided, z2, ids2, mass2 = decide(
             best2, floor2, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
@@ -278,7 +278,7 @@ def resolve_row(
                     tl.store(status_ptr + midx, tl.full([], 1, tl.int8))
     if TIMING:
         tl.store(
-            stamp + 6, cycles(emitted + token + n)
+            stamp + 9, cycles(emitted + token + n)
         )  # after the mask slot (or the slower paths)
     token = tl.where(bad, 0, token)
     logprob = tl.where(bad, float("nan"), logprob)
@@ -290,7 +290,7 @@ def resolve_row(
     if (direct != 0) & (midx >= 0):
         tl.store(offsets_ptr + 1, emitted)
     if TIMING:
-        tl.store(stamp + 7, cycles(emitted))
+        tl.store(stamp + 10, cycles(emitted))
 
 
 @triton.jit(do_not_specialize=["direct"])  # 0 or 1: one compile serves both
