@@ -3,17 +3,20 @@ which the unit tests hold to transformers' logits."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
 import kernels
-from kernels.result import STATUS_OVERFLOW
 from worker.batch import RowResult, RowWork, SamplingParams
 from worker.model import load
 from worker.row_sampling import RowSampler
 from worker.runner import ModelRunner
+
+# The plain_sample fixture (tests/conftest.py): kernels.sample called the plain way.
+PlainSample = Callable[..., list[RowResult]]
 
 pytestmark = [
     pytest.mark.gpu,
@@ -68,39 +71,6 @@ def test_cuda_sampling_masks_follow_the_semantics() -> None:
     assert stats.mask_seconds > 0
 
 
-def _plain_sample(logits: torch.Tensor, rows: list[RowWork], cap: int) -> list[RowResult]:
-    """kernels.sample with one fresh device tensor per argument (every row seeded)."""
-    dev = logits.device
-    res = kernels.sample(
-        logits,
-        torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=dev),
-        torch.tensor([r.params.top_k for r in rows], dtype=torch.int32, device=dev),
-        torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=dev),
-        torch.tensor([r.params.min_p for r in rows], dtype=torch.float32, device=dev),
-        torch.tensor([r.want_mask for r in rows], dtype=torch.bool),
-        max_mask_tokens=cap,
-        seed=torch.tensor([r.params.seed for r in rows], dtype=torch.int64, device=dev),
-        step=torch.tensor([r.step for r in rows], dtype=torch.int64, device=dev),
-        bounded=torch.tensor([r.bounded for r in rows], dtype=torch.bool, device=dev),
-    )
-    out = [
-        RowResult(token=t, logprob=lp, nan=bad)
-        for t, lp, bad in zip(
-            res.tokens.tolist(),
-            res.logprobs.double().tolist(),
-            res.nan_rows.bool().tolist(),
-            strict=True,
-        )
-    ]
-    masks = res.masks()
-    for j, row in enumerate(res.mask_rows.tolist()):
-        st = int(res.mask_status[j])
-        out[row].mask_status = st
-        out[row].support_size = int(res.support_sizes[row])
-        out[row].mask = None if st == STATUS_OVERFLOW else masks[j]
-    return out
-
-
 def _seeded_rows(n: int, salt: int) -> list[RowWork]:
     kinds = [
         (SamplingParams(temperature=0.0), True, False),
@@ -118,7 +88,7 @@ def _seeded_rows(n: int, salt: int) -> list[RowWork]:
     return rows
 
 
-def test_cuda_row_sampler_matches_a_plain_sampler_call() -> None:
+def test_cuda_row_sampler_matches_a_plain_sampler_call(plain_sample: PlainSample) -> None:
     """One RowSampler over back-to-back steps of changing batches (its buffers reused, the
     parameter copy asynchronous) draws exactly what a plain kernels.sample call draws, with
     every argument on the device, in its dtype and 16-byte aligned."""
@@ -138,7 +108,7 @@ def test_cuda_row_sampler_matches_a_plain_sampler_call() -> None:
         logits = torch.randn(n, 151936, device="cuda", generator=gen) * 3.0
         rows = _seeded_rows(n, step)
         got, seconds, _ = sampler.sample(logits, rows)
-        assert got == _plain_sample(logits, rows, cap), (step, n)
+        assert got == plain_sample(logits, rows, cap, [r.params.seed for r in rows]), (step, n)
         assert seconds > 0
         assert len(spied) == 8  # temperature .. want_mask, seed, step, bounded
         for name, t in spied.items():

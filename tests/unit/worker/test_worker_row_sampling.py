@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,6 +21,8 @@ from worker.row_sampling import RowSampler
 VOCAB = 300
 CAP = 64  # max_mask_tokens: small enough that wide rows overflow
 CPU = torch.device("cpu")
+# The plain_sample fixture (tests/conftest.py): kernels.sample called the plain way.
+PlainSample = Callable[..., list[RowResult]]
 
 # (params, want_mask, bounded): greedy, each filter alone and combined, wide rows that
 # overflow CAP in exact and in bounded mode.
@@ -60,40 +63,6 @@ def make_logits(n: int, seed: int = 0) -> torch.Tensor:
     return x
 
 
-def reference(logits: torch.Tensor, rows: list[RowWork], keys: list[int] | None) -> list[RowResult]:
-    """kernels.sample with one freshly built tensor per argument, converted field by field.
-    keys: the seed of every row (None: an unseeded batch)."""
-    dev = logits.device
-    res = kernels.sample(
-        logits,
-        torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=dev),
-        torch.tensor([r.params.top_k for r in rows], dtype=torch.int32, device=dev),
-        torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=dev),
-        torch.tensor([r.params.min_p for r in rows], dtype=torch.float32, device=dev),
-        torch.tensor([r.want_mask for r in rows], dtype=torch.bool),
-        max_mask_tokens=CAP,
-        seed=None if keys is None else torch.tensor(keys, dtype=torch.int64, device=dev),
-        step=None if keys is None else torch.tensor([r.step for r in rows], device=dev),
-        bounded=torch.tensor([r.bounded for r in rows], dtype=torch.bool, device=dev),
-    )
-    out = [
-        RowResult(token=t, logprob=lp, nan=bad)
-        for t, lp, bad in zip(
-            res.tokens.tolist(),
-            res.logprobs.double().tolist(),
-            res.nan_rows.bool().tolist(),
-            strict=True,
-        )
-    ]
-    masks = res.masks()
-    for j, row in enumerate(res.mask_rows.tolist()):
-        st = int(res.mask_status[j])
-        out[row].mask_status = st
-        out[row].support_size = int(res.support_sizes[row])
-        out[row].mask = None if st == STATUS_OVERFLOW else masks[j]
-    return out
-
-
 def seeds_of(rows: list[RowWork]) -> list[int]:
     seeds = [r.params.seed for r in rows]
     assert all(s is not None for s in seeds)
@@ -122,11 +91,13 @@ def keys_of(spy: Spy) -> list[int] | None:
 
 
 @pytest.mark.parametrize("batch", [1, 2, 5, 16, 17, 40])
-def test_seeded_rows_match_the_reference_and_each_other_across_batches(batch: int) -> None:
+def test_seeded_rows_match_the_reference_and_each_other_across_batches(
+    batch: int, plain_sample: PlainSample
+) -> None:
     rows = make_rows(batch, seeded=True)
     logits = make_logits(batch)
     got, seconds, fallback = RowSampler(kernels.sample, CPU, CAP).sample(logits, rows)
-    want = reference(logits, rows, seeds_of(rows))
+    want = plain_sample(logits, rows, CAP, seeds_of(rows))
     assert got == want
     assert seconds >= 0 and fallback == 0
     # Batch invariance: each row alone draws exactly what it drew in the batch.
@@ -151,7 +122,7 @@ def test_statuses_and_sizes_cover_every_kind() -> None:
     assert all(isinstance(r.token, int) and isinstance(r.nan, bool) for r in got)
 
 
-def test_unseeded_batches_are_keyed_from_the_random_module() -> None:
+def test_unseeded_batches_are_keyed_from_the_random_module(plain_sample: PlainSample) -> None:
     # Every call is keyed, so the sampler runs one variant (no unseeded compile, no device
     # random draw); an unseeded batch's keys are fresh 63-bit values from `random`.
     rows = make_rows(9, seeded=False)
@@ -163,10 +134,12 @@ def test_unseeded_batches_are_keyed_from_the_random_module() -> None:
     random.seed(7)
     assert keys == [random.getrandbits(63) for _ in rows]
     assert spy.calls[-1]["step"].tolist() == [r.step for r in rows]
-    assert got == reference(logits, rows, keys)
+    assert got == plain_sample(logits, rows, CAP, keys)
 
 
-def test_mixed_batches_keep_seeded_draws_and_give_unseeded_rows_fresh_keys() -> None:
+def test_mixed_batches_keep_seeded_draws_and_give_unseeded_rows_fresh_keys(
+    plain_sample: PlainSample,
+) -> None:
     rows = make_rows(12, seeded=None)
     logits = make_logits(12, seed=5)
     spy = Spy()
@@ -184,7 +157,7 @@ def test_mixed_batches_keep_seeded_draws_and_give_unseeded_rows_fresh_keys() -> 
             assert 0 <= first[i] < 2**63 and 0 <= second[i] < 2**63
             assert first[i] != second[i]
     # Seeded rows draw what they draw in an all-seeded batch (the keys of the others aside).
-    want = reference(logits, rows, first)
+    want = plain_sample(logits, rows, CAP, first)
     assert got == want
     alone = [r for r in rows if r.params.seed is not None]
     idx = [i for i, r in enumerate(rows) if r.params.seed is not None]
@@ -204,7 +177,7 @@ def test_unseeded_keys_come_from_the_random_module() -> None:
     assert [k for k, r in zip(keys, rows, strict=True) if r.params.seed is None] == fresh
 
 
-def test_want_mask_mixes() -> None:
+def test_want_mask_mixes(plain_sample: PlainSample) -> None:
     logits = make_logits(6, seed=8)
     base = make_rows(6, seeded=True)
     for pattern in ([False] * 6, [True] * 6, [True, False] * 3, [False] * 5 + [True]):
@@ -213,11 +186,11 @@ def test_want_mask_mixes() -> None:
             for r, want in zip(base, pattern, strict=True)
         ]
         got, _, _ = RowSampler(kernels.sample, CPU, CAP).sample(logits, rows)
-        assert got == reference(logits, rows, seeds_of(rows))
+        assert got == plain_sample(logits, rows, CAP, seeds_of(rows))
         assert [r.mask is not None or r.mask_status != 0 for r in got] == pattern
 
 
-def test_one_sampler_reused_over_changing_batches() -> None:
+def test_one_sampler_reused_over_changing_batches(plain_sample: PlainSample) -> None:
     """Buffers grow and are rewritten in place: no value of an earlier step leaks."""
     spy = Spy()
     sampler = RowSampler(spy, CPU, CAP)
@@ -227,7 +200,7 @@ def test_one_sampler_reused_over_changing_batches() -> None:
         torch.manual_seed(step)
         got, _, _ = sampler.sample(logits, rows)
         torch.manual_seed(step)
-        assert got == reference(logits, rows, keys_of(spy)), (n, seeded)
+        assert got == plain_sample(logits, rows, CAP, keys_of(spy)), (n, seeded)
         args = spy.calls[-1]
         assert args["temperature"].tolist() == pytest.approx([r.params.temperature for r in rows])
         assert args["bounded"].tolist() == [r.bounded for r in rows]
@@ -257,13 +230,13 @@ def test_arguments_have_the_sampler_dtypes_and_aligned_pointers(batch: int) -> N
         assert t.device.type == "cpu"
 
 
-def test_nan_rows_are_flagged_alone() -> None:
+def test_nan_rows_are_flagged_alone(plain_sample: PlainSample) -> None:
     rows = make_rows(3, seeded=True)
     logits = make_logits(3)
     logits[1, 7] = float("nan")
     got, _, _ = RowSampler(kernels.sample, CPU, CAP).sample(logits, rows)
     assert [r.nan for r in got] == [False, True, False]
-    want = reference(logits, rows, seeds_of(rows))
+    want = plain_sample(logits, rows, CAP, seeds_of(rows))
     assert math.isnan(got[1].logprob) and math.isnan(want[1].logprob)
     got[1].logprob = want[1].logprob = 0.0  # NaN != NaN
     assert got == want

@@ -1,0 +1,62 @@
+"""Fixtures shared by the unit and the GPU tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+PlainSample = Callable[..., list[Any]]
+
+
+@pytest.fixture(scope="session")
+def plain_sample() -> PlainSample:
+    """kernels.sample called the plain way, the reference for the worker's RowSampler: one
+    freshly built tensor per argument, on the logits' device, and the result converted to
+    RowResults field by field (no packed copies, no reused buffers).
+
+    plain_sample(logits, rows, cap, keys): keys is the seed of every row, None for an
+    unseeded batch."""
+    import torch
+
+    import kernels
+    from kernels.result import STATUS_OVERFLOW
+    from worker.batch import RowResult, RowWork
+
+    def run(
+        logits: torch.Tensor, rows: list[RowWork], cap: int, keys: list[int] | None
+    ) -> list[RowResult]:
+        dev = logits.device
+        res = kernels.sample(
+            logits,
+            torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=dev),
+            torch.tensor([r.params.top_k for r in rows], dtype=torch.int32, device=dev),
+            torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=dev),
+            torch.tensor([r.params.min_p for r in rows], dtype=torch.float32, device=dev),
+            torch.tensor([r.want_mask for r in rows], dtype=torch.bool),
+            max_mask_tokens=cap,
+            seed=None if keys is None else torch.tensor(keys, dtype=torch.int64, device=dev),
+            step=None
+            if keys is None
+            else torch.tensor([r.step for r in rows], dtype=torch.int64, device=dev),
+            bounded=torch.tensor([r.bounded for r in rows], dtype=torch.bool, device=dev),
+        )
+        out = [
+            RowResult(token=t, logprob=lp, nan=bad)
+            for t, lp, bad in zip(
+                res.tokens.tolist(),
+                res.logprobs.double().tolist(),
+                res.nan_rows.bool().tolist(),
+                strict=True,
+            )
+        ]
+        masks = res.masks()
+        for j, row in enumerate(res.mask_rows.tolist()):
+            st = int(res.mask_status[j])
+            out[row].mask_status = st
+            out[row].support_size = int(res.support_sizes[row])
+            out[row].mask = None if st == STATUS_OVERFLOW else masks[j]
+        return out
+
+    return run
