@@ -8,7 +8,9 @@ Rows the band cannot decide are counted as fallback rows, and they take one of t
 
 This draws Gaussian logits (a random-weight model's rows: its lm_head gives logits of about
 --std standard deviation), samples them with top-p and masks on, and for every fallback row
-reruns pass 1 to find t and count the tokens above it, which tells the two ways apart.
+reruns pass 1 to find t and counts the tokens above it. More than T2 means the bisection for
+certain; at most T2 means the rescue can take the row ("rescue" below), though a row it
+leaves undecided still goes on to the bisection.
 --config-batch picks the pass-1 shape the worker would use at that batch size. On CPU it
 runs the Triton path under TRITON_INTERPRET=1 (about 4 s a row at V = 128256).
 
