@@ -42,6 +42,7 @@ SETTINGS = {  # name: (top_k, top_p, min_p)
 ALPHA = 1.6
 CAP = 4096
 N_BUFFERS = 4
+STEADY_CALLS = 8  # samples per graph in the steady-state columns (two rounds of the buffers)
 # Pass-1 variants (band_config keyword arguments): the default (band_lanes_kernel, segments
 # by batch), the older band_kernel, lanes (l<lanes>), explicit segment sizes (s<tokens>) and
 # resolve_kernel warps (r<warps>).
@@ -63,6 +64,12 @@ VARIANTS = {
     "l1024s64k": {"lanes": 1024, "chunk": 65536},
     "l2048s64k": {"lanes": 2048, "chunk": 65536},
     "l256s4k": {"lanes": 256, "chunk": 4096},
+    "pf2": {"prefetch": 2},
+    "pf3": {"prefetch": 3},
+    "w4": {"warps": 4},
+    "w4pf2": {"warps": 4, "prefetch": 2},
+    "w4pf3": {"warps": 4, "prefetch": 3},
+    "w16": {"warps": 16},
     "r2": {"resolve_warps": 2},
     "r4": {"resolve_warps": 4},
 }
@@ -78,10 +85,9 @@ def band_pass(x: torch.Tensor, temp: torch.Tensor, variant: str | None = None) -
     batch, vocab = x.shape
     kw = VARIANTS[variant] if variant else {}
     cfg = band_config(vocab, batch=batch, **kw)
-    cand_x = torch.empty(batch, cfg.ncand, device=x.device)
-    cand_id = torch.empty(batch, cfg.ncand, dtype=torch.int32, device=x.device)
+    cand_key = torch.empty(batch, cfg.ncand, dtype=torch.int64, device=x.device)
     m, s, d = (torch.empty(batch, cfg.n_chunks, device=x.device) for _ in range(3))
-    launch_band(x, temp, cand_x, cand_id, m, s, d, cfg, NBISECT)
+    launch_band(x, temp, cand_key, m, s, d, cfg, NBISECT)
 
 
 _LOGITS: dict[tuple, torch.Tensor] = {}
@@ -115,9 +121,14 @@ def bench(fn, rep_ms: int) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median") * 1e3
 
 
-def replay_time(fn, rep_ms: int) -> float:
+def replay_time(fn, rep_ms: int, calls: int = 1) -> float:
     """fn's launches captured once in a CUDA graph and replayed: GPU time without the host's
-    launch overhead (eager launches of these kernels are host-bound below B = 512)."""
+    launch overhead (eager launches of these kernels are host-bound below B = 512).
+
+    calls > 1 captures fn that many times back to back (fn rotates its input buffers) and
+    returns the time per call: the steady state of a worker whose decode-step graph holds
+    the sampler, without the fixed cost of launching a graph (several us, which a single
+    call's replay pays whole)."""
     torch.cuda.synchronize()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -127,18 +138,29 @@ def replay_time(fn, rep_ms: int) -> float:
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return bench(graph.replay, rep_ms)
+        for _ in range(calls):
+            fn()
+    return bench(graph.replay, rep_ms) / calls
 
 
-def graph_time(inp_list, rep_ms: int, variant: str | None = None) -> float:
-    """kernels.sample launches captured once in a CUDA graph, replayed."""
-    inp = check_inputs(**_args(inp_list[0]), max_mask_tokens=CAP)
-    batch, vocab = inp.logits.shape
+def graph_time(inp_list, rep_ms: int, variant: str | None = None, calls: int = 1) -> float:
+    """kernels.sample launches captured once in a CUDA graph, replayed; calls > 1: that many
+    samples in one graph, over the rotating input buffers, time per sample."""
+    inps = [check_inputs(**_args(b), max_mask_tokens=CAP) for b in inp_list]
+    batch, vocab = inps[0].logits.shape
     kw = VARIANTS[variant] if variant else None
     cfg = band_config(vocab, batch=batch, **kw) if kw is not None else None
-    index = mask_index(inp.want_mask, inp.logits.device)
-    return replay_time(lambda: sample_triton(inp, cfg, index=index), rep_ms)
+    index = mask_index(inps[0].want_mask, inps[0].logits.device)
+    it = itertools.cycle(inps if calls > 1 else inps[:1])
+    return replay_time(lambda: sample_triton(next(it), cfg, index=index), rep_ms, calls)
+
+
+def floor_steady_time(inp_list, rep_ms: int, calls: int) -> float:
+    """The floor the way graph_time(calls=...) times the sample: calls launches per graph."""
+    it = itertools.cycle([b["logits"] for b in inp_list])
+    return min(
+        replay_time(lambda c=c: floor_pass(next(it), c), rep_ms, calls) for c in (2048, 4096)
+    )
 
 
 def _args(b):
@@ -177,6 +199,8 @@ def run_case(batch, vocab, dtype, setting, flat, rep_ms, variants=()):
     for name in variants:
         row[f"graph_us_{name}"] = graph_time(bufs, rep_ms, name)
     row["floor_us"] = floor_time(it, rep_ms)
+    row["steady_us"] = graph_time(bufs, rep_ms, calls=STEADY_CALLS)
+    row["floor_steady_us"] = floor_steady_time(bufs, rep_ms, STEADY_CALLS)
     row["band_us"] = bench(
         lambda: band_pass(*(lambda b: (b["logits"], b["temperature"]))(next(it))), rep_ms
     )
@@ -211,7 +235,10 @@ def main() -> None:
         default="",
         help=f"pass-1 variants to add graph times for: {','.join(VARIANTS)}",
     )
+    ap.add_argument("--settings", default=",".join(SETTINGS), help="settings to run")
+    ap.add_argument("--no-flat", action="store_true", help="leave out the flat case")
     args = ap.parse_args()
+    settings = [x for x in args.settings.split(",") if x]
     variants = [v for v in args.variants.split(",") if v]
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -233,11 +260,12 @@ def main() -> None:
         return
     cases = []
     if args.quick:
-        for batch, setting in itertools.product([1, 128], SETTINGS):
+        for batch, setting in itertools.product([1, 128], settings):
             cases.append((batch, 151936, torch.float32, setting, False))
-        for setting in SETTINGS:
+        for setting in settings:
             cases.append((128, 151936, torch.bfloat16, setting, False))
-        cases.append((128, 151936, torch.float32, "p0.95", True))
+        if not args.no_flat:
+            cases.append((128, 151936, torch.float32, "p0.95", True))
     else:  # the target cases first, so a run cut short still has them
         for vocab, batch, setting in itertools.product(
             [151936, 32000, 262144], [128, 1, 8, 32, 512], SETTINGS
@@ -254,7 +282,8 @@ def main() -> None:
     header = (
         f"{'B':>4} {'V':>7} {'dtype':>8} {'setting':>9} {'logits':>9} {'H':>5} "
         f"{'|S|':>7} {'band':>7} {'fb%':>5} {'sample':>8} {'graph':>8} {'floor':>7} "
-        f"{'x_floor':>7} {'sort':>8} {'x_sort':>7} {'topk':>8} {'GB/s':>6}"
+        f"{'x_floor':>7} {'steady':>7} {'fl_st':>6} {'x_st':>5} {'sort':>8} {'x_sort':>7} "
+        f"{'topk':>8} {'GB/s':>6}"
     )
     print(header)
     for batch, vocab, dtype, setting, flat in cases:
@@ -266,6 +295,8 @@ def main() -> None:
             f"{r['entropy_nats']:>5} {r['support_mean']:>7.1f} {r['band_mean']:>7.1f} "
             f"{100 * r['fallback_rate']:>5.1f} {r['sample_us']:>8.1f} {r['graph_us']:>8.1f} "
             f"{r['floor_us']:>7.1f} {r['graph_us'] / r['floor_us']:>7.2f} "
+            f"{r['steady_us']:>7.1f} {r['floor_steady_us']:>6.1f} "
+            f"{r['steady_us'] / r['floor_steady_us']:>5.2f} "
             f"{r.get('sort_us', float('nan')):>8.1f} "
             f"{r.get('sort_us', float('nan')) / r['sample_us']:>7.1f} "
             f"{r.get('topk_us', float('nan')):>8.1f} {r['graph_GBps']:>6.0f}"
@@ -287,6 +318,7 @@ def main() -> None:
             print(
                 f"  {r['setting']}: sample/floor={r['sample_us'] / r['floor_us']:.2f} "
                 f"graph/floor={r['graph_us'] / r['floor_us']:.2f} "
+                f"steady/floor_steady={r['steady_us'] / r['floor_steady_us']:.2f} "
                 f"sort/sample={r.get('sort_us', float('nan')) / r['sample_us']:.1f} "
                 f"sort/graph={r.get('sort_us', float('nan')) / r['graph_us']:.1f}"
             )
@@ -329,18 +361,25 @@ def split_times(rep_ms: int, out: pathlib.Path, variants: list[str], graphs: lis
             replay_time(lambda c=c, x0=x0: floor_pass(x0, c), rep_ms) for c in (2048, 4096)
         )
         record(row, "floor_graph_us", floor_graph)
+        record(row, "floor_steady_us", floor_steady_time(bufs[batch, dtype], rep_ms, STEADY_CALLS))
         for name in variants:
-            b = bufs[batch, dtype][0]
+            it = itertools.cycle(bufs[batch, dtype])
             record(
                 row,
                 f"pass1_us_{name}",
                 replay_time(
-                    lambda n=name, b=b: band_pass(b["logits"], b["temperature"], n), rep_ms
+                    lambda n=name, it=it: band_pass(*(lambda b: (b["logits"], b["temperature"]))(next(it)), n),
+                    rep_ms,
+                    STEADY_CALLS,
                 ),
             )
     for name in graphs:
         for (batch, dtype), row in zip(cases, rows, strict=True):
-            record(row, f"graph_us_{name}", graph_time(bufs[batch, dtype], rep_ms, name))
+            record(
+                row,
+                f"steady_us_{name}",
+                graph_time(bufs[batch, dtype], rep_ms, name, calls=STEADY_CALLS),
+            )
 
 
 def kernel_profile(out: pathlib.Path, calls: int = 50) -> None:

@@ -58,10 +58,9 @@ def probe(args: argparse.Namespace) -> dict:
     res = sample_triton(inp, cfg)
     fallback = res.fallback_rows.bool().cpu()
     # Pass 1 again, for the segment floors the rescue works from.
-    cand_x = torch.empty(rows, cfg.ncand, device=dev)
-    cand_id = torch.empty(rows, cfg.ncand, dtype=torch.int32, device=dev)
+    cand_key = torch.empty(rows, cfg.ncand, dtype=torch.int64, device=dev)
     m_c, s_c, d_c = (torch.empty(rows, cfg.n_chunks, device=dev) for _ in range(3))
-    launch_band(z, ones, cand_x, cand_id, m_c, s_c, d_c, cfg)
+    launch_band(z, ones, cand_key, m_c, s_c, d_c, cfg)
     d_c, z = d_c.cpu(), z.cpu()
     out = []
     for r in fallback.nonzero().squeeze(1).tolist():

@@ -48,3 +48,8 @@ def pack_keys(z: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 def key_ids(keys: torch.Tensor) -> torch.Tensor:
     """Token ids back from keys (int64)."""
     return LOW32 - (keys & LOW32)
+
+
+def key_z(keys: torch.Tensor) -> torch.Tensor:
+    """z back from keys (float32; ordered_bits is its own inverse)."""
+    return ordered_bits((keys >> 32).to(torch.int32)).view(torch.float32)

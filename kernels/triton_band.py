@@ -17,15 +17,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.triton_common import GREEDY_T
+from kernels.triton_common import EMPTY_KEY, GREEDY_T, exact_z, pack_key
 
 
 @triton.jit
 def band_kernel(
     x_ptr,  # [B, V] logits (f32 / bf16 / f16), row stride stride_x
     temp_ptr,  # [B] float32
-    cand_x_ptr,  # [B, n_chunks * KC] float32 candidate logits (-inf in unused slots)
-    cand_id_ptr,  # [B, n_chunks * KC] int32 candidate token ids
+    cand_key_ptr,  # [B, n_chunks * KC] int64 candidate (z, id) keys (EMPTY_KEY: unused)
     m_ptr,  # [B, n_chunks] float32 chunk max of z
     s_ptr,  # [B, n_chunks] float32 sum exp(z - m_c); NaN flags a NaN or +inf in the chunk
     d_ptr,  # [B, n_chunks] float32 max z among tokens not written as candidates
@@ -69,8 +68,7 @@ def band_kernel(
     d = tl.max(tl.where(write, float("-inf"), x), axis=0)
 
     store_chunk(
-        cand_x_ptr,
-        cand_id_ptr,
+        cand_key_ptr,
         m_ptr,
         s_ptr,
         d_ptr,
@@ -90,8 +88,7 @@ def band_kernel(
 
 @triton.jit
 def store_chunk(
-    cand_x_ptr,
-    cand_id_ptr,
+    cand_key_ptr,
     m_ptr,
     s_ptr,
     d_ptr,
@@ -108,13 +105,14 @@ def store_chunk(
     t,
 ):
     """Writes one chunk's part of the pass-1 contract: the candidates where `write` holds
-    (slot `rank`), -inf in the unused slots, and m_c, s_c, d_c (x-space maxima m and d)."""
+    (slot `rank`) as packed (z, id) keys with their exact z, EMPTY_KEY in the unused slots,
+    and m_c, s_c, d_c (x-space maxima m and d)."""
     base = stat * KC
-    tl.store(cand_x_ptr + base + rank, x, mask=write)
-    tl.store(cand_id_ptr + base + rank, ids, mask=write)
+    keys = pack_key(exact_z(x, t), ids.to(tl.int64))
+    tl.store(cand_key_ptr + base + rank, keys, mask=write)
     slots = tl.arange(0, KC)
     tl.store(
-        cand_x_ptr + base + slots, tl.full([KC], float("-inf"), tl.float32), mask=slots >= n_written
+        cand_key_ptr + base + slots, tl.full([KC], EMPTY_KEY, tl.int64), mask=slots >= n_written
     )
     # z = RN(x / T) is monotone in x, so the maxima map through one division each.
     tl.store(m_ptr + stat, tl.math.div_rn(m, t))

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton_band import store_chunk
-from kernels.triton_common import GREEDY_T
+from kernels.triton_common import GREEDY_T, add3
 
 LOG2E = tl.constexpr(1.4426950408889634)
 INT32_MAX = tl.constexpr(2**31 - 1)
@@ -63,8 +63,7 @@ def lanes_pass(
     seg,
     x_ptr,  # [B, V] logits (f32 / bf16 / f16), row stride stride_x
     temp_ptr,  # [B] float32
-    cand_x_ptr,  # [B, n_chunks * KC] float32 candidate logits (-inf in unused slots)
-    cand_id_ptr,  # [B, n_chunks * KC] int32 candidate token ids
+    cand_key_ptr,  # [B, n_chunks * KC] int64 candidate (z, id) keys (EMPTY_KEY: unused)
     m_ptr,  # [B, n_chunks] float32 segment max of z
     s_ptr,  # [B, n_chunks] float32 sum exp(z - m_c); NaN flags a NaN or +inf
     d_ptr,  # [B, n_chunks] float32 max z among tokens not written as candidates
@@ -76,6 +75,7 @@ def lanes_pass(
     KC: tl.constexpr,
     DELTA: tl.constexpr,
     NBISECT: tl.constexpr,
+    PF: tl.constexpr,  # tiles read ahead of the work (1 to 3)
 ):
     """One segment of a row: pass 1's whole work for program (row, seg)."""
     start = seg * SEG
@@ -92,13 +92,28 @@ def lanes_pass(
     i2 = i1
     end = tl.minimum(vocab - start, SEG)  # tokens of this segment
     n_tiles = (end + W - 1) // W
-    x = tl.load(ptrs, mask=lanes < end, other=float("-inf")).to(tl.float32)
+    # Reads run PF tiles ahead of the work (up to 3): with 2 tokens per thread a tile is 8
+    # bytes per thread, too few in flight per SM to cover the memory latency at one tile.
+    x = tl.load(ptrs, mask=lanes < end, other=float("-inf"))
+    xa = x
+    xb = x
+    if PF >= 2:
+        xa = tl.load(ptrs + W, mask=W + lanes < end, other=float("-inf"))
+    if PF >= 3:
+        xb = tl.load(ptrs + 2 * W, mask=2 * W + lanes < end, other=float("-inf"))
     for it in range(n_tiles):
-        # Issue the next tile's read before this tile's work.
-        nxt = (it + 1) * W
+        nxt = (it + PF) * W
         x_next = tl.load(ptrs + nxt, mask=nxt + lanes < end, other=float("-inf"))
-        t1, i1, t2, i2, d, s = _lane_step(x, t1, i1, t2, i2, d, s, it, c)
-        x = x_next.to(tl.float32)
+        t1, i1, t2, i2, d, s = _lane_step(x.to(tl.float32), t1, i1, t2, i2, d, s, it, c)
+        if PF == 1:
+            x = x_next
+        elif PF == 2:
+            x = xa
+            xa = x_next
+        else:
+            x = xa
+            xa = xb
+            xb = x_next
 
     m = tl.max(t1, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # an all -inf segment sums to 0, not NaN
@@ -115,11 +130,25 @@ def lanes_pass(
     hi = m
     count = tl.sum(tl.sum((real & (top >= lo)).to(tl.int32), axis=1), axis=0)
     if count > KC:
-        for _ in range(NBISECT):
-            mid = lo + (hi - lo) * 0.5
-            over = tl.sum(tl.sum((real & (top >= mid)).to(tl.int32), axis=1), axis=0) > KC
-            lo = tl.where(over, mid, lo)
-            hi = tl.where(over, hi, mid)
+        # Invariant: more than KC lane tops at >= lo, at most KC at >= hi (or ties at the
+        # max). Each step counts at three thresholds in one reduction and keeps the quarter
+        # that crosses KC: NBISECT halvings in NBISECT / 2 reductions.
+        for _ in range(NBISECT // 2):
+            q = (hi - lo) * 0.25
+            q1, q2, q3 = lo + q, lo + 2.0 * q, lo + 3.0 * q
+            c1, c2, c3 = tl.reduce(
+                (
+                    (real & (top >= q1)).to(tl.int32),
+                    (real & (top >= q2)).to(tl.int32),
+                    (real & (top >= q3)).to(tl.int32),
+                ),
+                1,
+                add3,
+            )
+            c1, c2, c3 = tl.sum(c1, axis=0), tl.sum(c2, axis=0), tl.sum(c3, axis=0)
+            new_lo = tl.where(c3 > KC, q3, tl.where(c2 > KC, q2, tl.where(c1 > KC, q1, lo)))
+            hi = tl.where(c3 > KC, hi, tl.where(c2 > KC, q3, tl.where(c1 > KC, q2, q1)))
+            lo = new_lo
         lo = hi
     band = real & (top >= lo) & (top > float("-inf"))
     flat = tl.reshape(band, [2 * W]).to(tl.int32)
@@ -137,8 +166,7 @@ def lanes_pass(
     d_seg = tl.maximum(d_lanes, left)
 
     store_chunk(
-        cand_x_ptr,
-        cand_id_ptr,
+        cand_key_ptr,
         m_ptr,
         s_ptr,
         d_ptr,
@@ -160,8 +188,7 @@ def lanes_pass(
 def band_lanes_kernel(
     x_ptr,  # [B, V] logits (f32 / bf16 / f16), row stride stride_x
     temp_ptr,  # [B] float32
-    cand_x_ptr,  # [B, n_chunks * KC] float32 candidate logits (-inf in unused slots)
-    cand_id_ptr,  # [B, n_chunks * KC] int32 candidate token ids
+    cand_key_ptr,  # [B, n_chunks * KC] int64 candidate (z, id) keys (EMPTY_KEY: unused)
     m_ptr,  # [B, n_chunks] float32 segment max of z
     s_ptr,  # [B, n_chunks] float32 sum exp(z - m_c); NaN flags a NaN or +inf
     d_ptr,  # [B, n_chunks] float32 max z among tokens not written as candidates
@@ -173,14 +200,14 @@ def band_lanes_kernel(
     KC: tl.constexpr,
     DELTA: tl.constexpr,
     NBISECT: tl.constexpr,
+    PF: tl.constexpr,
 ):
     lanes_pass(
         tl.program_id(0).to(tl.int64),
         tl.program_id(1),
         x_ptr,
         temp_ptr,
-        cand_x_ptr,
-        cand_id_ptr,
+        cand_key_ptr,
         m_ptr,
         s_ptr,
         d_ptr,
@@ -192,4 +219,5 @@ def band_lanes_kernel(
         KC,
         DELTA,
         NBISECT,
+        PF,
     )

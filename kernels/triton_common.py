@@ -64,7 +64,12 @@ def gumbel(k0, k1, ids):
 def scale(x, temp):
     """z = x / T (IEEE round-to-nearest), x unscaled on greedy rows, -0.0 folded to +0.0."""
     greedy = temp.to(tl.float64) < GREEDY_T
-    t = tl.where(greedy, 1.0, temp)
+    return exact_z(x, tl.where(greedy, 1.0, temp))
+
+
+@triton.jit
+def exact_z(x, t):
+    """scale() with the greedy rows' t = 1 already applied."""
     z = tl.math.div_rn(x, t)
     return tl.where(z == 0.0, 0.0, z)
 

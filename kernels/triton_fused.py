@@ -26,8 +26,7 @@ from kernels.triton_resolve import resolve_row
 def band_resolve_kernel(
     x_ptr,
     temp_ptr,
-    cand_x_ptr,
-    cand_id_ptr,
+    cand_key_ptr,
     m_ptr,
     s_ptr,
     d_ptr,
@@ -62,6 +61,7 @@ def band_resolve_kernel(
     KC: tl.constexpr,
     DELTA: tl.constexpr,
     BAND_BISECT: tl.constexpr,
+    PF: tl.constexpr,
     CAND_BLOCK: tl.constexpr,
     NCH_BLOCK: tl.constexpr,
     T1: tl.constexpr,
@@ -79,8 +79,7 @@ def band_resolve_kernel(
         tl.program_id(1),
         x_ptr,
         temp_ptr,
-        cand_x_ptr,
-        cand_id_ptr,
+        cand_key_ptr,
         m_ptr,
         s_ptr,
         d_ptr,
@@ -92,6 +91,7 @@ def band_resolve_kernel(
         KC,
         DELTA,
         BAND_BISECT,
+        PF,
     )
     tl.debug_barrier()  # every thread's stores of this segment before the release
     arrived = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu")
@@ -99,8 +99,7 @@ def band_resolve_kernel(
         tl.store(arrived_ptr + row, 0)
         resolve_row(
             row,
-            cand_x_ptr,
-            cand_id_ptr,
+            cand_key_ptr,
             m_ptr,
             s_ptr,
             d_ptr,

@@ -56,6 +56,7 @@ MAX_TILES = 64
 # registers per thread against pass 1's 47, so an SM holds 2 of its 256-thread programs
 # instead of 5, too few loads in flight for a long stream; 256 programs is about 2 per SM.
 FUSE_PROGRAMS = 256
+PREFETCH = 1
 RESOLVE_BISECT = 8  # halvings of the threshold search picking a tier's best (done in quarters)
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
 FB_BLOCK = 2048
@@ -71,6 +72,8 @@ class BandConfig:
     lanes: int = 0  # > 0: band_lanes_kernel with this many lanes; 0: band_kernel
     resolve_warps: int = 0  # resolve_kernel's warps; 0 picks by candidate count
     fused: bool = False  # one launch: the last segment of a row resolves it (lanes only)
+    warps: int = BAND_WARPS  # pass 1's warps (lanes only; the fused launch keeps BAND_WARPS)
+    prefetch: int = PREFETCH  # tiles band_lanes_kernel reads ahead of its work (1 to 3)
 
     @property
     def ncand(self) -> int:
@@ -85,6 +88,8 @@ def band_config(
     batch: int = 1,
     resolve_warps: int = 0,
     fused: bool | None = None,
+    warps: int = 0,
+    prefetch: int = 0,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
@@ -114,6 +119,8 @@ def band_config(
         lanes=min(lanes, chunk),
         resolve_warps=resolve_warps,
         fused=fused,
+        warps=warps or BAND_WARPS,
+        prefetch=prefetch or PREFETCH,
     )
 
 
@@ -159,8 +166,7 @@ def max_chunks(vocab: int, cfg: BandConfig) -> int:
 def launch_band(
     x: torch.Tensor,
     temperature: torch.Tensor,
-    cand_x: torch.Tensor,
-    cand_id: torch.Tensor,
+    cand_key: torch.Tensor,
     m_c: torch.Tensor,
     s_c: torch.Tensor,
     d_c: torch.Tensor,
@@ -169,11 +175,16 @@ def launch_band(
 ) -> None:
     """Pass 1: one program per segment (band_lanes_kernel) or per chunk (band_kernel)."""
     batch, vocab = x.shape
-    common = (x, temperature, cand_x, cand_id, m_c, s_c, d_c, x.stride(0), vocab, cfg.n_chunks)
+    common = (x, temperature, cand_key, m_c, s_c, d_c, x.stride(0), vocab, cfg.n_chunks)
     consts = {"KC": cfg.kc, "DELTA": DELTA, "NBISECT": nbisect}
     if cfg.lanes > 0:
         band_lanes_kernel[(batch, cfg.n_chunks)](
-            *common, SEG=cfg.chunk, W=cfg.lanes, **consts, num_warps=BAND_WARPS
+            *common,
+            SEG=cfg.chunk,
+            W=cfg.lanes,
+            **consts,
+            PF=cfg.prefetch,
+            num_warps=cfg.warps,
         )
     else:
         band_kernel[(batch, cfg.n_chunks)](*common, CHUNK=cfg.chunk, **consts, num_warps=BAND_WARPS)
@@ -223,8 +234,7 @@ def sample_triton(
     if band_sizes is None:
         band_sizes = torch.empty(batch, dtype=torch.int64, device=dev)
 
-    cand_x = torch.empty(batch, cfg.ncand, dtype=torch.float32, device=dev)
-    cand_id = torch.empty(batch, cfg.ncand, dtype=torch.int32, device=dev)
+    cand_key = torch.empty(batch, cfg.ncand, dtype=torch.int64, device=dev)
     m_c, s_c, d_c = (torch.empty(batch, cfg.n_chunks, device=dev) for _ in range(3))
     tokens = torch.empty(batch, dtype=torch.int64, device=dev)
     logprobs = torch.empty(batch, dtype=torch.float32, device=dev)
@@ -279,7 +289,7 @@ def sample_triton(
         "times_ptr": tokens if phase_cycles is None else phase_cycles,
         "TIMING": phase_cycles is not None,
     }
-    stats = (cand_x, cand_id, m_c, s_c, d_c)
+    stats = (cand_key, m_c, s_c, d_c)
     if cfg.fused:
         band_resolve_kernel[(batch, cfg.n_chunks)](
             x,
@@ -298,6 +308,7 @@ def sample_triton(
             KC=cfg.kc,
             DELTA=DELTA,
             BAND_BISECT=NBISECT,
+            PF=cfg.prefetch,
             **resolve_meta,
             num_warps=BAND_WARPS,
         )

@@ -20,9 +20,7 @@ from kernels.triton_common import (
     add2_max1,
     cycles,
     max3,
-    pack_key,
     row_keys,
-    scale,
     unpack_id,
     unpack_z,
 )
@@ -44,8 +42,7 @@ PHASES = tl.constexpr(11)
 @triton.jit
 def resolve_row(
     row,
-    cand_x_ptr,
-    cand_id_ptr,
+    cand_key_ptr,  # [B, ncand] int64 pass-1 candidates as (z, id) keys
     m_ptr,
     s_ptr,
     d_ptr,  # pass-1 outputs
@@ -103,8 +100,7 @@ def resolve_row(
     d_c = tl.load(d_ptr + stat, mask=in_ch, other=float("-inf"), cache_modifier=".cg")
     pos = tl.arange(0, CAND_BLOCK)
     cand = row * ncand + pos
-    x_c = tl.load(cand_x_ptr + cand, mask=pos < ncand, other=float("-inf"), cache_modifier=".cg")
-    ids_c = tl.load(cand_id_ptr + cand, mask=pos < ncand, other=0, cache_modifier=".cg")
+    keys = tl.load(cand_key_ptr + cand, mask=pos < ncand, other=EMPTY_KEY, cache_modifier=".cg")
     temp = tl.load(temp_ptr + row)
     k = tl.load(topk_ptr + row).to(tl.int64)
     top_p = tl.load(topp_ptr + row)
@@ -133,9 +129,7 @@ def resolve_row(
     slot_row = slot_ptr + midx * cap
     scratch = scratch_ptr + row * (T1 + T2 + CAP_BLOCK)
 
-    ids_c = ids_c.to(tl.int64)
-    z_all = scale(x_c, temp)  # exact z for the candidates only
-    keys = tl.where(z_all > float("-inf"), pack_key(z_all, ids_c), EMPTY_KEY)
+    z_all = tl.where(keys == EMPTY_KEY, float("-inf"), unpack_z(keys))  # pass 1's exact z
     listed = z_all > d_max  # every token with z > d_max is a candidate
     lo = tl.maximum(d_max, z_max - 30.0)  # below this, no tier sorts a candidate
     n_band, n_lo, top_key = tl.reduce(
@@ -295,8 +289,7 @@ def resolve_row(
 
 @triton.jit(do_not_specialize=["direct"])  # 0 or 1: one compile serves both
 def resolve_kernel(
-    cand_x_ptr,
-    cand_id_ptr,
+    cand_key_ptr,  # [B, ncand] int64 pass-1 candidates as (z, id) keys
     m_ptr,
     s_ptr,
     d_ptr,  # pass-1 outputs
@@ -340,8 +333,7 @@ def resolve_kernel(
 ):
     resolve_row(
         tl.program_id(0).to(tl.int64),
-        cand_x_ptr,
-        cand_id_ptr,
+        cand_key_ptr,
         m_ptr,
         s_ptr,
         d_ptr,

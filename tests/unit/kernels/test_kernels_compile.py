@@ -30,8 +30,7 @@ from kernels.triton_resolve import PHASES  # noqa: E402
 POINTERS = {
     "x_ptr": "*fp32",
     "temp_ptr": "*fp32",
-    "cand_x_ptr": "*fp32",
-    "cand_id_ptr": "*i32",
+    "cand_key_ptr": "*i64",
     "m_ptr": "*fp32",
     "s_ptr": "*fp32",
     "d_ptr": "*fp32",

@@ -160,6 +160,8 @@ print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_r
 """
 
 CONTRACT = """
+from kernels.order import key_ids, key_z
+EMPTY_KEY = -(2**63)
 from kernels.triton_path import launch_band
 vocab = 700
 g = torch.Generator().manual_seed(3)
@@ -175,21 +177,22 @@ z = x / t[:, None]
 outs = {}
 for name, kw in [("ref", {"lanes": 0})] + TRIED:
     cfg = band_config(vocab, chunk=64, kc=8, **kw)
-    cx = torch.full((b, cfg.ncand), 7.0)
-    ci = torch.full((b, cfg.ncand), -5, dtype=torch.int32)
+    keys = torch.full((b, cfg.ncand), 12345, dtype=torch.int64)  # poison: no valid key
     stats = [torch.full((b, cfg.n_chunks), 3.0) for _ in range(3)]
-    launch_band(x, temp, cx, ci, *stats, cfg)
-    outs[name] = (cx, ci, *stats)
+    launch_band(x, temp, keys, *stats, cfg)
+    outs[name] = (keys, *stats)
 n_ch, kc = cfg.n_chunks, cfg.kc
 res = {"stats_equal": [], "contract": [], "ties": [], "written": []}
 for name, _ in TRIED:
-    cx, ci, m, s, d = outs[name]
+    keys, m, s, d = outs[name]
     ref = outs["ref"]
-    res["stats_equal"].append(torch.equal(m, ref[2]) and torch.allclose(s, ref[3], equal_nan=True))
+    res["stats_equal"].append(torch.equal(m, ref[1]) and torch.allclose(s, ref[2], equal_nan=True))
     good = ~torch.isnan(s).any(dim=1)  # rows flagged bad have no band contract
-    used = cx > float("-inf")
+    used = keys != EMPTY_KEY
+    cz = key_z(keys)
+    ci = key_ids(keys)
     res["written"].append(int(used[good].sum()))
-    ok = bool((cx[used.logical_not()] == float("-inf")).all())  # unused slots padded
+    ok = bool((keys[used.logical_not()] == EMPTY_KEY).all())  # unused slots marked empty
     for r in good.nonzero().squeeze(1).tolist():
         for c in range(n_ch):
             sl = slice(c * kc, (c + 1) * kc)
@@ -197,7 +200,7 @@ for name, _ in TRIED:
             ids = ci[r, sl][u].long()
             lo, hi = c * 64, min((c + 1) * 64, vocab)
             ok &= bool(((ids >= lo) & (ids < hi)).all()) and len(set(ids.tolist())) == len(ids)
-            ok &= torch.equal(cx[r, sl][u], x[r, ids])  # real (x, id) pairs
+            ok &= torch.equal(cz[r, sl][u], z[r, ids])  # real (z, id) pairs, z exact
             rest = torch.ones(hi - lo, dtype=torch.bool)
             rest[ids - lo] = False
             left = z[r, lo:hi][rest]
@@ -206,6 +209,12 @@ for name, _ in TRIED:
     res["contract"].append(ok)
     tie = ci[2, kc : 2 * kc].tolist()  # KC of the tied tokens, the lowest id among them
     res["ties"].append(len(tie) == kc and 69 in tie and all(69 <= i < 128 for i in tie))
+# a prefetch variant ("w16pf3") writes exactly what its plain shape ("w16") writes
+res["prefetch_same"] = [
+    all(torch.equal(a.nan_to_num(), b.nan_to_num()) for a, b in zip(outs[n], outs[n.split("pf")[0]]))
+    for n, _ in TRIED
+    if "pf" in n
+]
 print(json.dumps(res))
 """
 
@@ -299,14 +308,20 @@ def test_lanes_pass_one_keeps_the_band_contract(interpreted: Interpreted) -> Non
     and the same sum to rounding, candidates are real (x, id) pairs, d_c is exactly the
     largest z left out, and more than KC ties at a segment max keep the lowest id among
     those written. The lane count changes which lane tops compete, so the two may write
-    different (equally valid) candidates."""
-    out = interpreted(
-        PRELUDE + 'TRIED = [("w16", {"lanes": 16}), ("w4", {"lanes": 4})]\n' + CONTRACT
-    )
-    assert out["stats_equal"] == [True, True]
-    assert out["contract"] == [True, True]
-    assert out["ties"] == [True, True]
+    different (equally valid) candidates. Reading two or three tiles ahead of the work
+    (prefetch) must not change what a segment writes."""
+    tried = [
+        ("w16", {"lanes": 16}),
+        ("w4", {"lanes": 4}),
+        ("w16pf3", {"lanes": 16, "prefetch": 3}),
+        ("w4pf2", {"lanes": 4, "prefetch": 2}),
+    ]
+    out = interpreted(PRELUDE + f"TRIED = {tried!r}\n" + CONTRACT)
+    assert out["stats_equal"] == [True] * 4
+    assert out["contract"] == [True] * 4
+    assert out["ties"] == [True] * 4
     assert min(out["written"]) > 0
+    assert out["prefetch_same"] == [True, True]
 
 
 @LANE_MODES
