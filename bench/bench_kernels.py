@@ -64,12 +64,8 @@ VARIANTS = {
     "l1024s64k": {"lanes": 1024, "chunk": 65536},
     "l2048s64k": {"lanes": 2048, "chunk": 65536},
     "l256s4k": {"lanes": 256, "chunk": 4096},
-    "pf2": {"prefetch": 2},
-    "pf3": {"prefetch": 3},
     "w4": {"warps": 4},
-    "w4pf2": {"warps": 4, "prefetch": 2},
-    "w4pf3": {"warps": 4, "prefetch": 3},
-    "w16": {"warps": 16},
+    "w8": {"warps": 8},
     "r2": {"resolve_warps": 2},
     "r4": {"resolve_warps": 4},
 }
@@ -84,7 +80,7 @@ def band_pass(x: torch.Tensor, temp: torch.Tensor, variant: str | None = None) -
     """Pass 1 of kernels.sample alone, to split its time from the resolve pass."""
     batch, vocab = x.shape
     kw = VARIANTS[variant] if variant else {}
-    cfg = band_config(vocab, batch=batch, **kw)
+    cfg = band_config(vocab, batch=batch, itemsize=x.element_size(), **kw)
     cand_key = torch.empty(batch, cfg.ncand, dtype=torch.int64, device=x.device)
     m, s, d = (torch.empty(batch, cfg.n_chunks, device=x.device) for _ in range(3))
     launch_band(x, temp, cand_key, m, s, d, cfg, NBISECT)
@@ -149,7 +145,8 @@ def graph_time(inp_list, rep_ms: int, variant: str | None = None, calls: int = 1
     inps = [check_inputs(**_args(b), max_mask_tokens=CAP) for b in inp_list]
     batch, vocab = inps[0].logits.shape
     kw = VARIANTS[variant] if variant else None
-    cfg = band_config(vocab, batch=batch, **kw) if kw is not None else None
+    size = inps[0].logits.element_size()
+    cfg = band_config(vocab, batch=batch, itemsize=size, **kw) if kw is not None else None
     index = mask_index(inps[0].want_mask, inps[0].logits.device)
     it = itertools.cycle(inps if calls > 1 else inps[:1])
     return replay_time(lambda: sample_triton(next(it), cfg, index=index), rep_ms, calls)
@@ -368,7 +365,9 @@ def split_times(rep_ms: int, out: pathlib.Path, variants: list[str], graphs: lis
                 row,
                 f"pass1_us_{name}",
                 replay_time(
-                    lambda n=name, it=it: band_pass(*(lambda b: (b["logits"], b["temperature"]))(next(it)), n),
+                    lambda n=name, it=it: band_pass(
+                        *(lambda b: (b["logits"], b["temperature"]))(next(it)), n
+                    ),
                     rep_ms,
                     STEADY_CALLS,
                 ),

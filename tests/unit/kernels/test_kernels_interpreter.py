@@ -209,12 +209,6 @@ for name, _ in TRIED:
     res["contract"].append(ok)
     tie = ci[2, kc : 2 * kc].tolist()  # KC of the tied tokens, the lowest id among them
     res["ties"].append(len(tie) == kc and 69 in tie and all(69 <= i < 128 for i in tie))
-# a prefetch variant ("w16pf3") writes exactly what its plain shape ("w16") writes
-res["prefetch_same"] = [
-    all(torch.equal(a.nan_to_num(), b.nan_to_num()) for a, b in zip(outs[n], outs[n.split("pf")[0]]))
-    for n, _ in TRIED
-    if "pf" in n
-]
 print(json.dumps(res))
 """
 
@@ -304,24 +298,19 @@ def test_interpreted_grid_matches_oracle_and_torch_path(
 
 
 def test_lanes_pass_one_keeps_the_band_contract(interpreted: Interpreted) -> None:
-    """band_lanes_kernel (64-token segments of 16 or 4 lanes): same chunk max as band_kernel
-    and the same sum to rounding, candidates are real (x, id) pairs, d_c is exactly the
+    """band_lanes_kernel (64-token segments of 16, 4 or 64 lanes): same chunk max as
+    band_kernel and the same sum to rounding, candidates are real (z, id) keys with z exact,
+    d_c is exactly the
     largest z left out, and more than KC ties at a segment max keep the lowest id among
     those written. The lane count changes which lane tops compete, so the two may write
-    different (equally valid) candidates. Reading two or three tiles ahead of the work
-    (prefetch) must not change what a segment writes."""
-    tried = [
-        ("w16", {"lanes": 16}),
-        ("w4", {"lanes": 4}),
-        ("w16pf3", {"lanes": 16, "prefetch": 3}),
-        ("w4pf2", {"lanes": 4, "prefetch": 2}),
-    ]
+    different (equally valid) candidates. 64 lanes: a segment of one tile, the last one
+    partial (60 tokens), so its reads are all masked."""
+    tried = [("w16", {"lanes": 16}), ("w4", {"lanes": 4}), ("w64", {"lanes": 64})]
     out = interpreted(PRELUDE + f"TRIED = {tried!r}\n" + CONTRACT)
-    assert out["stats_equal"] == [True] * 4
-    assert out["contract"] == [True] * 4
-    assert out["ties"] == [True] * 4
+    assert out["stats_equal"] == [True] * 3
+    assert out["contract"] == [True] * 3
+    assert out["ties"] == [True] * 3
     assert min(out["written"]) > 0
-    assert out["prefetch_same"] == [True, True]
 
 
 @LANE_MODES
