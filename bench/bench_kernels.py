@@ -66,6 +66,7 @@ VARIANTS = {
     "l256s4k": {"lanes": 256, "chunk": 4096},
     "w4": {"warps": 4},
     "w8": {"warps": 8},
+    "l1024s32kw16": {"lanes": 1024, "chunk": 32768, "warps": 16},
     "r2": {"resolve_warps": 2},
     "r4": {"resolve_warps": 4},
 }
@@ -80,7 +81,7 @@ def band_pass(x: torch.Tensor, temp: torch.Tensor, variant: str | None = None) -
     """Pass 1 of kernels.sample alone, to split its time from the resolve pass."""
     batch, vocab = x.shape
     kw = VARIANTS[variant] if variant else {}
-    cfg = band_config(vocab, batch=batch, itemsize=x.element_size(), **kw)
+    cfg = band_config(vocab, batch=batch, **kw)
     cand_key = torch.empty(batch, cfg.ncand, dtype=torch.int64, device=x.device)
     m, s, d = (torch.empty(batch, cfg.n_chunks, device=x.device) for _ in range(3))
     launch_band(x, temp, cand_key, m, s, d, cfg, NBISECT)
@@ -145,11 +146,21 @@ def graph_time(inp_list, rep_ms: int, variant: str | None = None, calls: int = 1
     inps = [check_inputs(**_args(b), max_mask_tokens=CAP) for b in inp_list]
     batch, vocab = inps[0].logits.shape
     kw = VARIANTS[variant] if variant else None
-    size = inps[0].logits.element_size()
-    cfg = band_config(vocab, batch=batch, itemsize=size, **kw) if kw is not None else None
+    cfg = band_config(vocab, batch=batch, **kw) if kw is not None else None
     index = mask_index(inps[0].want_mask, inps[0].logits.device)
     it = itertools.cycle(inps if calls > 1 else inps[:1])
     return replay_time(lambda: sample_triton(next(it), cfg, index=index), rep_ms, calls)
+
+
+def variant_fallback(inp_list, variant: str) -> float:
+    """Share of fallback rows over the input buffers under a pass-1 variant."""
+    rows = []
+    for b in inp_list:
+        inp = check_inputs(**_args(b), max_mask_tokens=CAP)
+        batch, vocab = inp.logits.shape
+        res = sample_triton(inp, band_config(vocab, batch=batch, **VARIANTS[variant]))
+        rows.append(res.fallback_rows)
+    return float(torch.cat(rows).float().mean())
 
 
 def floor_steady_time(inp_list, rep_ms: int, calls: int) -> float:
@@ -374,6 +385,7 @@ def split_times(rep_ms: int, out: pathlib.Path, variants: list[str], graphs: lis
             )
     for name in graphs:
         for (batch, dtype), row in zip(cases, rows, strict=True):
+            record(row, f"fallback_rate_{name}", variant_fallback(bufs[batch, dtype], name))
             record(
                 row,
                 f"steady_us_{name}",

@@ -56,11 +56,6 @@ MAX_TILES = 64
 # registers per thread against pass 1's 47, so an SM holds 2 of its 256-thread programs
 # instead of 5, too few loads in flight for a long stream; 256 programs is about 2 per SM.
 FUSE_PROGRAMS = 256
-# 16-bit logits stream with 4 warps a program (4 tokens a thread a tile, 8-byte reads): on
-# the H200 pass 1 at B=128, V=151936, bf16 took 38.5 us against 53.3 with 8 warps (graph
-# replays of 8 launches, bench_kernels.py --split). fp32 times the same with either (43.9
-# against 43.4), so it keeps 8.
-HALF_WARPS = 4
 RESOLVE_BISECT = 8  # halvings of the threshold search picking a tier's best (done in quarters)
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
 FB_BLOCK = 2048
@@ -92,14 +87,13 @@ def band_config(
     resolve_warps: int = 0,
     fused: bool | None = None,
     warps: int = 0,
-    itemsize: int = 4,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
     The segment of band_lanes_kernel grows with the batch, so a worker meets a few configs
     (powers of two of tiles) per vocabulary; each compiles its own pass 1 once. fused (one
     launch for both passes, band_resolve_kernel) defaults to launches of at most
-    FUSE_PROGRAMS programs. itemsize: bytes per logit, which picks pass 1's warps.
+    FUSE_PROGRAMS programs.
     """
     if lanes is None:
         lanes = LANES
@@ -122,7 +116,7 @@ def band_config(
         lanes=min(lanes, chunk),
         resolve_warps=resolve_warps,
         fused=fused,
-        warps=warps or (HALF_WARPS if itemsize == 2 else BAND_WARPS),
+        warps=warps or BAND_WARPS,
     )
 
 
@@ -221,7 +215,7 @@ def sample_triton(
     x = inp.logits
     batch, vocab = x.shape
     dev = x.device
-    cfg = config or band_config(vocab, batch=batch, itemsize=x.element_size())
+    cfg = config or band_config(vocab, batch=batch)
     cap = min(inp.max_mask_tokens, vocab)
     if cap > MAX_CAP:
         raise ValueError(

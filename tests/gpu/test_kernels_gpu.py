@@ -31,8 +31,9 @@ PASS1 = {
     "l2048": {"lanes": 2048},
     "l1024s4k": {"lanes": 1024, "chunk": 4096},
     "l256s16k": {"lanes": 256, "chunk": 16384},
-    "w4": {"warps": 4},  # 16-bit logits' default
-    "w8": {"warps": 8},  # 32-bit logits' default
+    "w4": {"warps": 4},
+    "l1024s32k": {"lanes": 1024, "chunk": 32768},
+    "l1024s32kw16": {"lanes": 1024, "chunk": 32768, "warps": 16},
     # B = 1's fused launch shape over every row of the batch: thousands of programs meet at
     # the row counters at once, the hardest case for the arrival ordering.
     "fused_s2k": {"fused": True, "chunk": 2048},
