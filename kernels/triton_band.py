@@ -3,13 +3,13 @@
 Grid (B, n_chunks). Each program owns CHUNK logits of one row and writes
   m_c  = max z of the chunk, s_c = sum exp(z - m_c) (NaN when the chunk holds a NaN or +inf),
   d_c  = the largest z among the tokens it did not write as candidates,
-  and up to KC candidates (x, id): the tokens with x >= max(x_max - DELTA * T, t_c), where the
+  and up to KC candidates as (z, id) keys (z exact): the tokens with x >= max(x_max - DELTA * T, t_c), where the
   threshold t_c is found by bisection when more than KC tokens lie in that band.
 Every token with z > D = max_c d_c is then a candidate (resolve_kernel relies on this).
 
 The per-token work stays in x (logit) space: z = x / T is monotone in x, so thresholds, maxima
 and the "largest unwritten" all map through one scalar round-to-nearest division, and only the
-few candidates get their exact z (in resolve_kernel). That keeps this pass near memory speed.
+few candidates get their exact z (as they are written). That keeps this pass near memory speed.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ block-wide work inside the read loop.
 Why: band_kernel reduces, bisects, scans and cuts once per 2048-token chunk (23 block-wide
 barriers per chunk against 3 for a plain read); each phase costs an SM a few hundred cycles
 that the loads cannot hide, so it ran at 5.5x a plain read of the logits on the H200 (162 us
-against 29 at B=128, V=151936, fp32; this kernel: 43.8 us). Here a program owns a segment of SEG tokens
+against 29 at B=128, V=151936, fp32; this kernel: 37.6 us, 8 launches a graph against the
+floor's 21.5). Here a program owns a segment of SEG tokens
 (many tiles of W) and every lane (one position of the [W] tile, a few per thread) streams
 down its column with elementwise work only:
 
@@ -22,7 +23,7 @@ stays provably complete.
 
 Outputs per segment c (resolve_kernel's contract; a segment is a "chunk" there):
   m_c = max z, s_c = sum exp(z - m_c) (NaN when the segment holds a NaN or +inf),
-  up to KC candidates (x, id), -inf in unused slots, in lane order (resolve_kernel does not
+  up to KC candidates as (z, id) keys with z exact, EMPTY_KEY in unused slots, in lane order (resolve_kernel does not
   depend on the order of a chunk's candidates),
   d_c = the largest z among the tokens not written.
 When more than KC lane tops tie at the segment max, KC of them are written, always including

@@ -35,8 +35,9 @@ KC_MIN = 16
 DELTA = 12.0  # band depth below each chunk max, in nats (exp(-12) = 6e-6)
 NBISECT = 6  # band threshold bisection steps: DELTA / 64 resolution is plenty
 # band_lanes_kernel, the default pass 1: 512 lanes (2 per thread). Timed on the H200 from
-# graph replays at V=151936 (bench_kernels.py --split): B=128 fp32 43.8 us (floor 29.1,
-# band_kernel 162), B=1 9.3 us with 2048-token segments (floor 6.0).
+# graph replays of 8 launches at V=151936 (bench_kernels.py --split): B=128 fp32 37.6 us
+# (floor 21.5), B=1 6.7 us with 2048-token segments (floor 2.7). band_kernel took 162 us
+# at B=128 (single replays, floor 29.1).
 LANES = 512
 # Segments double (up to MAX_TILES tiles) while the launch keeps LANE_PROGRAMS programs or the
 # row keeps ROW_SEGMENTS segments: large batches amortise each program's end-of-segment cut
