@@ -1,14 +1,17 @@
 """Benchmark kernels.sample (Triton) against (a) a one-pass floor, (b) the sort-based path and
 (c) a torch.topk(1024) path, on the issue's grid. Needs CUDA (except --cpu).
 
-  python bench/bench_kernels.py [--quick | --split | --cpu] [--variants a,b] [--out DIR]
+  python bench/bench_kernels.py [--quick | --split | --profile | --phases | --cpu]
+                                [--variants a,b] [--out DIR]
 
 Prints a table and writes kernels_bench.json, kernels_bench.csv and kernels_bench.png.
 Logits: Zipf-shaped peaked rows (kernels.workloads.peaked_logits, alpha 1.6, about 2.7 nats;
 the measured mean entropy is recorded) and one flat case (N(0, 1) logits at temperature 2).
 Masks are requested for every row, C = 4096, exact mode. Times are medians of
 triton.testing.do_bench over four rotating input buffers (so small batches are not timed
-out of L2); the 'graph' column replays kernels.sample captured in a CUDA graph.
+out of L2); the 'graph' column replays kernels.sample captured in a CUDA graph, 'steady'
+captures 8 samples in one graph and divides (no graph-launch cost), as 'fl_st' does for the
+floor. --profile times each launch per --variants pass-1 shape.
 """
 
 from __future__ import annotations
@@ -254,7 +257,7 @@ def main() -> None:
         plot(json.loads(pathlib.Path(args.plot_only).read_text()), out / "kernels_bench.png")
         return
     if args.profile:
-        kernel_profile(out)
+        kernel_profile(out, variants)
         return
     if args.phases:
         resolve_phases(out, [int(b) for b in args.phase_batches.split(",")])
@@ -393,38 +396,47 @@ def split_times(rep_ms: int, out: pathlib.Path, variants: list[str], graphs: lis
             )
 
 
-def kernel_profile(out: pathlib.Path, calls: int = 50) -> None:
+def kernel_profile(out: pathlib.Path, variants: list[str], calls: int = 50) -> None:
     """GPU time of each kernel kernels.sample launches (torch.profiler, eager calls), at
-    V=151936 for B=1 and 128 in fp32 and B=128 in bf16, top-p 0.95. Unlike graph replays this
-    splits the sample into its launches, without the gaps between them. Writes
-    kernels_profile.json."""
+    V=151936 for B=1 and 128 in fp32 and B=128 in bf16, top-p 0.95, per pass-1 variant (the
+    default when none is named). Unlike graph replays this splits the sample into its
+    launches, without the gaps between them. Writes kernels_profile.json."""
     from torch.profiler import ProfilerActivity, profile
 
     rows = []
-    for batch, dtype in [(1, torch.float32), (128, torch.float32), (128, torch.bfloat16)]:
-        b = make_inputs(batch, 151936, dtype, "p0.95", False, 0)
-        inp = check_inputs(**_args(b), max_mask_tokens=CAP)
-        index = mask_index(inp.want_mask, inp.logits.device)
-        for _ in range(3):
-            sample_triton(inp, index=index)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                sample_triton(inp, index=index)
+    for variant in variants or ["default"]:
+        for batch, dtype in [(1, torch.float32), (128, torch.float32), (128, torch.bfloat16)]:
+            b = make_inputs(batch, 151936, dtype, "p0.95", False, 0)
+            inp = check_inputs(**_args(b), max_mask_tokens=CAP)
+            cfg = band_config(151936, batch=batch, **VARIANTS[variant])
+            index = mask_index(inp.want_mask, inp.logits.device)
+            for _ in range(3):
+                res = sample_triton(inp, cfg, index=index)
+            fallback = float(res.fallback_rows.float().mean())
             torch.cuda.synchronize()
-        for ev in prof.key_averages():
-            if ev.device_type.name == "CUDA" and ev.count >= calls:
-                us = ev.device_time_total / ev.count
-                rows.append(
-                    {
-                        "B": batch,
-                        "dtype": str(dtype).replace("torch.", ""),
-                        "kernel": ev.key,
-                        "count_per_call": ev.count / calls,
-                        "us": us,
-                    }
-                )
-                print(f"profile B={batch} {dtype} {ev.key[:60]:<60} {us:8.2f} us", flush=True)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    sample_triton(inp, cfg, index=index)
+                torch.cuda.synchronize()
+            for ev in prof.key_averages():
+                if ev.device_type.name == "CUDA" and ev.count >= calls:
+                    us = ev.device_time_total / ev.count
+                    rows.append(
+                        {
+                            "variant": variant,
+                            "B": batch,
+                            "dtype": str(dtype).replace("torch.", ""),
+                            "kernel": ev.key,
+                            "count_per_call": ev.count / calls,
+                            "us": us,
+                            "fallback_rate": fallback,
+                        }
+                    )
+                    print(
+                        f"profile {variant} B={batch} {dtype} {ev.key[:50]:<50} {us:8.2f} us "
+                        f"(fallback rows {fallback:.3f})",
+                        flush=True,
+                    )
     (out / "kernels_profile.json").write_text(json.dumps(rows, indent=1))
 
 

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton_band import store_chunk
-from kernels.triton_common import GREEDY_T, add3
+from kernels.triton_common import GREEDY_T, counts_at, keep_quarter, quarters
 
 LOG2E = tl.constexpr(1.4426950408889634)
 INT32_MAX = tl.constexpr(2**31 - 1)
@@ -126,21 +126,10 @@ def lanes_pass(
         # max). Each step counts at three thresholds in one reduction and keeps the quarter
         # that crosses KC: NBISECT halvings in NBISECT / 2 reductions.
         for _ in range(NBISECT // 2):
-            q = (hi - lo) * 0.25
-            q1, q2, q3 = lo + q, lo + 2.0 * q, lo + 3.0 * q
-            c1, c2, c3 = tl.reduce(
-                (
-                    (real & (top >= q1)).to(tl.int32),
-                    (real & (top >= q2)).to(tl.int32),
-                    (real & (top >= q3)).to(tl.int32),
-                ),
-                1,
-                add3,
-            )
+            q1, q2, q3 = quarters(lo, hi)
+            c1, c2, c3 = counts_at(real, top, q1, q2, q3, 1)
             c1, c2, c3 = tl.sum(c1, axis=0), tl.sum(c2, axis=0), tl.sum(c3, axis=0)
-            new_lo = tl.where(c3 > KC, q3, tl.where(c2 > KC, q2, tl.where(c1 > KC, q1, lo)))
-            hi = tl.where(c3 > KC, hi, tl.where(c2 > KC, q3, tl.where(c1 > KC, q2, q1)))
-            lo = new_lo
+            lo, hi = keep_quarter(lo, hi, q1, q2, q3, c1, c2, c3, KC)
         lo = hi
     band = real & (top >= lo) & (top > float("-inf"))
     flat = tl.reshape(band, [2 * W]).to(tl.int32)

@@ -126,3 +126,34 @@ def max1_add1(a0, a1, b0, b1):
 @triton.jit
 def add4(a0, a1, a2, a3, b0, b1, b2, b3):
     return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+# The quartering count search (resolve's tier pick and pass 1's band cut): each step counts
+# at three thresholds in one reduction and keeps the quarter that crosses the limit.
+@triton.jit
+def quarters(lo, hi):
+    q = (hi - lo) * 0.25
+    return lo + q, lo + 2.0 * q, lo + 3.0 * q
+
+
+@triton.jit
+def counts_at(keep, v, q1, q2, q3, AXIS: tl.constexpr):
+    """How many kept v are >= each threshold, reduced along AXIS in one reduction."""
+    return tl.reduce(
+        (
+            (keep & (v >= q1)).to(tl.int32),
+            (keep & (v >= q2)).to(tl.int32),
+            (keep & (v >= q3)).to(tl.int32),
+        ),
+        AXIS,
+        add3,
+    )
+
+
+@triton.jit
+def keep_quarter(lo, hi, q1, q2, q3, c1, c2, c3, limit):
+    """(lo, hi) narrowed to the quarter where the count falls from above limit to at most it
+    (counts at lo > limit, at hi <= limit, and c1 >= c2 >= c3 at q1 < q2 < q3)."""
+    new_lo = tl.where(c3 > limit, q3, tl.where(c2 > limit, q2, tl.where(c1 > limit, q1, lo)))
+    new_hi = tl.where(c3 > limit, hi, tl.where(c2 > limit, q3, tl.where(c1 > limit, q2, q1)))
+    return new_lo, new_hi

@@ -12,9 +12,12 @@ from kernels.triton_common import (
     add2,
     add3,
     add4,
+    counts_at,
     cycles,
     gumbel,
+    keep_quarter,
     max1_add1,
+    quarters,
     unpack_id,
     unpack_z,
 )
@@ -63,22 +66,9 @@ def best_sorted(
         # Invariant: more than LIMIT listed at z >= lo, at most LIMIT at z >= hi. Each step
         # counts at three thresholds in one reduction and keeps the quarter that crosses.
         for _ in range(NBISECT // 2):
-            q = (hi - lo) * 0.25
-            t1, t2, t3 = lo + q, lo + 2.0 * q, lo + 3.0 * q
-            c1, c2, c3 = tl.reduce(
-                (
-                    (listed & (z >= t1)).to(tl.int32),
-                    (listed & (z >= t2)).to(tl.int32),
-                    (listed & (z >= t3)).to(tl.int32),
-                ),
-                0,
-                add3,
-            )
-            new_lo = tl.where(
-                c3 > LIMIT, t3, tl.where(c2 > LIMIT, t2, tl.where(c1 > LIMIT, t1, lo))
-            )
-            hi = tl.where(c3 > LIMIT, hi, tl.where(c2 > LIMIT, t3, tl.where(c1 > LIMIT, t2, t1)))
-            lo = new_lo
+            t1, t2, t3 = quarters(lo, hi)
+            c1, c2, c3 = counts_at(listed, z, t1, t2, t3, 0)
+            lo, hi = keep_quarter(lo, hi, t1, t2, t3, c1, c2, c3, LIMIT)
         lo = hi
     if TIMING:
         tl.store(stamp, cycles((lo != lo).to(tl.int64)))  # after the threshold search
