@@ -362,7 +362,7 @@ def split_times(rep_ms: int, out: pathlib.Path, variants: list[str], graphs: lis
     def record(row: dict, key: str, value: float) -> None:
         row[key] = value
         (out / "kernels_split.json").write_text(json.dumps(rows, indent=1))
-        print(f"split B={row['B']} {row['dtype']} {key} {value:.1f}", flush=True)
+        print(f"split B={row['B']} {row['dtype']} {key} {value:.4g}", flush=True)
 
     for (batch, dtype), row in zip(cases, rows, strict=True):
         it = itertools.cycle(bufs[batch, dtype])
