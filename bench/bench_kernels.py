@@ -70,6 +70,8 @@ VARIANTS = {
     "w4": {"warps": 4},
     "w8": {"warps": 8},
     "l1024s32kw16": {"lanes": 1024, "chunk": 32768, "warps": 16},
+    "k3": {"keep": 3},
+    "l512s32kk3": {"lanes": 512, "chunk": 32768, "keep": 3},
     "r2": {"resolve_warps": 2},
     "r4": {"resolve_warps": 4},
 }

@@ -59,6 +59,35 @@ def _lane_step(x, t1, i1, t2, i2, d, s, it, c):
 
 
 @triton.jit
+def _lane_step3(x, t1, i1, t2, i2, t3, i3, d, s, it, c):
+    """_lane_step for a lane that keeps its three largest tokens."""
+    gt1 = x > t1
+    gt2 = x > t2
+    gt3 = x > t3
+    d = tl.maximum(d, tl.where(gt3, t3, x))
+    e = tl.exp2(-tl.abs(x - t1) * c)
+    e = tl.where(x == float("-inf"), 0.0, e)
+    s = tl.where(gt1, s * e + 1.0, s + e)
+    t3 = tl.where(gt2, t2, tl.where(gt3, x, t3))
+    i3 = tl.where(gt2, i2, tl.where(gt3, it, i3))
+    t2 = tl.where(gt1, t1, tl.where(gt2, x, t2))
+    i2 = tl.where(gt1, i1, tl.where(gt2, it, i2))
+    t1 = tl.where(gt1, x, t1)
+    i1 = tl.where(gt1, it, i1)
+    return t1, i1, t2, i2, t3, i3, d, s
+
+
+@triton.jit
+def _tops(t1, t2, t3, pad, W: tl.constexpr, KEEP: tl.constexpr):
+    """The lanes' kept tokens as rows of a [2, W] (KEEP 2) or [4, W] (KEEP 3, the fourth
+    row pad) block."""
+    if KEEP == 3:
+        return tl.reshape(tl.join(tl.join(t1, t2), tl.join(t3, pad)), [W, 4]).trans(1, 0)
+    else:
+        return tl.join(t1, t2).trans(1, 0)
+
+
+@triton.jit
 def lanes_pass(
     row,
     seg,
@@ -76,6 +105,7 @@ def lanes_pass(
     KC: tl.constexpr,
     DELTA: tl.constexpr,
     NBISECT: tl.constexpr,
+    KEEP: tl.constexpr,  # tokens a lane keeps: 2 or 3
 ):
     """One segment of a row: pass 1's whole work for program (row, seg)."""
     start = seg * SEG
@@ -90,6 +120,8 @@ def lanes_pass(
     s = tl.zeros([W], tl.float32)
     i1 = tl.full([W], -1, tl.int32)
     i2 = i1
+    t3 = t1  # KEEP == 3 only
+    i3 = i1
     end = tl.minimum(vocab - start, SEG)  # tokens of this segment
     n_tiles = (end + W - 1) // W
     x = tl.load(ptrs, mask=lanes < end, other=float("-inf"))
@@ -99,12 +131,22 @@ def lanes_pass(
     n_full = end // W
     for it in range(0, n_full - 1):
         x_next = tl.load(ptrs + (it + 1) * W)
-        t1, i1, t2, i2, d, s = _lane_step(x.to(tl.float32), t1, i1, t2, i2, d, s, it, c)
+        if KEEP == 3:
+            t1, i1, t2, i2, t3, i3, d, s = _lane_step3(
+                x.to(tl.float32), t1, i1, t2, i2, t3, i3, d, s, it, c
+            )
+        else:
+            t1, i1, t2, i2, d, s = _lane_step(x.to(tl.float32), t1, i1, t2, i2, d, s, it, c)
         x = x_next
     for it in range(tl.maximum(n_full - 1, 0), n_tiles):  # the last full tile, a partial one
         nxt = (it + 1) * W
         x_next = tl.load(ptrs + nxt, mask=nxt + lanes < end, other=float("-inf"))
-        t1, i1, t2, i2, d, s = _lane_step(x.to(tl.float32), t1, i1, t2, i2, d, s, it, c)
+        if KEEP == 3:
+            t1, i1, t2, i2, t3, i3, d, s = _lane_step3(
+                x.to(tl.float32), t1, i1, t2, i2, t3, i3, d, s, it, c
+            )
+        else:
+            t1, i1, t2, i2, d, s = _lane_step(x.to(tl.float32), t1, i1, t2, i2, d, s, it, c)
         x = x_next
 
     m = tl.max(t1, axis=0)
@@ -113,9 +155,10 @@ def lanes_pass(
     s_sum = tl.sum(s * tl.exp2((t1 - m_safe) * c), axis=0)
     d_lanes = tl.max(d, axis=0)
 
-    # The band cut over the 2W lane tops, [2, W] (row 0 the firsts, row 1 the seconds).
-    top = tl.join(t1, t2).trans(1, 0)
-    tile = tl.join(i1, i2).trans(1, 0)
+    # The band cut over the lane tops, [2, W] (row 0 the firsts, row 1 the seconds) or
+    # [4, W] with KEEP 3 (the thirds, then an empty row).
+    top = _tops(t1, t2, t3, tl.full([W], float("-inf"), tl.float32), W, KEEP)
+    tile = _tops(i1, i2, i3, tl.full([W], -1, tl.int32), W, KEEP)
     ids = start + tile * W + lanes[None, :]
     real = tile >= 0
     lo = tl.maximum(m - DELTA * t, d_lanes)
@@ -132,8 +175,12 @@ def lanes_pass(
             lo, hi = keep_quarter(lo, hi, q1, q2, q3, c1, c2, c3, KC)
         lo = hi
     band = real & (top >= lo) & (top > float("-inf"))
-    flat = tl.reshape(band, [2 * W]).to(tl.int32)
-    rank = tl.reshape(tl.cumsum(flat, axis=0) - 1, [2, W])
+    if KEEP == 3:
+        flat = tl.reshape(band, [4 * W]).to(tl.int32)
+        rank = tl.reshape(tl.cumsum(flat, axis=0) - 1, [4, W])
+    else:
+        flat = tl.reshape(band, [2 * W]).to(tl.int32)
+        rank = tl.reshape(tl.cumsum(flat, axis=0) - 1, [2, W])
     write = band & (rank < KC)
     n_band = tl.sum(flat, axis=0)
     if n_band > KC:  # ties at the max beyond KC: KC - 1 of them and the lowest id
@@ -181,6 +228,7 @@ def band_lanes_kernel(
     KC: tl.constexpr,
     DELTA: tl.constexpr,
     NBISECT: tl.constexpr,
+    KEEP: tl.constexpr,
 ):
     lanes_pass(
         tl.program_id(0).to(tl.int64),
@@ -199,4 +247,5 @@ def band_lanes_kernel(
         KC,
         DELTA,
         NBISECT,
+        KEEP,
     )

@@ -61,6 +61,7 @@ def band_resolve_kernel(
     KC: tl.constexpr,
     DELTA: tl.constexpr,
     BAND_BISECT: tl.constexpr,
+    KEEP: tl.constexpr,
     CAND_BLOCK: tl.constexpr,
     NCH_BLOCK: tl.constexpr,
     T1: tl.constexpr,
@@ -90,6 +91,7 @@ def band_resolve_kernel(
         KC,
         DELTA,
         BAND_BISECT,
+        KEEP,
     )
     tl.debug_barrier()  # every thread's stores of this segment before the release
     arrived = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu")

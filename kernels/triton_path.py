@@ -73,6 +73,7 @@ class BandConfig:
     resolve_warps: int = 0  # resolve_kernel's warps; 0 picks by candidate count
     fused: bool = False  # one launch: the last segment of a row resolves it (lanes only)
     warps: int = BAND_WARPS  # pass 1's warps (lanes only; the fused launch keeps BAND_WARPS)
+    keep: int = 2  # tokens a pass-1 lane keeps, 2 or 3 (lanes only)
 
     @property
     def ncand(self) -> int:
@@ -88,6 +89,7 @@ def band_config(
     resolve_warps: int = 0,
     fused: bool | None = None,
     warps: int = 0,
+    keep: int = 2,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
@@ -110,6 +112,8 @@ def band_config(
         fused = lanes > 0 and batch * n_chunks <= FUSE_PROGRAMS
     if fused and not lanes:
         raise ValueError("fused needs the lanes pass 1 (lanes > 0)")
+    if keep not in (2, 3):
+        raise ValueError(f"keep must be 2 or 3 (tokens a pass-1 lane keeps), got {keep}")
     return BandConfig(
         chunk=chunk,
         kc=kc,
@@ -118,6 +122,7 @@ def band_config(
         resolve_warps=resolve_warps,
         fused=fused,
         warps=warps or BAND_WARPS,
+        keep=keep,
     )
 
 
@@ -180,6 +185,7 @@ def launch_band(
             SEG=cfg.chunk,
             W=cfg.lanes,
             **consts,
+            KEEP=cfg.keep,
             num_warps=cfg.warps,
         )
     else:
@@ -304,6 +310,7 @@ def sample_triton(
             KC=cfg.kc,
             DELTA=DELTA,
             BAND_BISECT=NBISECT,
+            KEEP=cfg.keep,
             **resolve_meta,
             num_warps=BAND_WARPS,
         )

@@ -34,6 +34,8 @@ PASS1 = {
     "w4": {"warps": 4},
     "l1024s32k": {"lanes": 1024, "chunk": 32768},
     "l1024s32kw16": {"lanes": 1024, "chunk": 32768, "warps": 16},
+    "k3": {"keep": 3},  # lanes keep three tokens
+    "l512s32kk3": {"lanes": 512, "chunk": 32768, "keep": 3},
     # B = 1's fused launch shape over every row of the batch: thousands of programs meet at
     # the row counters at once, the hardest case for the arrival ordering.
     "fused_s2k": {"fused": True, "chunk": 2048},

@@ -44,3 +44,10 @@ def test_small_launches_fuse_the_two_passes() -> None:
     assert not band_config(151936, batch=1, fused=False).fused
     with pytest.raises(ValueError, match="lanes"):
         band_config(151936, lanes=0, fused=True)
+
+
+def test_lanes_keep_two_or_three_tokens() -> None:
+    assert band_config(151936, batch=128).keep == 2
+    assert band_config(151936, batch=128, keep=3).keep == 3
+    with pytest.raises(ValueError, match="keep"):
+        band_config(151936, keep=4)

@@ -68,6 +68,7 @@ def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> 
         "KC": cfg.kc,
         "DELTA": DELTA,
         "BAND_BISECT": NBISECT,
+        "KEEP": 2,
         "CAND_BLOCK": cand_block,
         "NCH_BLOCK": triton.next_power_of_2(max_chunks(vocab, cfg)),
         "T1": min(TIERS[0], cand_block),
@@ -82,3 +83,25 @@ def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> 
     ptx = sm90_compile(band_resolve_kernel, types, const).asm["ptx"]
     assert ptx.count("%clock64") >= PHASES.value  # every phase stamp, the tier sort's too
     assert "atom" in ptx and ".acq_rel" in ptx  # the arrival counter
+
+
+@pytest.mark.parametrize("keep", [2, 3])
+def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
+    keep: int, sm90_compile: Any
+) -> None:
+    """band_lanes_kernel at B = 128's shape for V = 151936: the three-token lanes' [4, W]
+    block of lane tops (joins and a reshape) lowers too."""
+    from kernels.triton_band_lanes import band_lanes_kernel
+
+    cfg = band_config(151936, batch=128, keep=keep)
+    const = {
+        "SEG": cfg.chunk,
+        "W": cfg.lanes,
+        "KC": cfg.kc,
+        "DELTA": DELTA,
+        "NBISECT": NBISECT,
+        "KEEP": keep,
+    }
+    types = {p: POINTERS.get(p, "i32") for p in band_lanes_kernel.arg_names}
+    ptx = sm90_compile(band_lanes_kernel, types, const).asm["ptx"]
+    assert "ex2.approx" in ptx  # the lanes' one exp2 a token

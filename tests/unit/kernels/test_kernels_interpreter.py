@@ -304,12 +304,18 @@ def test_lanes_pass_one_keeps_the_band_contract(interpreted: Interpreted) -> Non
     largest z left out, and more than KC ties at a segment max keep the lowest id among
     those written. The lane count changes which lane tops compete, so the two may write
     different (equally valid) candidates. 64 lanes: a segment of one tile, the last one
-    partial (60 tokens), so its reads are all masked."""
-    tried = [("w16", {"lanes": 16}), ("w4", {"lanes": 4}), ("w64", {"lanes": 64})]
+    partial (60 tokens), so its reads are all masked. keep=3: lanes keep three tokens."""
+    tried = [
+        ("w16", {"lanes": 16}),
+        ("w4", {"lanes": 4}),
+        ("w64", {"lanes": 64}),
+        ("w16k3", {"lanes": 16, "keep": 3}),
+        ("w4k3", {"lanes": 4, "keep": 3}),
+    ]
     out = interpreted(PRELUDE + f"TRIED = {tried!r}\n" + CONTRACT)
-    assert out["stats_equal"] == [True] * 3
-    assert out["contract"] == [True] * 3
-    assert out["ties"] == [True] * 3
+    assert out["stats_equal"] == [True] * 5
+    assert out["contract"] == [True] * 5
+    assert out["ties"] == [True] * 5
     assert min(out["written"]) > 0
 
 
@@ -336,6 +342,47 @@ def test_confident_rows_decide_top_k_top_p_without_fallback(
     assert out["ok"], out["errors"]
     assert out["fallback"] == [False] * 6
     assert out["sizes"] == out["cpu_sizes"]
+
+
+THREE_IN_A_LANE = """
+# Three of S's tokens in lane 0 of segment 0 (ids 0, 16 and 32: the 1st, 4th and 7th
+# largest), the rest of S one per later segment, so no segment holds more than KC = 8 of S.
+# A lane that keeps two tokens lets id 32 go and the row floor lands inside S (the rescue
+# decides); a lane that keeps three lists them all, and the band decides alone.
+vocab = 1024
+g = torch.Generator().manual_seed(5)
+b = 4
+x = torch.randn(b, vocab, generator=g)
+hot = [0, 100, 200, 16, 300, 400, 32, 500, 600, 700, 800, 900]
+x[:, torch.tensor(hot)] = 10.0 - 0.1 * torch.arange(len(hot), dtype=torch.float32)
+temp = torch.tensor([1.0, 1.0, 0.8, 1.0])
+k = torch.tensor([-1, 50, -1, -1], dtype=torch.int32)
+p = torch.tensor([0.9, 0.9, 0.95, 0.8])
+mp = torch.zeros(b)
+want = torch.ones(b, dtype=torch.bool)
+inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=64, seed=torch.arange(b) + 1)
+ref = reference(x, temp, k, p, mp)
+out = {}
+for keep in (2, 3):
+    tri = sample_triton(inp, band_config(vocab, chunk=64, kc=8, lanes=16, keep=keep))
+    rep = check_result(tri, ref, want, None, 64)
+    out[keep] = {"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
+                 "tokens": tri.tokens.tolist()}
+print(json.dumps(out))
+"""
+
+
+def test_lanes_keeping_three_tokens_decide_without_the_rescue(interpreted: Interpreted) -> None:
+    """band_config(keep=3): three of S's tokens in one lane no longer push the band floor
+    into S, so rows the two-token lanes send to the rescue decide from the band, equal to
+    the oracle, with the same seeded tokens."""
+    out = interpreted(PRELUDE + THREE_IN_A_LANE)
+    two, three = out["2"], out["3"]
+    assert two["ok"], two["errors"]
+    assert three["ok"], three["errors"]
+    assert two["fallback"] == [True] * 4
+    assert three["fallback"] == [False] * 4
+    assert two["tokens"] == three["tokens"]
 
 
 @pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
