@@ -78,6 +78,17 @@ def _lane_step3(x, t1, i1, t2, i2, t3, i3, d, s, it, c):
 
 
 @triton.jit
+def _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, c, KEEP: tl.constexpr):
+    """One tile (raw logits) into the lanes' state; t3, i3 are only kept with KEEP 3."""
+    x = x.to(tl.float32)
+    if KEEP == 3:
+        t1, i1, t2, i2, t3, i3, d, s = _lane_step3(x, t1, i1, t2, i2, t3, i3, d, s, it, c)
+    else:
+        t1, i1, t2, i2, d, s = _lane_step(x, t1, i1, t2, i2, d, s, it, c)
+    return t1, i1, t2, i2, t3, i3, d, s
+
+
+@triton.jit
 def _tops(t1, t2, t3, pad, W: tl.constexpr, KEEP: tl.constexpr):
     """The lanes' kept tokens as rows of a [2, W] (KEEP 2) or [4, W] (KEEP 3, the fourth
     row pad) block."""
@@ -131,22 +142,12 @@ def lanes_pass(
     n_full = end // W
     for it in range(0, n_full - 1):
         x_next = tl.load(ptrs + (it + 1) * W)
-        if KEEP == 3:
-            t1, i1, t2, i2, t3, i3, d, s = _lane_step3(
-                x.to(tl.float32), t1, i1, t2, i2, t3, i3, d, s, it, c
-            )
-        else:
-            t1, i1, t2, i2, d, s = _lane_step(x.to(tl.float32), t1, i1, t2, i2, d, s, it, c)
+        t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, c, KEEP)
         x = x_next
     for it in range(tl.maximum(n_full - 1, 0), n_tiles):  # the last full tile, a partial one
         nxt = (it + 1) * W
         x_next = tl.load(ptrs + nxt, mask=nxt + lanes < end, other=float("-inf"))
-        if KEEP == 3:
-            t1, i1, t2, i2, t3, i3, d, s = _lane_step3(
-                x.to(tl.float32), t1, i1, t2, i2, t3, i3, d, s, it, c
-            )
-        else:
-            t1, i1, t2, i2, d, s = _lane_step(x.to(tl.float32), t1, i1, t2, i2, d, s, it, c)
+        t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, c, KEEP)
         x = x_next
 
     m = tl.max(t1, axis=0)
