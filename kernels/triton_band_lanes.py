@@ -5,26 +5,28 @@ Why: band_kernel reduces, bisects, scans and cuts once per 2048-token chunk (23 
 barriers per chunk against 3 for a plain read); each phase costs an SM a few hundred cycles
 that the loads cannot hide, so it ran at 5.5x a plain read of the logits on the H200 (162 us
 against 29 at B=128, V=151936, fp32; this kernel: 37.6 us, 8 launches a graph against the
-floor's 21.5). Here a program owns a segment of SEG tokens
-(many tiles of W) and every lane (one position of the [W] tile, a few per thread) streams
-down its column with elementwise work only:
+floor's 21.5). Here a program owns a segment of SEG tokens (many tiles of W) and every lane
+(one position of the [W] tile, a few per thread) streams down its column with elementwise
+work only:
 
-* the lane's two largest tokens (value, tile index), first occurrences first on ties;
+* the lane's two largest tokens (value, tile index), first occurrences first on ties
+  (three with KEEP = 3: a row's support then has to put four tokens in one lane, not
+  three, before the band floor lands inside it);
 * d, the largest token the lane let go (every other token of the column is <= d);
 * s, the lane's sum of exp((x - t1) / T) kept relative to its own running max t1, updated
   with one exp per token: x <= t1 adds exp((x - t1) / T), a new max rescales s by
   exp((t1 - x) / T) and adds 1 (both are exp(-|x - t1| / T)).
 
 The block-wide work happens once per segment: max and sum over the lanes, then the band cut
-of the 2W lane tops (a bisection over a count, as in band_kernel), one scan to place the
+of the 2W (3W) lane tops (a search over a count, in quarters), one scan to place the
 written candidates, and d_c. A token that is not a lane top is <= its lane's d, a lane top
 that is not written is <= the cut, so every z > d_c of the segment is written: the band
 stays provably complete.
 
 Outputs per segment c (resolve_kernel's contract; a segment is a "chunk" there):
   m_c = max z, s_c = sum exp(z - m_c) (NaN when the segment holds a NaN or +inf),
-  up to KC candidates as (z, id) keys with z exact, EMPTY_KEY in unused slots, in lane order (resolve_kernel does not
-  depend on the order of a chunk's candidates),
+  up to KC candidates as (z, id) keys with z exact, EMPTY_KEY in unused slots, in lane
+  order (resolve_kernel does not depend on the order of a chunk's candidates),
   d_c = the largest z among the tokens not written.
 When more than KC lane tops tie at the segment max, KC of them are written, always including
 the lowest id (greedy rows take it), and d_c = m_c.
