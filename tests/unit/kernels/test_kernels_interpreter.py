@@ -27,11 +27,13 @@ from kernels.triton_path import band_config, sample_triton
 from kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
 FUSED = True  # lanes pass 1: resolve in the same launch (band_resolve_kernel) or after it
+KEEP = 2  # tokens a pass-1 lane keeps
 
 def both(logits, temp, k, p, mp, want, cap, seed=None, step=None, bounded=None, lanes=0):
     inp = check_inputs(logits, temp, k, p, mp, want, max_mask_tokens=cap, seed=seed,
                        step=step, bounded=bounded)
-    cfg = band_config(logits.shape[1], chunk=64, kc=8, lanes=lanes, fused=bool(lanes) and FUSED)
+    cfg = band_config(logits.shape[1], chunk=64, kc=8, lanes=lanes, fused=bool(lanes) and FUSED,
+                      keep=KEEP)
     return sample_triton(inp, cfg), sample_torch(inp)
 """
 
@@ -282,15 +284,17 @@ def test_csr_with_zero_one_and_several_mask_rows(interpreted: Interpreted) -> No
 
 
 LANE_MODES = pytest.mark.parametrize(
-    ("lanes", "fused"), [(0, False), (16, True), (16, False)], ids=["bisect", "fused", "lanes"]
+    ("lanes", "fused", "keep"),
+    [(0, False, 2), (16, True, 2), (16, False, 2), (16, False, 3)],
+    ids=["bisect", "fused", "lanes", "lanes_keep3"],
 )
 
 
 @LANE_MODES
 def test_interpreted_grid_matches_oracle_and_torch_path(
-    lanes: int, fused: bool, interpreted: Interpreted
+    lanes: int, fused: bool, keep: int, interpreted: Interpreted
 ) -> None:
-    out = interpreted(PRELUDE + f"LANES = {lanes}\nFUSED = {fused}\n" + GRID)
+    out = interpreted(PRELUDE + f"LANES = {lanes}\nFUSED = {fused}\nKEEP = {keep}\n" + GRID)
     assert out["ok"], out["errors"]
     assert out["rows"] == 24
     assert out["fallback"] > 0  # the shrunken band sends some rows down the bisection path
@@ -321,9 +325,9 @@ def test_lanes_pass_one_keeps_the_band_contract(interpreted: Interpreted) -> Non
 
 @LANE_MODES
 def test_interpreted_edge_rows_match_torch_path(
-    lanes: int, fused: bool, interpreted: Interpreted
+    lanes: int, fused: bool, keep: int, interpreted: Interpreted
 ) -> None:
-    out = interpreted(PRELUDE + f"LANES = {lanes}\nFUSED = {fused}\n" + EDGES)
+    out = interpreted(PRELUDE + f"LANES = {lanes}\nFUSED = {fused}\nKEEP = {keep}\n" + EDGES)
     for name in ("tokens", "support_sizes", "nan_rows", "mask_status", "mask_offsets", "masks"):
         tri, cpu = out[name]
         assert tri == cpu, (name, tri, cpu)
