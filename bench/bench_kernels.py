@@ -48,7 +48,7 @@ N_BUFFERS = 4
 STEADY_CALLS = 8  # samples per graph in the steady-state columns (two rounds of the buffers)
 # Pass-1 variants (band_config keyword arguments): the default (band_lanes_kernel, segments
 # by batch), the older band_kernel, lanes (l<lanes>), explicit segment sizes (s<tokens>) and
-# resolve_kernel warps (r<warps>).
+# resolve_kernel warps (r<warps>), pass 1's register limit (n<regs>).
 VARIANTS = {
     "default": {},
     "fused": {"fused": True},  # one launch (band_resolve_kernel) at any batch size
@@ -72,6 +72,10 @@ VARIANTS = {
     "l1024s32kw16": {"lanes": 1024, "chunk": 32768, "warps": 16},
     "k3": {"keep": 3},
     "l512s32kk3": {"lanes": 512, "chunk": 32768, "keep": 3},
+    "n0": {"regs": 0},  # pass 1's registers left to the compiler (64 with the 4-step end)
+    "n48": {"regs": 48},
+    "l512s25k": {"lanes": 512, "chunk": 25600},  # 6 segments a row at V=151936
+    "l512s25kk3": {"lanes": 512, "chunk": 25600, "keep": 3},
     "r2": {"resolve_warps": 2},
     "r4": {"resolve_warps": 4},
 }

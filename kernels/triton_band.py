@@ -105,14 +105,21 @@ def store_chunk(
     t,
 ):
     """Writes one chunk's part of the pass-1 contract: the candidates where `write` holds
-    (slot `rank`) as packed (z, id) keys with their exact z, EMPTY_KEY in the unused slots,
-    and m_c, s_c, d_c (x-space maxima m and d)."""
-    base = stat * KC
+    (slot `rank`) as packed (z, id) keys with their exact z, then store_stats."""
     keys = pack_key(exact_z(x, t), ids.to(tl.int64))
-    tl.store(cand_key_ptr + base + rank, keys, mask=write)
+    tl.store(cand_key_ptr + stat * KC + rank, keys, mask=write)
+    store_stats(cand_key_ptr, m_ptr, s_ptr, d_ptr, stat, KC, n_written, m, s, d, t)
+
+
+@triton.jit
+def store_stats(cand_key_ptr, m_ptr, s_ptr, d_ptr, stat, KC: tl.constexpr, n_written, m, s, d, t):
+    """EMPTY_KEY in the chunk's slots from n_written on, and m_c, s_c, d_c (x-space maxima m
+    and d)."""
     slots = tl.arange(0, KC)
     tl.store(
-        cand_key_ptr + base + slots, tl.full([KC], EMPTY_KEY, tl.int64), mask=slots >= n_written
+        cand_key_ptr + stat * KC + slots,
+        tl.full([KC], EMPTY_KEY, tl.int64),
+        mask=slots >= n_written,
     )
     # z = RN(x / T) is monotone in x, so the maxima map through one division each.
     tl.store(m_ptr + stat, tl.math.div_rn(m, t))

@@ -37,20 +37,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.triton_band import store_chunk
-from kernels.triton_common import GREEDY_T, counts_at, keep_quarter, quarters
+from kernels.triton_band import store_stats
+from kernels.triton_common import GREEDY_T, add3, exact_z, keep_quarter, pack_key, quarters
 
 LOG2E = tl.constexpr(1.4426950408889634)
 INT32_MAX = tl.constexpr(2**31 - 1)
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
-def _lane_step(x, t1, i1, t2, i2, d, s, it, c):
-    """One token per lane into the lane's state (all [W]); c = log2(e) / T."""
+def _lane_step(x, t1, i1, t2, i2, d, s, it, nc):
+    """One token per lane into the lane's state (all [W]); nc = -log2(e) / T (negative, so
+    |x - t1| * nc is one multiply with an operand modifier)."""
     gt1 = x > t1
     gt2 = x > t2
     d = tl.maximum(d, tl.where(gt2, t2, x))  # what the lane lets go
-    e = tl.exp2(-tl.abs(x - t1) * c)
+    e = tl.exp2(tl.abs(x - t1) * nc)
     e = tl.where(x == float("-inf"), 0.0, e)  # -inf - -inf is NaN; a NaN x stays NaN
     s = tl.where(gt1, s * e + 1.0, s + e)
     t2 = tl.where(gt1, t1, tl.where(gt2, x, t2))
@@ -61,13 +63,13 @@ def _lane_step(x, t1, i1, t2, i2, d, s, it, c):
 
 
 @triton.jit
-def _lane_step3(x, t1, i1, t2, i2, t3, i3, d, s, it, c):
+def _lane_step3(x, t1, i1, t2, i2, t3, i3, d, s, it, nc):
     """_lane_step for a lane that keeps its three largest tokens."""
     gt1 = x > t1
     gt2 = x > t2
     gt3 = x > t3
     d = tl.maximum(d, tl.where(gt3, t3, x))
-    e = tl.exp2(-tl.abs(x - t1) * c)
+    e = tl.exp2(tl.abs(x - t1) * nc)
     e = tl.where(x == float("-inf"), 0.0, e)
     s = tl.where(gt1, s * e + 1.0, s + e)
     t3 = tl.where(gt2, t2, tl.where(gt3, x, t3))
@@ -80,24 +82,14 @@ def _lane_step3(x, t1, i1, t2, i2, t3, i3, d, s, it, c):
 
 
 @triton.jit
-def _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, c, KEEP: tl.constexpr):
+def _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, nc, KEEP: tl.constexpr):
     """One tile (raw logits) into the lanes' state; t3, i3 are only kept with KEEP 3."""
     x = x.to(tl.float32)
     if KEEP == 3:
-        t1, i1, t2, i2, t3, i3, d, s = _lane_step3(x, t1, i1, t2, i2, t3, i3, d, s, it, c)
+        t1, i1, t2, i2, t3, i3, d, s = _lane_step3(x, t1, i1, t2, i2, t3, i3, d, s, it, nc)
     else:
-        t1, i1, t2, i2, d, s = _lane_step(x, t1, i1, t2, i2, d, s, it, c)
+        t1, i1, t2, i2, d, s = _lane_step(x, t1, i1, t2, i2, d, s, it, nc)
     return t1, i1, t2, i2, t3, i3, d, s
-
-
-@triton.jit
-def _tops(t1, t2, t3, pad, W: tl.constexpr, KEEP: tl.constexpr):
-    """The lanes' kept tokens as rows of a [2, W] (KEEP 2) or [4, W] (KEEP 3, the fourth
-    row pad) block."""
-    if KEEP == 3:
-        return tl.reshape(tl.join(tl.join(t1, t2), tl.join(t3, pad)), [W, 4]).trans(1, 0)
-    else:
-        return tl.join(t1, t2).trans(1, 0)
 
 
 @triton.jit
@@ -144,75 +136,152 @@ def lanes_pass(
     n_full = end // W
     for it in range(0, n_full - 1):
         x_next = tl.load(ptrs + (it + 1) * W)
-        t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, c, KEEP)
+        t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
         x = x_next
     for it in range(tl.maximum(n_full - 1, 0), n_tiles):  # the last full tile, a partial one
         nxt = (it + 1) * W
         x_next = tl.load(ptrs + nxt, mask=nxt + lanes < end, other=float("-inf"))
-        t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, c, KEEP)
+        t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
         x = x_next
 
-    m = tl.max(t1, axis=0)
+    # The segment's statistics, cut and slots. Every block-wide step (a reduction or a scan)
+    # pays barriers and shared-memory round trips, and every warp runs all of this once per
+    # segment, so the steps are few and narrow: the max and d; the sum with the counts at lo,
+    # the quarter points and the max; two more quartering steps only when more than KC lie
+    # in the band (6 halvings in all); the largest top left out; one scan to place the
+    # written tops. The tops stay in the loop's layout: no step moves them between threads.
+    m, d_lanes = tl.reduce((t1, d), 0, _max2)
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # an all -inf segment sums to 0, not NaN
     # NaN propagates into s, and so does +inf (its lane rescale is inf - inf).
-    s_sum = tl.sum(s * tl.exp2((t1 - m_safe) * c), axis=0)
-    d_lanes = tl.max(d, axis=0)
-
-    # The band cut over the lane tops, [2, W] (row 0 the firsts, row 1 the seconds) or
-    # [4, W] with KEEP 3 (the thirds, then an empty row).
-    top = _tops(t1, t2, t3, tl.full([W], float("-inf"), tl.float32), W, KEEP)
-    tile = _tops(i1, i2, i3, tl.full([W], -1, tl.int32), W, KEEP)
-    ids = start + tile * W + lanes[None, :]
-    real = tile >= 0
-    lo = tl.maximum(m - DELTA * t, d_lanes)
+    s_lanes = s * tl.exp2((t1 - m_safe) * c)
+    # lo >= -FLT_MAX, so a count at or above it skips the -inf that pads unused lane tops.
+    lo = tl.maximum(tl.maximum(m - DELTA * t, d_lanes), -FLT_MAX)
     hi = m
-    count = tl.sum(tl.sum((real & (top >= lo)).to(tl.int32), axis=1), axis=0)
-    if count > KC:
-        # Invariant: more than KC lane tops at >= lo, at most KC at >= hi (or ties at the
-        # max). Each step counts at three thresholds in one reduction and keeps the quarter
-        # that crosses KC: NBISECT halvings in NBISECT / 2 reductions.
-        for _ in range(NBISECT // 2):
-            q1, q2, q3 = quarters(lo, hi)
-            c1, c2, c3 = counts_at(real, top, q1, q2, q3, 1)
-            c1, c2, c3 = tl.sum(c1, axis=0), tl.sum(c2, axis=0), tl.sum(c3, axis=0)
+    q1, q2, q3 = quarters(lo, hi)
+    s_sum, n_lo, c1, c2, c3, n_hi = tl.reduce(
+        (
+            s_lanes,
+            _ge(t1, t2, t3, lo, KEEP),
+            _ge(t1, t2, t3, q1, KEEP),
+            _ge(t1, t2, t3, q2, KEEP),
+            _ge(t1, t2, t3, q3, KEEP),
+            _ge(t1, t2, t3, hi, KEEP),
+        ),
+        0,
+        _add6,
+    )
+    if n_lo > KC:
+        # Invariant: more than KC at or above lo, n_hi at or above hi (at most KC, or ties
+        # at the max). Each step keeps the quarter that crosses KC.
+        for step in tl.static_range(NBISECT // 2):
+            if step > 0:
+                q1, q2, q3 = quarters(lo, hi)
+                c1, c2, c3 = tl.reduce(
+                    (
+                        _ge(t1, t2, t3, q1, KEEP),
+                        _ge(t1, t2, t3, q2, KEEP),
+                        _ge(t1, t2, t3, q3, KEEP),
+                    ),
+                    0,
+                    add3,
+                )
+            n_hi = tl.where(c3 > KC, n_hi, tl.where(c2 > KC, c3, tl.where(c1 > KC, c2, c1)))
             lo, hi = keep_quarter(lo, hi, q1, q2, q3, c1, c2, c3, KC)
-        lo = hi
-    band = real & (top >= lo) & (top > float("-inf"))
-    if KEEP == 3:
-        flat = tl.reshape(band, [4 * W]).to(tl.int32)
-        rank = tl.reshape(tl.cumsum(flat, axis=0) - 1, [4, W])
+        cut = hi
+        n_band = n_hi
     else:
-        flat = tl.reshape(band, [2 * W]).to(tl.int32)
-        rank = tl.reshape(tl.cumsum(flat, axis=0) - 1, [2, W])
-    write = band & (rank < KC)
-    n_band = tl.sum(flat, axis=0)
-    if n_band > KC:  # ties at the max beyond KC: KC - 1 of them and the lowest id
-        lowest = band & (ids == tl.min(tl.min(tl.where(band, ids, INT32_MAX), axis=1), axis=0))
-        late = tl.max(tl.max(tl.where(lowest, rank, 0), axis=1), axis=0) >= KC
-        # Past the first KC in lane order: it takes the last slot from the KC-th.
-        write = (band & (rank < tl.where(late, KC - 1, KC))) | lowest
-        rank = tl.where(lowest, tl.minimum(rank, KC - 1), rank)
-    n_written = tl.sum(tl.sum(write.to(tl.int32), axis=1), axis=0)
-    left = tl.max(tl.max(tl.where(write, float("-inf"), top), axis=1), axis=0)
+        cut = lo
+        n_band = n_lo
+    left = tl.max(_lt(t1, t2, t3, cut, KEEP), axis=0)
+    band1 = (t1 >= cut) & (t1 > float("-inf"))
+    band2 = (t2 >= cut) & (t2 > float("-inf"))
+    band3 = (t3 >= cut) & (t3 > float("-inf")) & (KEEP == 3)
+    per_lane = band1.to(tl.int32) + band2.to(tl.int32) + band3.to(tl.int32)
+    r1 = tl.cumsum(per_lane, axis=0) - per_lane  # slots in lane order, a lane's tops in turn
+    r2 = r1 + band1.to(tl.int32)
+    r3 = r2 + band2.to(tl.int32)
+    id1 = start + i1 * W + lanes
+    id2 = start + i2 * W + lanes
+    id3 = start + i3 * W + lanes
+    w1 = band1 & (r1 < KC)
+    w2 = band2 & (r2 < KC)
+    w3 = band3 & (r3 < KC)
+    if n_band > KC:
+        # Only ties at the max get here: KC of them are written, always the lowest id, and
+        # every tie left out is the max itself.
+        low = tl.min(_min3(tl.where(band1, id1, INT32_MAX), tl.where(band2, id2, INT32_MAX),
+                           tl.where(band3, id3, INT32_MAX)), axis=0)
+        l1 = band1 & (id1 == low)
+        l2 = band2 & (id2 == low)
+        l3 = band3 & (id3 == low)
+        late = tl.max(tl.maximum(tl.maximum(tl.where(l1, r1, 0), tl.where(l2, r2, 0)),
+                                 tl.where(l3, r3, 0)), axis=0) >= KC
+        n_slots = tl.where(late, KC - 1, KC)  # past the first KC: it takes the last slot
+        w1 = (band1 & (r1 < n_slots)) | l1
+        w2 = (band2 & (r2 < n_slots)) | l2
+        w3 = (band3 & (r3 < n_slots)) | l3
+        r1 = tl.where(l1, tl.minimum(r1, KC - 1), r1)
+        r2 = tl.where(l2, tl.minimum(r2, KC - 1), r2)
+        r3 = tl.where(l3, tl.minimum(r3, KC - 1), r3)
+        left = m
     d_seg = tl.maximum(d_lanes, left)
 
-    store_chunk(
-        cand_key_ptr,
-        m_ptr,
-        s_ptr,
-        d_ptr,
-        row * n_chunks + seg,
-        KC,
-        top,
-        ids,
-        rank,
-        write,
-        n_written,
-        m,
-        s_sum,
-        d_seg,
-        t,
-    )
+    stat = row * n_chunks + seg
+    base = cand_key_ptr + stat * KC
+    _store_tops(base, t1, id1, r1, w1, t, W)
+    _store_tops(base, t2, id2, r2, w2, t, W)
+    if KEEP == 3:
+        _store_tops(base, t3, id3, r3, w3, t, W)
+    store_stats(cand_key_ptr, m_ptr, s_ptr, d_ptr, stat, KC, tl.minimum(n_band, KC), m, s_sum,
+                d_seg, t)
+
+
+@triton.jit
+def _max2(a0, a1, b0, b1):
+    return tl.maximum(a0, b0), tl.maximum(a1, b1)
+
+
+@triton.jit
+def _min3(a, b, c):
+    return tl.minimum(tl.minimum(a, b), c)
+
+
+@triton.jit
+def _ge(t1, t2, t3, p, KEEP: tl.constexpr):
+    """Per lane: how many of its tops are >= p (p > -inf: unused tops are -inf)."""
+    n = (t1 >= p).to(tl.int32) + (t2 >= p).to(tl.int32)
+    if KEEP == 3:
+        n += (t3 >= p).to(tl.int32)
+    return n
+
+
+@triton.jit
+def _lt(t1, t2, t3, p, KEEP: tl.constexpr):
+    """Per lane: its largest top < p (-inf if none)."""
+    b = tl.maximum(tl.where(t1 < p, t1, float("-inf")), tl.where(t2 < p, t2, float("-inf")))
+    if KEEP == 3:
+        b = tl.maximum(b, tl.where(t3 < p, t3, float("-inf")))
+    return b
+
+
+@triton.jit
+def _add6(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5
+
+
+@triton.jit
+def _store_tops(base, top, ids, rank, write, t, W: tl.constexpr):
+    """The written lane tops as (z, id) keys at base + rank. Split into the two halves a
+    thread holds, each store keeps the loop's layout (no exchange through shared memory)."""
+    if W >= 64:
+        ta, tb = tl.split(tl.reshape(top, [W // 2, 2]))
+        ia, ib = tl.split(tl.reshape(ids, [W // 2, 2]))
+        ra, rb = tl.split(tl.reshape(rank, [W // 2, 2]))
+        wa, wb = tl.split(tl.reshape(write, [W // 2, 2]))
+        tl.store(base + ra, pack_key(exact_z(ta, t), ia.to(tl.int64)), mask=wa)
+        tl.store(base + rb, pack_key(exact_z(tb, t), ib.to(tl.int64)), mask=wb)
+    else:
+        tl.store(base + rank, pack_key(exact_z(top, t), ids.to(tl.int64)), mask=write)
 
 
 @triton.jit

@@ -51,6 +51,10 @@ ROW_SEGMENTS = 64
 # Zipf rows at top-p 0.95 took the bisection fallback, and a launch with one such row took
 # 252 us instead of 59 (bench_kernels.py --quick). The fp32 shape had no fallback rows there.
 MAX_TILES = 64
+# Registers per thread for pass 1 (ptxas .maxnreg) while a thread holds at most 2 lanes: its
+# loop needs about 40, its end-of-segment reductions would take 64, and an SM holds 6
+# programs of 40 but only 4 of 64 (at 40 the sm_90 code does not spill).
+PASS1_REGS = 40
 # Launches of at most this many pass-1 programs resolve each row in the same launch, in the
 # program that finishes the row's last segment (kernels/triton_fused.py): B = 1 saves a launch
 # gap. Larger launches keep two: compiled for sm_90, the fused kernel takes resolve's 128
@@ -74,6 +78,7 @@ class BandConfig:
     fused: bool = False  # one launch: the last segment of a row resolves it (lanes only)
     warps: int = BAND_WARPS  # pass 1's warps (lanes only; the fused launch keeps BAND_WARPS)
     keep: int = 2  # tokens a pass-1 lane keeps, 2 or 3 (lanes only)
+    regs: int = 0  # pass 1's registers per thread (lanes only, not fused); 0: the compiler's
 
     @property
     def ncand(self) -> int:
@@ -90,6 +95,7 @@ def band_config(
     fused: bool | None = None,
     warps: int = 0,
     keep: int = 2,
+    regs: int | None = None,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
@@ -114,15 +120,20 @@ def band_config(
         raise ValueError("fused needs the lanes pass 1 (lanes > 0)")
     if keep not in (2, 3):
         raise ValueError(f"keep must be 2 or 3 (tokens a pass-1 lane keeps), got {keep}")
+    lanes = min(lanes, chunk)
+    warps = warps or BAND_WARPS
+    if regs is None:
+        regs = PASS1_REGS if lanes <= 64 * warps else 0
     return BandConfig(
         chunk=chunk,
         kc=kc,
         n_chunks=n_chunks,
-        lanes=min(lanes, chunk),
+        lanes=lanes,
         resolve_warps=resolve_warps,
         fused=fused,
-        warps=warps or BAND_WARPS,
+        warps=warps,
         keep=keep,
+        regs=regs,
     )
 
 
@@ -187,6 +198,7 @@ def launch_band(
             **consts,
             KEEP=cfg.keep,
             num_warps=cfg.warps,
+            **({"maxnreg": cfg.regs} if cfg.regs else {}),
         )
     else:
         band_kernel[(batch, cfg.n_chunks)](*common, CHUNK=cfg.chunk, **consts, num_warps=BAND_WARPS)
