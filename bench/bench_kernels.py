@@ -587,7 +587,9 @@ def plot(rows, path) -> None:
         for key, label in [
             ("sample_us", "kernels.sample"),
             ("graph_us", "kernels.sample (graph)"),
+            ("steady_us", f"kernels.sample (steady, {STEADY_CALLS} a graph)"),
             ("floor_us", "(a) one-pass floor"),
+            ("floor_steady_us", "(a) floor (steady)"),
             ("sort_us", "(b) sort path"),
             ("topk_us", "(c) topk(1024)"),
         ]:

@@ -43,6 +43,7 @@ from kernels.triton_common import GREEDY_T, add3, exact_z, keep_quarter, pack_ke
 LOG2E = tl.constexpr(1.4426950408889634)
 INT32_MAX = tl.constexpr(2**31 - 1)
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
+SHORT_TILES = tl.constexpr(8)  # segments of at most this many tiles are read unrolled
 
 
 @triton.jit
@@ -128,21 +129,35 @@ def lanes_pass(
     t3 = t1  # KEEP == 3 only
     i3 = i1
     end = tl.minimum(vocab - start, SEG)  # tokens of this segment
-    n_tiles = (end + W - 1) // W
-    x = tl.load(ptrs, mask=lanes < end, other=float("-inf"))
-    # Tiles 1 .. n_full - 1 lie wholly inside the segment: their reads need no mask (a
-    # masked read costs 64-bit bound compares per tile, about a tenth of the loop's work).
-    # Each iteration issues the next tile's read before this tile's work.
-    n_full = end // W
-    for it in range(0, n_full - 1):
-        x_next = tl.load(ptrs + (it + 1) * W)
-        t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
-        x = x_next
-    for it in range(tl.maximum(n_full - 1, 0), n_tiles):  # the last full tile, a partial one
-        nxt = (it + 1) * W
-        x_next = tl.load(ptrs + nxt, mask=nxt + lanes < end, other=float("-inf"))
-        t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
-        x = x_next
+    if SEG // W <= SHORT_TILES:
+        # A short segment (small batches: 4 tiles at B = 1) is unrolled whole, so all its
+        # reads are in flight at once instead of one tile ahead (a loop of a few iterations
+        # would wait for each read in turn).
+        for it in tl.static_range(SEG // W):
+            x = tl.load(ptrs + it * W, mask=it * W + lanes < end, other=float("-inf"))
+            t1, i1, t2, i2, t3, i3, d, s = _lane_tile(
+                x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP
+            )
+    else:
+        n_tiles = (end + W - 1) // W
+        x = tl.load(ptrs, mask=lanes < end, other=float("-inf"))
+        # Tiles 1 .. n_full - 1 lie wholly inside the segment: their reads need no mask (a
+        # masked read costs 64-bit bound compares per tile, about a tenth of the loop's
+        # work). Each iteration issues the next tile's read before this tile's work.
+        n_full = end // W
+        for it in range(0, n_full - 1):
+            x_next = tl.load(ptrs + (it + 1) * W)
+            t1, i1, t2, i2, t3, i3, d, s = _lane_tile(
+                x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP
+            )
+            x = x_next
+        for it in range(tl.maximum(n_full - 1, 0), n_tiles):  # the last full tile, a partial
+            nxt = (it + 1) * W
+            x_next = tl.load(ptrs + nxt, mask=nxt + lanes < end, other=float("-inf"))
+            t1, i1, t2, i2, t3, i3, d, s = _lane_tile(
+                x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP
+            )
+            x = x_next
 
     # The segment's statistics, cut and slots. Every block-wide step (a reduction or a scan)
     # pays barriers and shared-memory round trips, and every warp runs all of this once per
