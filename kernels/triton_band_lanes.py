@@ -4,8 +4,8 @@ block-wide work inside the read loop.
 Why: band_kernel reduces, bisects, scans and cuts once per 2048-token chunk (23 block-wide
 barriers per chunk against 3 for a plain read); each phase costs an SM a few hundred cycles
 that the loads cannot hide, so it ran at 5.5x a plain read of the logits on the H200 (162 us
-against 29 at B=128, V=151936, fp32; this kernel: 37.6 us, 8 launches a graph against the
-floor's 21.5). Here a program owns a segment of SEG tokens (many tiles of W) and every lane
+against 29 at B=128, V=151936, fp32; this kernel: 32.9 us, 8 launches a graph against the
+floor's 21.4). Here a program owns a segment of SEG tokens (many tiles of W) and every lane
 (one position of the [W] tile, a few per thread) streams down its column with elementwise
 work only:
 
@@ -19,7 +19,9 @@ work only:
 
 The block-wide work happens once per segment: max and sum over the lanes, then the band cut
 of the 2W (3W) lane tops (a search over a count, in quarters), one scan to place the
-written candidates, and d_c. A token that is not a lane top is <= its lane's d, a lane top
+written candidates, and d_c, in six block-wide steps that leave the tops where the loop
+holds them (every warp runs this once per segment, so its instructions count as much as its
+barriers: on the H200 the end of segment was a third of pass 1's time). A token that is not a lane top is <= its lane's d, a lane top
 that is not written is <= the cut, so every z > d_c of the segment is written: the band
 stays provably complete.
 

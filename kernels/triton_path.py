@@ -35,8 +35,8 @@ KC_MIN = 16
 DELTA = 12.0  # band depth below each chunk max, in nats (exp(-12) = 6e-6)
 NBISECT = 6  # band threshold bisection steps: DELTA / 64 resolution is plenty
 # band_lanes_kernel, the default pass 1: 512 lanes (2 per thread). Timed on the H200 from
-# graph replays of 8 launches at V=151936 (bench_kernels.py --split): B=128 fp32 37.6 us
-# (floor 21.5), B=1 6.7 us with 2048-token segments (floor 2.7). band_kernel took 162 us
+# graph replays of 8 launches at V=151936 (bench_kernels.py --split): B=128 fp32 32.9 us
+# (floor 21.4), B=1 5.0 us with 2048-token segments (floor 2.7). band_kernel took 162 us
 # at B=128 (single replays, floor 29.1).
 LANES = 512
 # Segments double (up to MAX_TILES tiles) while the launch keeps LANE_PROGRAMS programs or the
@@ -53,13 +53,14 @@ ROW_SEGMENTS = 64
 MAX_TILES = 64
 # Registers per thread for pass 1 (ptxas .maxnreg) while a thread holds at most 2 lanes: its
 # loop needs about 40, its end-of-segment reductions would take 64, and an SM holds 6
-# programs of 40 but only 4 of 64 (at 40 the sm_90 code does not spill).
+# programs of 40 but only 4 of 64 (at 40 the sm_90 code does not spill). On the H200, B=128
+# fp32: 32.9 us at 40, 33.5 at 64 (bench variant n0).
 PASS1_REGS = 40
 # Launches of at most this many pass-1 programs resolve each row in the same launch, in the
 # program that finishes the row's last segment (kernels/triton_fused.py): B = 1 saves a launch
 # gap. Larger launches keep two: compiled for sm_90, the fused kernel takes resolve's 128
-# registers per thread against pass 1's 47, so an SM holds 2 of its 256-thread programs
-# instead of 5, too few loads in flight for a long stream; 256 programs is about 2 per SM.
+# registers per thread against pass 1's 40, so an SM holds 2 of its 256-thread programs
+# instead of 6, too few loads in flight for a long stream; 256 programs is about 2 per SM.
 FUSE_PROGRAMS = 256
 RESOLVE_BISECT = 8  # halvings of the threshold search picking a tier's best (done in quarters)
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier

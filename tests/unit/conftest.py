@@ -46,7 +46,8 @@ Sm90Compile = Callable[[object, dict, dict], object]
 @pytest.fixture(scope="session")
 def sm90_compile() -> Sm90Compile:
     """Compiles a Triton kernel for an H100/H200 (sm_90) without a GPU: (kernel, argument
-    types by name, compile-time constants) -> the compiled kernel, whose PTX it checks
+    types by name, compile-time constants, compile options such as maxnreg) -> the compiled
+    kernel, whose PTX it checks
     targets sm_90 and whose cubin it checks is non-empty. Skips when Triton or its ptxas is
     missing."""
     triton = pytest.importorskip("triton")
@@ -55,10 +56,10 @@ def sm90_compile() -> Sm90Compile:
 
     target = GPUTarget("cuda", 90, 32)
 
-    def compile_for_sm90(fn: object, types: dict, const: dict) -> object:
+    def compile_for_sm90(fn: object, types: dict, const: dict, **options: object) -> object:
         signature = {p: "constexpr" if p in const else types[p] for p in fn.arg_names}  # type: ignore[attr-defined]
         try:
-            compiled = triton.compile(ASTSource(fn, signature, const), target=target)
+            compiled = triton.compile(ASTSource(fn, signature, const), target=target, options=options)
         except RuntimeError as e:
             if "ptxas" in str(e).lower() and "not found" in str(e).lower():
                 pytest.skip(f"no ptxas to finish the lowering: {e}")

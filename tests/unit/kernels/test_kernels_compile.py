@@ -89,8 +89,10 @@ def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> 
 def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
     keep: int, sm90_compile: Any
 ) -> None:
-    """band_lanes_kernel at B = 128's shape for V = 151936: the three-token lanes' [4, W]
-    block of lane tops (joins and a reshape) lowers too."""
+    """band_lanes_kernel at B = 128's shape for V = 151936, with the register limit it
+    launches with (three-token lanes too). Its end of segment keeps the lane tops in the
+    loop's layout: no 64-bit value (a candidate's key) goes through shared memory, where
+    the layout conversions of the earlier code sent the keys, slots and masks."""
     from kernels.triton_band_lanes import band_lanes_kernel
 
     cfg = band_config(151936, batch=128, keep=keep)
@@ -103,5 +105,9 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
         "KEEP": keep,
     }
     types = {p: POINTERS.get(p, "i32") for p in band_lanes_kernel.arg_names}
-    ptx = sm90_compile(band_lanes_kernel, types, const).asm["ptx"]
+    assert cfg.regs == 40
+    ptx = sm90_compile(band_lanes_kernel, types, const, maxnreg=cfg.regs).asm["ptx"]
     assert "ex2.approx" in ptx  # the lanes' one exp2 a token
+    assert ".maxnreg 40" in ptx
+    stores = [line for line in ptx.splitlines() if "st.shared" in line]
+    assert stores and not [line for line in stores if "b64" in line]
