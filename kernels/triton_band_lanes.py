@@ -137,9 +137,7 @@ def lanes_pass(
         # would wait for each read in turn).
         for it in tl.static_range(SEG // W):
             x = tl.load(ptrs + it * W, mask=it * W + lanes < end, other=float("-inf"))
-            t1, i1, t2, i2, t3, i3, d, s = _lane_tile(
-                x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP
-            )
+            t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
     else:
         n_tiles = (end + W - 1) // W
         x = tl.load(ptrs, mask=lanes < end, other=float("-inf"))
@@ -149,16 +147,12 @@ def lanes_pass(
         n_full = end // W
         for it in range(0, n_full - 1):
             x_next = tl.load(ptrs + (it + 1) * W)
-            t1, i1, t2, i2, t3, i3, d, s = _lane_tile(
-                x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP
-            )
+            t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
             x = x_next
         for it in range(tl.maximum(n_full - 1, 0), n_tiles):  # the last full tile, a partial
             nxt = (it + 1) * W
             x_next = tl.load(ptrs + nxt, mask=nxt + lanes < end, other=float("-inf"))
-            t1, i1, t2, i2, t3, i3, d, s = _lane_tile(
-                x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP
-            )
+            t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
             x = x_next
 
     # The segment's statistics, cut and slots. Every block-wide step (a reduction or a scan)
@@ -226,13 +220,16 @@ def lanes_pass(
     if n_band > KC:
         # Only ties at the max get here: KC of them are written, always the lowest id, and
         # every tie left out is the max itself.
-        low = tl.min(_min3(tl.where(band1, id1, INT32_MAX), tl.where(band2, id2, INT32_MAX),
-                           tl.where(band3, id3, INT32_MAX)), axis=0)
+        big = INT32_MAX
+        low_id = _min3(
+            tl.where(band1, id1, big), tl.where(band2, id2, big), tl.where(band3, id3, big)
+        )
+        low = tl.min(low_id, axis=0)
         l1 = band1 & (id1 == low)
         l2 = band2 & (id2 == low)
         l3 = band3 & (id3 == low)
-        late = tl.max(tl.maximum(tl.maximum(tl.where(l1, r1, 0), tl.where(l2, r2, 0)),
-                                 tl.where(l3, r3, 0)), axis=0) >= KC
+        low_rank = _max3(tl.where(l1, r1, 0), tl.where(l2, r2, 0), tl.where(l3, r3, 0))
+        late = tl.max(low_rank, axis=0) >= KC
         n_slots = tl.where(late, KC - 1, KC)  # past the first KC: it takes the last slot
         w1 = (band1 & (r1 < n_slots)) | l1
         w2 = (band2 & (r2 < n_slots)) | l2
@@ -249,8 +246,9 @@ def lanes_pass(
     _store_tops(base, t2, id2, r2, w2, t, W)
     if KEEP == 3:
         _store_tops(base, t3, id3, r3, w3, t, W)
-    store_stats(cand_key_ptr, m_ptr, s_ptr, d_ptr, stat, KC, tl.minimum(n_band, KC), m, s_sum,
-                d_seg, t)
+    store_stats(
+        cand_key_ptr, m_ptr, s_ptr, d_ptr, stat, KC, tl.minimum(n_band, KC), m, s_sum, d_seg, t
+    )
 
 
 @triton.jit
@@ -261,6 +259,11 @@ def _max2(a0, a1, b0, b1):
 @triton.jit
 def _min3(a, b, c):
     return tl.minimum(tl.minimum(a, b), c)
+
+
+@triton.jit
+def _max3(a, b, c):
+    return tl.maximum(tl.maximum(a, b), c)
 
 
 @triton.jit

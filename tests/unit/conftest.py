@@ -59,7 +59,9 @@ def sm90_compile() -> Sm90Compile:
     def compile_for_sm90(fn: object, types: dict, const: dict, **options: object) -> object:
         signature = {p: "constexpr" if p in const else types[p] for p in fn.arg_names}  # type: ignore[attr-defined]
         try:
-            compiled = triton.compile(ASTSource(fn, signature, const), target=target, options=options)
+            compiled = triton.compile(
+                ASTSource(fn, signature, const), target=target, options=options
+            )
         except RuntimeError as e:
             if "ptxas" in str(e).lower() and "not found" in str(e).lower():
                 pytest.skip(f"no ptxas to finish the lowering: {e}")
