@@ -73,18 +73,23 @@ async def test_connect_error_retries_and_ejects(upstreams, gateway, make_config)
     config = make_config([dead, live.url], timeouts={"health_interval_s": 30})
     async with gateway(config) as gw:
         pool = gw.state.pools["general"]
+        [dead_ep] = [ep for ep in pool.endpoints if ep.url == dead]
         await doomed.stop()  # it was healthy at start; now connections are refused
-        for _ in range(6):
+        # Power of two choices over two idle endpoints tries either first with even odds, so
+        # a fixed number of requests can miss the dead one (6 did, 1 run in 64): send until
+        # a request has tried it, at most 40 (a 2**-40 chance of never trying it).
+        sent = 0
+        while dead_ep.healthy is not False and sent < 40:
             status, _, _ = await gw.post("/v1/completions", BODY)
             assert status == 200
-        [dead_ep] = [ep for ep in pool.endpoints if ep.url == dead]
+            sent += 1
         assert dead_ep.healthy is False
         text = await gw.metrics()
     assert f'maskgate_upstream_healthy{{pool="general",upstream="{dead}"}} 0.0' in text
     assert (
         f'maskgate_upstream_errors_total{{kind="connect",pool="general",upstream="{dead}"}}' in text
     )
-    assert len(live.requests) == 6  # the refused attempt was retried on the live endpoint
+    assert len(live.requests) == sent  # the refused attempt was retried on the live endpoint
 
 
 async def test_connect_error_with_no_endpoint_left_is_502(gateway, make_config):
