@@ -20,10 +20,10 @@ work only:
 The block-wide work happens once per segment: max and sum over the lanes, then the band cut
 of the 2W (3W) lane tops (a search over a count, in quarters), one scan to place the
 written candidates, and d_c, in six block-wide steps that leave the tops where the loop
-holds them (every warp runs this once per segment, so its instructions count as much as its
-barriers: on the H200 the end of segment was a third of pass 1's time). A token that is not a lane top is <= its lane's d, a lane top
-that is not written is <= the cut, so every z > d_c of the segment is written: the band
-stays provably complete.
+holds them. Every warp runs this once per segment, so its instructions cost issue slots as
+well as latency: narrowing it took pass 1 from 37.6 to 32.9 us on the H200. A token that is
+not a lane top is <= its lane's d, a lane top that is not written is <= the cut, so every
+z > d_c of the segment is written: the band stays provably complete.
 
 Outputs per segment c (resolve_kernel's contract; a segment is a "chunk" there):
   m_c = max z, s_c = sum exp(z - m_c) (NaN when the segment holds a NaN or +inf),
