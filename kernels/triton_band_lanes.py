@@ -55,8 +55,9 @@ def _lane_step(x, t1, i1, t2, i2, d, s, it, nc):
     gt1 = x > t1
     gt2 = x > t2
     d = tl.maximum(d, tl.where(gt2, t2, x))  # what the lane lets go
-    e = tl.exp2(tl.abs(x - t1) * nc)
-    e = tl.where(x == float("-inf"), 0.0, e)  # -inf - -inf is NaN; a NaN x stays NaN
+    # t1 taken no lower than -FLT_MAX: a -inf x then gives exp(-inf) = 0, not the NaN of
+    # -inf - -inf (one max instead of a compare and a select); a NaN x stays NaN.
+    e = tl.exp2(tl.abs(x - tl.maximum(t1, -FLT_MAX)) * nc)
     s = tl.where(gt1, s * e + 1.0, s + e)
     t2 = tl.where(gt1, t1, tl.where(gt2, x, t2))
     i2 = tl.where(gt1, i1, tl.where(gt2, it, i2))
@@ -72,8 +73,7 @@ def _lane_step3(x, t1, i1, t2, i2, t3, i3, d, s, it, nc):
     gt2 = x > t2
     gt3 = x > t3
     d = tl.maximum(d, tl.where(gt3, t3, x))
-    e = tl.exp2(tl.abs(x - t1) * nc)
-    e = tl.where(x == float("-inf"), 0.0, e)
+    e = tl.exp2(tl.abs(x - tl.maximum(t1, -FLT_MAX)) * nc)
     s = tl.where(gt1, s * e + 1.0, s + e)
     t3 = tl.where(gt2, t2, tl.where(gt3, x, t3))
     i3 = tl.where(gt2, i2, tl.where(gt3, it, i3))

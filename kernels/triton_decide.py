@@ -50,6 +50,7 @@ def best_sorted(
     scratch,
     LIMIT: tl.constexpr,
     NBISECT: tl.constexpr,
+    STOP: tl.constexpr,
     stamp,
     TIMING: tl.constexpr,
 ):
@@ -58,17 +59,25 @@ def best_sorted(
     keys, z, listed: [CAND_BLOCK] unsorted candidates; lo: the lowest z worth sorting
     (max(d_max, z_max - 30)) and n_lo the listed candidates with z >= lo, which the caller
     counts in a reduction it needs anyway. Returns ([LIMIT] sorted keys, floor): every token
-    with z > floor is among the returned keys. With TIMING, stamps the cycle counter at
+    with z > floor is among the returned keys. The threshold search stops once at least STOP
+    candidates are picked (STOP = LIMIT: the full search). With TIMING, stamps the cycle counter at
     stamp[0..3] after the threshold search, the rank, the gather and the sort.
     """
     hi = z_max
     if n_lo > LIMIT:
-        # Invariant: more than LIMIT listed at z >= lo, at most LIMIT at z >= hi. Each step
-        # counts at three thresholds in one reduction and keeps the quarter that crosses.
-        for _ in range(NBISECT // 2):
+        # Invariant: more than LIMIT listed at z >= lo, n_hi (at most LIMIT) at z >= hi.
+        # Each step counts at three thresholds in one reduction and keeps the quarter that
+        # crosses; the search stops early once hi keeps STOP (each step is a block-wide
+        # reduction on the row's critical path). n_hi starts at 0: the count at the row max
+        # is not known, and more than LIMIT ties there never move hi.
+        n_hi = tl.zeros([], tl.int32)
+        steps = tl.zeros([], tl.int32)
+        while (steps < NBISECT // 2) & (n_hi < STOP):
             t1, t2, t3 = quarters(lo, hi)
             c1, c2, c3 = counts_at(listed, z, t1, t2, t3, 0)
+            n_hi = tl.where(c3 > LIMIT, n_hi, tl.where(c2 > LIMIT, c3, tl.where(c1 > LIMIT, c2, c1)))
             lo, hi = keep_quarter(lo, hi, t1, t2, t3, c1, c2, c3, LIMIT)
+            steps += 1
         lo = hi
     if TIMING:
         tl.store(stamp, cycles((lo != lo).to(tl.int64)))  # after the threshold search
