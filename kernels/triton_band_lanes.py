@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from kernels.triton_band import store_stats
 from kernels.triton_common import GREEDY_T, add3, exact_z, keep_quarter, pack_key, quarters
@@ -321,7 +322,10 @@ def band_lanes_kernel(
     DELTA: tl.constexpr,
     NBISECT: tl.constexpr,
     KEEP: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched as the primary of a programmatic dependent launch
 ):
+    if PDL:  # resolve_kernel may start launching now; it waits for this grid to finish
+        gdc_launch_dependents()
     lanes_pass(
         tl.program_id(0).to(tl.int64),
         tl.program_id(1),

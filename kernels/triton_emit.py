@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 
 @triton.jit
@@ -19,7 +20,10 @@ def emit_kernel(
     cap,
     R_BLOCK: tl.constexpr,
     COPY_BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch after resolve
 ):
+    if PDL:
+        gdc_wait()  # resolve_kernel finished, its counts and slots visible
     r = tl.program_id(0)
     rr = tl.arange(0, R_BLOCK)
     start = tl.sum(tl.load(cnt_ptr + rr, mask=rr < r, other=0), axis=0)

@@ -80,6 +80,7 @@ class BandConfig:
     warps: int = BAND_WARPS  # pass 1's warps (lanes only; the fused launch keeps BAND_WARPS)
     keep: int = 2  # tokens a pass-1 lane keeps, 2 or 3 (lanes only)
     regs: int = 0  # pass 1's registers per thread (lanes only, not fused); 0: the compiler's
+    pdl: bool = True  # programmatic dependent launch between the split path's kernels (sm_90+)
 
     @property
     def ncand(self) -> int:
@@ -97,6 +98,7 @@ def band_config(
     warps: int = 0,
     keep: int = 2,
     regs: int | None = None,
+    pdl: bool = True,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
@@ -135,6 +137,7 @@ def band_config(
         warps=warps,
         keep=keep,
         regs=regs,
+        pdl=pdl,
     )
 
 
@@ -147,6 +150,18 @@ def lanes_segment(vocab: int, lanes: int, batch: int, programs: int = LANE_PROGR
             break
         tiles *= 2
     return tiles * lanes
+
+
+_PDL: dict[torch.device, bool] = {}
+
+
+def pdl_capable(device: torch.device) -> bool:
+    """Programmatic dependent launch needs a CUDA device of compute capability 9 or more."""
+    if device.type != "cuda":
+        return False
+    if device not in _PDL:
+        _PDL[device] = torch.cuda.get_device_capability(device)[0] >= 9
+    return _PDL[device]
 
 
 _ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}
@@ -186,8 +201,10 @@ def launch_band(
     d_c: torch.Tensor,
     cfg: BandConfig,
     nbisect: int = NBISECT,
+    pdl: bool = False,
 ) -> None:
-    """Pass 1: one program per segment (band_lanes_kernel) or per chunk (band_kernel)."""
+    """Pass 1: one program per segment (band_lanes_kernel) or per chunk (band_kernel). pdl:
+    the next launch (resolve_kernel) is a programmatic dependent launch."""
     batch, vocab = x.shape
     common = (x, temperature, cand_key, m_c, s_c, d_c, x.stride(0), vocab, cfg.n_chunks)
     consts = {"KC": cfg.kc, "DELTA": DELTA, "NBISECT": nbisect}
@@ -198,6 +215,7 @@ def launch_band(
             W=cfg.lanes,
             **consts,
             KEEP=cfg.keep,
+            PDL=pdl,
             num_warps=cfg.warps,
             **({"maxnreg": cfg.regs} if cfg.regs else {}),
         )
@@ -305,6 +323,9 @@ def sample_triton(
         "TIMING": phase_cycles is not None,
     }
     stats = (cand_key, m_c, s_c, d_c)
+    # Programmatic dependent launch (sm_90+): resolve and emit launch while the kernel before
+    # them finishes and wait for it on the device, so no launch gap separates the passes.
+    pdl = cfg.pdl and pdl_capable(dev)
     if cfg.fused:
         band_resolve_kernel[(batch, cfg.n_chunks)](
             x,
@@ -328,7 +349,7 @@ def sample_triton(
             num_warps=BAND_WARPS,
         )
     else:
-        launch_band(x, inp.temperature, *stats, cfg)
+        launch_band(x, inp.temperature, *stats, cfg, pdl=pdl)
         resolve_kernel[(batch,)](
             *stats,
             x,
@@ -341,7 +362,9 @@ def sample_triton(
             cap,
             cfg.ncand,
             **resolve_meta,
+            PDL=pdl,
             num_warps=cfg.resolve_warps or (8 if cand_block >= 2048 else 4),
+            **({"launch_pdl": True} if pdl else {}),
         )
 
     mask_ids = slots if n_rows == 1 else torch.empty(n_rows * cap, dtype=torch.int32, device=dev)
@@ -354,7 +377,9 @@ def sample_triton(
             cap,
             R_BLOCK=triton.next_power_of_2(n_rows),
             COPY_BLOCK=1024,
+            PDL=pdl,
             num_warps=4,
+            **({"launch_pdl": True} if pdl else {}),
         )
     return SampleResult(
         tokens=tokens,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.triton_common import (
     EMPTY_KEY,
@@ -333,7 +334,13 @@ def resolve_kernel(
     HAS_STEP: tl.constexpr,
     times_ptr,  # [B, PHASES] int64 cycle stamps of the row's phases, written when TIMING
     TIMING: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch after pass 1
 ):
+    if PDL:
+        # Launched early (while pass 1's last programs run): wait until pass 1 has finished
+        # and its writes are visible, and let emit_kernel launch early in turn.
+        gdc_wait()
+        gdc_launch_dependents()
     resolve_row(
         tl.program_id(0).to(tl.int64),
         cand_key_ptr,

@@ -103,11 +103,13 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
         "DELTA": DELTA,
         "NBISECT": NBISECT,
         "KEEP": keep,
+        "PDL": True,
     }
     types = {p: POINTERS.get(p, "i32") for p in band_lanes_kernel.arg_names}
     assert cfg.regs == 40
     ptx = sm90_compile(band_lanes_kernel, types, const, maxnreg=cfg.regs).asm["ptx"]
     assert "ex2.approx" in ptx  # the lanes' one exp2 a token
     assert ".maxnreg 40" in ptx
+    assert "griddepcontrol.launch_dependents" in ptx  # resolve_kernel may launch early
     stores = [line for line in ptx.splitlines() if "st.shared" in line]
     assert stores and not [line for line in stores if "b64" in line]
