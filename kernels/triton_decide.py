@@ -75,7 +75,9 @@ def best_sorted(
         while (steps < NBISECT // 2) & (n_hi < STOP):
             t1, t2, t3 = quarters(lo, hi)
             c1, c2, c3 = counts_at(listed, z, t1, t2, t3, 0)
-            n_hi = tl.where(c3 > LIMIT, n_hi, tl.where(c2 > LIMIT, c3, tl.where(c1 > LIMIT, c2, c1)))
+            n_hi = tl.where(
+                c3 > LIMIT, n_hi, tl.where(c2 > LIMIT, c3, tl.where(c1 > LIMIT, c2, c1))
+            )
             lo, hi = keep_quarter(lo, hi, t1, t2, t3, c1, c2, c3, LIMIT)
             steps += 1
         lo = hi

@@ -143,7 +143,18 @@ def resolve_row(
     # The first tier's search stops once it holds 3/4 of T1 (most rows need far fewer); the
     # second's runs in full, since a row there may need all of it.
     best, floor = best_sorted(
-        keys, z_all, listed, d_max, z_max, lo, n_lo, scratch, T1, NBISECT, T1 * 3 // 4, stamp + 3,
+        keys,
+        z_all,
+        listed,
+        d_max,
+        z_max,
+        lo,
+        n_lo,
+        scratch,
+        T1,
+        NBISECT,
+        T1 * 3 // 4,
+        stamp + 3,
         TIMING,
     )
     n, undecided, z, ids, mass = decide(
