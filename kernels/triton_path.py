@@ -50,7 +50,12 @@ ROW_SEGMENTS = 64
 # 2.8 times as often, and 3 segments leave the rescue little to work with: 0.8% of bf16
 # Zipf rows at top-p 0.95 took the bisection fallback, and a launch with one such row took
 # 252 us instead of 59 (bench_kernels.py --quick). The fp32 shape had no fallback rows there.
-MAX_TILES = 64
+# Segments stop at 32 tiles (16384 tokens): from B = 205 at V = 151936 (B = 128 at 128256)
+# 64 tiles gave 5 (4) segments a row, 2560 (2048) lanes, and with 512 lanes x 32768 tokens
+# 0.39% of Zipf rows took the bisection fallback on the H200 (B = 128, top-p 0.95): the whole
+# sample averaged 137.6 us against 46.2 with 16384 (bench_kernels.py --split, session 7). At
+# B = 512 that is about two such rows in every launch.
+MAX_TILES = 32
 # Registers per thread for pass 1 (ptxas .maxnreg) while a thread holds at most 2 lanes: its
 # loop needs about 40, its end-of-segment reductions would take 64, and an SM holds 6
 # programs of 40 but only 4 of 64 (at 40 the sm_90 code does not spill). On the H200, B=128

@@ -31,6 +31,16 @@ def test_default_shapes_are_valid_for_every_batch(vocab: int) -> None:
     assert len(shapes) <= 8  # one pass-1 compile each
 
 
+@pytest.mark.parametrize(("vocab", "lanes_per_row"), [(151936, 5120), (128256, 4096)])
+def test_large_batches_keep_the_lanes_per_row(vocab: int, lanes_per_row: int) -> None:
+    """A lane keeps two tokens, so fewer lanes per row put three of a row's support in one
+    lane more often (a lost row: the rescue or the bisection). Longer segments stop at the
+    B = 128 shape for V = 151936."""
+    for batch in (128, 256, 512, 1024):
+        cfg = band_config(vocab, batch=batch)
+        assert cfg.n_chunks * cfg.lanes >= lanes_per_row, (batch, cfg)
+
+
 def test_longer_segments_for_larger_batches() -> None:
     one, many = (band_config(151936, batch=b).chunk for b in (1, 128))
     assert one < many
