@@ -255,6 +255,9 @@ def main() -> None:
     )
     ap.add_argument("--settings", default=",".join(SETTINGS), help="settings to run")
     ap.add_argument("--no-flat", action="store_true", help="leave out the flat case")
+    ap.add_argument("--batches", default="", help="instead of the grid: these batch sizes")
+    ap.add_argument("--vocabs", default="", help="instead of the grid: these vocabularies")
+    ap.add_argument("--dtypes", default="", help="instead of the grid: float32,bfloat16")
     args = ap.parse_args()
     settings = [x for x in args.settings.split(",") if x]
     variants = [v for v in args.variants.split(",") if v]
@@ -296,6 +299,14 @@ def main() -> None:
             [151936, 32000, 262144], [1, 8, 32, 128, 512], SETTINGS
         ):
             cases.append((batch, vocab, torch.bfloat16, setting, False))
+    if args.batches or args.vocabs or args.dtypes:  # a slice of the grid (or other batches)
+        batches = [int(b) for b in args.batches.split(",") if b] or [1, 8, 32, 128, 512]
+        vocabs = [int(v) for v in args.vocabs.split(",") if v] or [151936, 32000, 262144]
+        dtypes = [getattr(torch, d) for d in args.dtypes.split(",") if d] or [torch.float32]
+        cases = [
+            (batch, vocab, dtype, setting, False)
+            for dtype, vocab, batch, setting in itertools.product(dtypes, vocabs, batches, settings)
+        ]
     rows = []
     header = (
         f"{'B':>4} {'V':>7} {'dtype':>8} {'setting':>9} {'logits':>9} {'H':>5} "
