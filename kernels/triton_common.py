@@ -99,8 +99,41 @@ def unpack_id(keys):
 # values, so independent sums and maxima share its shuffles and barriers. resolve_kernel is
 # latency-bound (one program per row), and each separate reduction costs ~0.2 us of it.
 @triton.jit
-def max3(a0, a1, a2, b0, b1, b2):
-    return tl.maximum(a0, b0), tl.maximum(a1, b1), tl.maximum(a2, b2)
+def rescale(s, m, to):
+    """A sum of exp(z - m) re-expressed relative to `to` >= m (0 when m is -inf)."""
+    return tl.where(m > float("-inf"), s * tl.exp(m - to), 0.0)
+
+
+@triton.jit
+def logsum_max2(m0, s0, a0, b0, m1, s1, a1, b1):
+    """(max, sum of exp relative to that max) pairs merged, and two plain maxima: a row's
+    segment statistics in one reduction."""
+    m = tl.maximum(m0, m1)
+    return m, rescale(s0, m0, m) + rescale(s1, m1, m), tl.maximum(a0, a1), tl.maximum(b0, b1)
+
+
+@triton.jit
+def add2_max2(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, tl.maximum(a2, b2), tl.maximum(a3, b3)
+
+
+@triton.jit
+def add3_max3(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
+    return (
+        a0 + b0,
+        a1 + b1,
+        a2 + b2,
+        tl.maximum(a3, b3),
+        tl.maximum(a4, b4),
+        tl.maximum(a5, b5),
+    )
+
+
+@triton.jit
+def argmax_key_add(s0, p0, k0, a0, s1, p1, k1, a1):
+    """The larger score (the lower position on ties) with its key, and a sum."""
+    first = (s0 > s1) | ((s0 == s1) & (p0 < p1))
+    return tl.where(first, s0, s1), tl.where(first, p0, p1), tl.where(first, k0, k1), a0 + a1
 
 
 @triton.jit

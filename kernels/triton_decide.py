@@ -10,9 +10,9 @@ import triton.language as tl
 from kernels.triton_common import (
     EMPTY_KEY,
     add2,
-    add3,
+    add3_max3,
     add4,
-    counts_at,
+    argmax_key_add,
     cycles,
     gumbel,
     keep_quarter,
@@ -39,6 +39,24 @@ def store_mask(slot_row, cnt_ptr, status_ptr, midx, ids, pos, n, j, token, max_m
 
 
 @triton.jit
+def counts_below(listed, z, q1, q2, q3):
+    """How many listed z are >= each threshold, and the largest listed z below each: one
+    reduction."""
+    return tl.reduce(
+        (
+            (listed & (z >= q1)).to(tl.int32),
+            (listed & (z >= q2)).to(tl.int32),
+            (listed & (z >= q3)).to(tl.int32),
+            tl.where(listed & (z < q1), z, float("-inf")),
+            tl.where(listed & (z < q2), z, float("-inf")),
+            tl.where(listed & (z < q3), z, float("-inf")),
+        ),
+        0,
+        add3_max3,
+    )
+
+
+@triton.jit
 def best_sorted(
     keys,
     z,
@@ -47,6 +65,7 @@ def best_sorted(
     z_max,
     lo,
     n_lo,
+    below_lo,
     scratch,
     LIMIT: tl.constexpr,
     NBISECT: tl.constexpr,
@@ -57,26 +76,35 @@ def best_sorted(
     """The best (at most LIMIT) listed candidates, sorted, and the new floor below them.
 
     keys, z, listed: [CAND_BLOCK] unsorted candidates; lo: the lowest z worth sorting
-    (max(d_max, z_max - 30)) and n_lo the listed candidates with z >= lo, which the caller
-    counts in a reduction it needs anyway. Returns ([LIMIT] sorted keys, floor): every token
-    with z > floor is among the returned keys. The threshold search stops once at least STOP
-    candidates are picked (STOP = LIMIT: the full search). With TIMING, stamps the cycle counter at
-    stamp[0..3] after the threshold search, the rank, the gather and the sort.
+    (max(d_max, z_max - 30)), n_lo the listed candidates with z >= lo and below_lo the largest
+    listed z below lo, which the caller reduces along with values it needs anyway. Returns
+    ([LIMIT] sorted keys, floor): every token with z > floor is among the returned keys. The
+    threshold search stops once at least STOP candidates are picked (STOP = LIMIT: the full
+    search). With TIMING, stamps the cycle counter at stamp[0..3] after the threshold search,
+    the pick count (a reduction only when the search left hi at the row max), the gather (the
+    scan that ranks the picks, their scatter and the block load) and the sort.
     """
-    hi = z_max
+    n_pick = n_lo
+    below = below_lo
     if n_lo > LIMIT:
-        # Invariant: more than LIMIT listed at z >= lo, n_hi (at most LIMIT) at z >= hi.
-        # Each step counts at three thresholds in one reduction and keeps the quarter that
+        # Invariant: more than LIMIT listed at z >= lo, n_pick (at most LIMIT) at z >= hi and
+        # `below` the largest listed z under hi. Each step counts at three thresholds (and
+        # takes the largest z under each) in one reduction and keeps the quarter that
         # crosses; the search stops early once hi keeps STOP (each step is a block-wide
-        # reduction on the row's critical path). n_hi starts at 0: the count at the row max
-        # is not known, and more than LIMIT ties there never move hi.
-        n_hi = tl.zeros([], tl.int32)
+        # reduction on the row's critical path). n_pick = -1 while hi is the row max: the
+        # count there is not known, and more than LIMIT ties there never move hi.
+        hi = z_max
+        n_pick = tl.full([], -1, tl.int32)
+        below = tl.full([], float("-inf"), tl.float32)
         steps = tl.zeros([], tl.int32)
-        while (steps < NBISECT // 2) & (n_hi < STOP):
+        while (steps < NBISECT // 2) & (n_pick < STOP):
             t1, t2, t3 = quarters(lo, hi)
-            c1, c2, c3 = counts_at(listed, z, t1, t2, t3, 0)
-            n_hi = tl.where(
-                c3 > LIMIT, n_hi, tl.where(c2 > LIMIT, c3, tl.where(c1 > LIMIT, c2, c1))
+            c1, c2, c3, b1, b2, b3 = counts_below(listed, z, t1, t2, t3)
+            n_pick = tl.where(
+                c3 > LIMIT, n_pick, tl.where(c2 > LIMIT, c3, tl.where(c1 > LIMIT, c2, c1))
+            )
+            below = tl.where(
+                c3 > LIMIT, below, tl.where(c2 > LIMIT, b3, tl.where(c1 > LIMIT, b2, b1))
             )
             lo, hi = keep_quarter(lo, hi, t1, t2, t3, c1, c2, c3, LIMIT)
             steps += 1
@@ -85,13 +113,14 @@ def best_sorted(
         tl.store(stamp, cycles((lo != lo).to(tl.int64)))  # after the threshold search
     pick = listed & (z >= lo)
     rank = tl.cumsum(pick.to(tl.int32), axis=0) - 1
-    pick = pick & (rank < LIMIT)  # ties at the row max beyond LIMIT: lowest ids first
-    below, n_pick = tl.reduce(
-        (tl.where(listed & ~pick, z, float("-inf")), pick.to(tl.int32)), 0, max1_add1
-    )
+    if n_pick < 0:  # hi stayed at the row max: count there, LIMIT at most (lowest ids first)
+        pick = pick & (rank < LIMIT)
+        below, n_pick = tl.reduce(
+            (tl.where(listed & ~pick, z, float("-inf")), pick.to(tl.int32)), 0, max1_add1
+        )
     floor = tl.maximum(d_max, below)
     if TIMING:
-        tl.store(stamp + 1, cycles(n_pick.to(tl.int64)))  # after the rank
+        tl.store(stamp + 1, cycles(n_pick.to(tl.int64)))  # n_pick known (the scan is in the gather)
     tl.store(scratch + rank, keys, mask=pick)
     tl.debug_barrier()  # the scattered stores before the block load
     slots = tl.arange(0, LIMIT)
@@ -164,16 +193,13 @@ def decide(keys, d_max, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, BLOCK: 
 
 
 @triton.jit
-def draw(z, ids, mass, n, greedy, k0, k1, z_max, BLOCK: tl.constexpr):
-    """Gumbel-max over the first n sorted slots: (token, logprob, slot of the token)."""
+def draw(keys, z, ids, mass, n, greedy, k0, k1, z_max, BLOCK: tl.constexpr):
+    """Gumbel-max over the first n sorted slots: (token, logprob, slot of the token). One
+    reduction finds the winning slot with its key and sums the support's mass."""
     pos = tl.arange(0, BLOCK)
     in_s = pos < n
     score = tl.where(in_s, z + gumbel(k0, k1, ids), float("-inf"))
-    j = tl.where(greedy, 0, tl.argmax(score, axis=0).to(tl.int64))
-    token, z_y, s_mass = tl.reduce(
-        (tl.where(pos == j, ids, 0), tl.where(pos == j, z, 0.0), tl.where(in_s, mass, 0.0)),
-        0,
-        add3,
-    )
+    _, j, key, s_mass = tl.reduce((score, pos, keys, tl.where(in_s, mass, 0.0)), 0, argmax_key_add)
     lse = z_max + tl.log(s_mass)
-    return token, tl.where(greedy, 0.0, z_y - lse), j
+    token = unpack_id(key)
+    return token, tl.where(greedy, 0.0, unpack_z(key) - lse), tl.where(greedy, 0, j.to(tl.int64))

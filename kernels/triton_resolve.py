@@ -18,9 +18,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from kernels.triton_common import (
     EMPTY_KEY,
     GREEDY_T,
-    add2_max1,
+    add2_max2,
     cycles,
-    max3,
+    logsum_max2,
     row_keys,
     unpack_id,
     unpack_z,
@@ -113,11 +113,14 @@ def resolve_row(
     midx = tl.load(midx_ptr + row)
     bounded = tl.load(bounded_ptr + row) != 0
 
-    z_max, d_max, nan_seen = tl.reduce((m_c, d_c, (s_c != s_c).to(tl.int32)), 0, max3)
+    # The row's max and sum-exp merge segment by segment (each sum rescaled to the larger
+    # max), so one reduction gives them with d_max and the NaN flag.
+    z_max, z_sum, d_max, nan_seen = tl.reduce(
+        (m_c, s_c, d_c, (s_c != s_c).to(tl.int32)), 0, logsum_max2
+    )
     greedy = temp.to(tl.float64) < GREEDY_T
     # A NaN or +inf anywhere (s_c is NaN then), or no finite logit: never sampled.
     bad = (nan_seen > 0) | (z_max == float("-inf")) | (z_max == float("inf"))
-    z_sum = tl.sum(tl.where(m_c > float("-inf"), s_c * tl.exp(m_c - z_max), 0.0), axis=0)
     if row == 0:
         tl.store(offsets_ptr, tl.zeros([], tl.int64))
     if TIMING:
@@ -133,8 +136,15 @@ def resolve_row(
     z_all = tl.where(keys == EMPTY_KEY, float("-inf"), unpack_z(keys))  # pass 1's exact z
     listed = z_all > d_max  # every token with z > d_max is a candidate
     lo = tl.maximum(d_max, z_max - 30.0)  # below this, no tier sorts a candidate
-    n_band, n_lo, top_key = tl.reduce(
-        (listed.to(tl.int64), (listed & (z_all >= lo)).to(tl.int32), keys), 0, add2_max1
+    n_band, n_lo, top_key, below_lo = tl.reduce(
+        (
+            listed.to(tl.int64),
+            (listed & (z_all >= lo)).to(tl.int32),
+            keys,
+            tl.where(listed & (z_all < lo), z_all, float("-inf")),
+        ),
+        0,
+        add2_max2,
     )
     tl.store(band_ptr + row, n_band)
     if TIMING:
@@ -150,6 +160,7 @@ def resolve_row(
         z_max,
         lo,
         n_lo,
+        below_lo,
         scratch,
         T1,
         NBISECT,
@@ -163,7 +174,7 @@ def resolve_row(
     if TIMING:
         tl.store(stamp + 7, cycles(n))  # after the decision
     n = tl.where(greedy, 1, n)
-    token, logprob, j = draw(z, ids, mass, n, greedy, k0, k1, z_max, T1)
+    token, logprob, j = draw(best, z, ids, mass, n, greedy, k0, k1, z_max, T1)
     if TIMING:
         tl.store(stamp + 8, cycles(token))  # after the draw
     # Greedy: the largest key of all candidates (its chunk always writes it), even when ties
@@ -189,7 +200,20 @@ def resolve_row(
             )
     else:
         best2, floor2 = best_sorted(
-            keys, z_all, listed, d_max, z_max, lo, n_lo, scratch + T1, T2, NBISECT, T2, stamp, False
+            keys,
+            z_all,
+            listed,
+            d_max,
+            z_max,
+            lo,
+            n_lo,
+            below_lo,
+            scratch + T1,
+            T2,
+            NBISECT,
+            T2,
+            stamp,
+            False,
         )
         n, undecided, z2, ids2, mass2 = decide(
             best2, floor2, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
@@ -216,7 +240,7 @@ def resolve_row(
                 )
                 undecided = undecided | (got > T2)
         if ~undecided:
-            token, logprob, j = draw(z2, ids2, mass2, n, greedy, k0, k1, z_max, T2)
+            token, logprob, j = draw(best2, z2, ids2, mass2, n, greedy, k0, k1, z_max, T2)
             if midx >= 0:
                 emitted = store_mask(
                     slot_row,
