@@ -103,22 +103,41 @@ def fallback_draw(x_row, temp, vocab, t_cut, k0, k1, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def gather_above(x_row, temp, vocab, t, scratch_row, LIMIT: tl.constexpr, BLOCK: tl.constexpr):
+def gather_above(
+    x_row,
+    temp,
+    vocab,
+    t,
+    seg_lo,
+    seg_hi,
+    keys,
+    z,
+    known,
+    scratch_row,
+    LIMIT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Every key of the row with z > t, sorted ([LIMIT], EMPTY_KEY after them), and their count.
 
-    One read of the row (it stops early once more than LIMIT keys qualify). The keys are all
-    tokens with z > t, an exact prefix of design order above the floor t, whatever pass 1
-    kept; when the count exceeds LIMIT the block holds only some of them and the caller must
-    not use it.
+    Outside tokens [seg_lo, seg_hi) the caller already holds every key with z > t: the
+    block `keys` (with their z) where `known` is set. Those are written first, then one read
+    of the segment adds its tokens above t (it stops early once more than LIMIT keys
+    qualify). The keys are all tokens with z > t, an exact prefix of design order above the
+    floor t, whatever pass 1 kept; when the count exceeds LIMIT the block holds only some of
+    them and the caller must not use it.
     """
     tl.debug_barrier()  # earlier reads of this scratch row before the stores below
-    written = tl.full([], 0, tl.int32)
-    start = 0
-    while (start < vocab) & (written <= LIMIT):
-        keys, z, _ = _row_keys(x_row, temp, vocab, start, BLOCK)
-        sel = z > t  # z = -inf (and a NaN, mapped to -inf) is never selected
+    sel = known & (z > t)
+    rank = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+    tl.store(scratch_row + rank, keys, mask=sel & (rank < LIMIT))
+    written = tl.sum(sel.to(tl.int32), axis=0)
+    start = seg_lo
+    end = tl.minimum(seg_hi, vocab)
+    while (start < end) & (written <= LIMIT):
+        b_keys, b_z, _ = _row_keys(x_row, temp, end, start, BLOCK)  # ids >= end read as -inf
+        sel = b_z > t  # z = -inf (and a NaN, mapped to -inf) is never selected
         rank = written + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-        tl.store(scratch_row + rank, keys, mask=sel & (rank < LIMIT))
+        tl.store(scratch_row + rank, b_keys, mask=sel & (rank < LIMIT))
         written += tl.sum(sel.to(tl.int32), axis=0)
         start += BLOCK
     tl.debug_barrier()  # the scattered stores before the block load

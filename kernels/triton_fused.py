@@ -130,6 +130,7 @@ def band_resolve_kernel(
             max_mask,
             cap,
             ncand,
+            SEG,
             CAND_BLOCK,
             NCH_BLOCK,
             T1,

@@ -372,6 +372,7 @@ def sample_triton(
             inp.max_mask_tokens,
             cap,
             cfg.ncand,
+            cfg.chunk,
             **resolve_meta,
             PDL=pdl,
             num_warps=resolve_warps,

@@ -74,6 +74,7 @@ def resolve_row(
     max_mask,
     cap,
     ncand,  # candidate slots per row (a runtime value: one compile serves every batch size)
+    seg_len,  # tokens per pass-1 segment (segment c: tokens [c * seg_len, (c + 1) * seg_len))
     CAND_BLOCK: tl.constexpr,
     NCH_BLOCK: tl.constexpr,
     T1: tl.constexpr,
@@ -220,21 +221,36 @@ def resolve_row(
         )
         x_row = x_ptr + row * stride_x
         if undecided:
-            # The rescue: one read of the row listing every token above t, the second-largest
-            # segment floor d_c, then the same decision with t as the floor. Why it works: the
-            # row floor d_max is the largest d_c, and a single segment can push it deep into
-            # S (a pass-1 lane keeps its two largest tokens, so a lane holding three of the
-            # row's top few hundred sets d_c at the third: with n tokens in S over L lanes in
-            # all, about n^3 / (6 L^2) of rows, 5% at n = 170 over 8 x 512 lanes). Every other
-            # segment is complete above t, so the tokens above t are about as many as a band
-            # usually lists. It is exact for any t, as it reads every token; when more than
-            # T2 lie above t (or t gains nothing on the floor) the bisection below decides.
+            # The rescue: list every token above t, the second-largest segment floor d_c, then
+            # the same decision with t as the floor. Why it works: the row floor d_max is the
+            # largest d_c, and a single segment can push it deep into S (a pass-1 lane keeps
+            # its two largest tokens, so a lane holding three of the row's top few hundred
+            # sets d_c at the third: with n tokens in S over L lanes in all, about
+            # n^3 / (6 L^2) of rows, 5% at n = 170 over 8 x 512 lanes). Every other segment is
+            # complete above t (its floor is at most t), so its candidates above t are all its
+            # tokens above t, and only the segment with the high floor is read again. The
+            # tokens above t are about as many as a band usually lists; when more than T2 lie
+            # above t (or t gains nothing on the floor) the bisection below decides.
             first = tl.min(tl.where(in_ch & (d_c == d_max), ch, NCH_BLOCK), axis=0)
             t = tl.max(tl.where(ch == first, float("-inf"), d_c), axis=0)
             known = tl.sum((z_all > t).to(tl.int32), axis=0)  # written candidates above t
             if (t < floor2) & (known <= T2):
                 fallback = tl.full([], 1, tl.int8)  # the band was not enough: counted
-                best2, got = gather_above(x_row, temp, vocab, t, scratch + T1, T2, FB_BLOCK)
+                others = (pos // (ncand // n_chunks)) != first  # slots of the other segments
+                best2, got = gather_above(
+                    x_row,
+                    temp,
+                    vocab,
+                    t,
+                    first * seg_len,
+                    (first + 1) * seg_len,
+                    keys,
+                    z_all,
+                    others,
+                    scratch + T1,
+                    T2,
+                    FB_BLOCK,
+                )
                 n, undecided, z2, ids2, mass2 = decide(
                     best2, t, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
                 )
@@ -359,6 +375,7 @@ def resolve_kernel(
     max_mask,
     cap,
     ncand,  # candidate slots per row (a runtime value: one compile serves every batch size)
+    seg_len,  # tokens per pass-1 segment (segment c: tokens [c * seg_len, (c + 1) * seg_len))
     CAND_BLOCK: tl.constexpr,
     NCH_BLOCK: tl.constexpr,
     T1: tl.constexpr,
@@ -409,6 +426,7 @@ def resolve_kernel(
         max_mask,
         cap,
         ncand,
+        seg_len,
         CAND_BLOCK,
         NCH_BLOCK,
         T1,

@@ -127,21 +127,23 @@ print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_r
 
 RESCUE = """
 # Rows whose band floor one segment pushes deep into S. Pass 1 keeps two tokens per lane and
-# KC = 8 per chunk, so segment 0 holding ten of S's 24 tokens, three of them in lane 0 (ids
-# 0, 16, 32, the 1st, 4th and 7th largest), leaves its d_c at a token of S: the band lists 6
-# (lanes) or 8 (band_kernel) tokens above the row floor, fewer than S needs. The other
-# segments are complete far lower, so one read of the row above the second-largest d_c
-# decides these rows without the bisection fallback. (On the model-shaped rows this
+# KC = 8 per chunk, so a segment holding ten of S's 24 tokens, three of them in its lane 0
+# (offsets 0, 16, 32: the 1st, 4th and 7th largest), leaves its d_c at a token of S: the band
+# lists 6 (lanes) or 8 (band_kernel) tokens above the row floor, fewer than S needs. The
+# other segments are complete far lower, so resolve lists every token above the
+# second-largest d_c from their candidates and one read of the bad segment, and decides these
+# rows without the bisection fallback. The bad segment differs per row, the last one (40
+# tokens, V not a multiple of the segment) included. (On the model-shaped rows this
 # reproduces, 3 of a row's top ~100-300 tokens share one of 8 x 512 lanes.)
-vocab = 1024
+vocab = 1000
 g = torch.Generator().manual_seed(11)
 b = 6
 x = torch.randn(b, vocab, generator=g)
-hot = [0, 1, 2, 16, 3, 4, 32, 5, 6, 7]  # segment 0, in rank order
-spread = [c * 64 + (5 * c) % 16 for c in range(1, 15)]  # one per later segment
 vals = 10.0 - 0.1 * torch.arange(24)
-for r in range(b):
-    rest = torch.tensor(spread)[torch.randperm(14, generator=g)]
+for r, bad in enumerate([0, 15, 7, 15, 3, 9]):
+    hot = [bad * 64 + o for o in (0, 1, 2, 16, 3, 4, 32, 5, 6, 7)]  # in rank order
+    spread = [c * 64 + (5 * c) % 16 for c in range(16) if c != bad]  # one per other segment
+    rest = torch.tensor(spread)[torch.randperm(15, generator=g)[:14]]
     x[r, torch.tensor(hot + rest.tolist())] = vals
 temp = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.7])
 k = torch.tensor([-1, -1, -1, 20, -1, -1], dtype=torch.int32)
@@ -397,13 +399,14 @@ def test_lanes_keeping_three_tokens_decide_without_the_rescue(interpreted: Inter
 
 
 @pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
-def test_one_bad_segment_decides_from_one_read_of_the_row(
+def test_one_bad_segment_decides_from_one_read_of_that_segment(
     lanes: int, interpreted: Interpreted
 ) -> None:
     """A segment whose pass-1 floor lies inside S (three of S's tokens in one lane, or more
     than KC in one chunk): resolve_kernel lists every token above the second-largest segment
-    floor in one read of the row and decides, equal to the oracle, instead of bisecting over
-    the row. The band was not enough, so the rows are counted as fallback rows."""
+    floor (the other segments' candidates and one read of the bad segment) and decides,
+    equal to the oracle, instead of bisecting over the row. The band was not enough, so the
+    rows are counted as fallback rows."""
     out = interpreted(PRELUDE + f"LANES = {lanes}\n" + RESCUE)
     assert out["ok"], out["errors"]
     assert all(s > n for s, n in zip(out["sizes"], out["band"], strict=True)), out
