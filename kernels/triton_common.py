@@ -99,17 +99,8 @@ def unpack_id(keys):
 # values, so independent sums and maxima share its shuffles and barriers. resolve_kernel is
 # latency-bound (one program per row), and each separate reduction costs ~0.2 us of it.
 @triton.jit
-def rescale(s, m, to):
-    """A sum of exp(z - m) re-expressed relative to `to` >= m (0 when m is -inf)."""
-    return tl.where(m > float("-inf"), s * tl.exp(m - to), 0.0)
-
-
-@triton.jit
-def logsum_max2(m0, s0, a0, b0, m1, s1, a1, b1):
-    """(max, sum of exp relative to that max) pairs merged, and two plain maxima: a row's
-    segment statistics in one reduction."""
-    m = tl.maximum(m0, m1)
-    return m, rescale(s0, m0, m) + rescale(s1, m1, m), tl.maximum(a0, a1), tl.maximum(b0, b1)
+def max3(a0, a1, a2, b0, b1, b2):
+    return tl.maximum(a0, b0), tl.maximum(a1, b1), tl.maximum(a2, b2)
 
 
 @triton.jit
