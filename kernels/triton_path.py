@@ -61,10 +61,6 @@ MAX_TILES = 32
 # programs of 40 but only 4 of 64 (at 40 the sm_90 code does not spill). On the H200, B=128
 # fp32: 32.9 us at 40, 33.5 at 64 (bench variant n0).
 PASS1_REGS = 40
-# Registers per thread for resolve with 8 warps (and the fused launch, whose resolve part sets
-# its count): left to itself, ptxas gives the sm_90 code 204, one program an SM; at 128 it
-# keeps two (8 bytes of spill), as many as before resolve merged its reductions.
-RESOLVE_REGS = 128
 # Launches of at most this many pass-1 programs resolve each row in the same launch, in the
 # program that finishes the row's last segment (kernels/triton_fused.py): B = 1 saves a launch
 # gap. Larger launches keep two: compiled for sm_90, the fused kernel takes resolve's 128
@@ -356,11 +352,9 @@ def sample_triton(
             KEEP=cfg.keep,
             **resolve_meta,
             num_warps=BAND_WARPS,
-            maxnreg=RESOLVE_REGS,
         )
     else:
         launch_band(x, inp.temperature, *stats, cfg, pdl=pdl)
-        resolve_warps = cfg.resolve_warps or (8 if cand_block >= 2048 else 4)
         resolve_kernel[(batch,)](
             *stats,
             x,
@@ -375,8 +369,7 @@ def sample_triton(
             cfg.chunk,
             **resolve_meta,
             PDL=pdl,
-            num_warps=resolve_warps,
-            **({"maxnreg": RESOLVE_REGS} if resolve_warps == 8 else {}),
+            num_warps=cfg.resolve_warps or (8 if cand_block >= 2048 else 4),
             **({"launch_pdl": True} if pdl else {}),
         )
 
