@@ -58,14 +58,7 @@ def counts_below(listed, z, q1, q2, q3):
 
 @triton.jit
 def best_sorted(
-    keys,
-    z,
-    listed,
-    d_max,
-    z_max,
-    lo,
-    n_lo,
-    below_lo,
+    cands,
     scratch,
     LIMIT: tl.constexpr,
     NBISECT: tl.constexpr,
@@ -75,15 +68,17 @@ def best_sorted(
 ):
     """The best (at most LIMIT) listed candidates, sorted, and the new floor below them.
 
-    keys, z, listed: [CAND_BLOCK] unsorted candidates; lo: the lowest z worth sorting
-    (max(d_max, z_max - 30)), n_lo the listed candidates with z >= lo and below_lo the largest
-    listed z below lo, which the caller reduces along with values it needs anyway. Returns
+    cands = (keys, z, listed, d_max, z_max, lo, n_lo, below_lo): [CAND_BLOCK] unsorted
+    candidates with their z and whether they lie above the floor d_max; lo the lowest z worth
+    sorting (max(d_max, z_max - 30)), n_lo the listed candidates with z >= lo and below_lo the
+    largest listed z below lo, which the caller reduces along with values it needs anyway. Returns
     ([LIMIT] sorted keys, floor): every token with z > floor is among the returned keys. The
     threshold search stops once at least STOP candidates are picked (STOP = LIMIT: the full
     search). With TIMING, stamps the cycle counter at stamp[0..3] after the threshold search,
     the pick count (a reduction only when the search left hi at the row max), the gather (the
     scan that ranks the picks, their scatter and the block load) and the sort.
     """
+    keys, z, listed, d_max, z_max, lo, n_lo, below_lo = cands
     n_pick = n_lo
     below = below_lo
     if n_lo > LIMIT:

@@ -153,22 +153,8 @@ def resolve_row(
 
     # The first tier's search stops once it holds 3/4 of T1 (most rows need far fewer); the
     # second's runs in full, since a row there may need all of it.
-    best, floor = best_sorted(
-        keys,
-        z_all,
-        listed,
-        d_max,
-        z_max,
-        lo,
-        n_lo,
-        below_lo,
-        scratch,
-        T1,
-        NBISECT,
-        T1 * 3 // 4,
-        stamp + 3,
-        TIMING,
-    )
+    cands = (keys, z_all, listed, d_max, z_max, lo, n_lo, below_lo)
+    best, floor = best_sorted(cands, scratch, T1, NBISECT, T1 * 3 // 4, stamp + 3, TIMING)
     n, undecided, z, ids, mass = decide(
         best, floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T1
     )
@@ -200,22 +186,7 @@ def resolve_row(
                 bounded,
             )
     else:
-        best2, floor2 = best_sorted(
-            keys,
-            z_all,
-            listed,
-            d_max,
-            z_max,
-            lo,
-            n_lo,
-            below_lo,
-            scratch + T1,
-            T2,
-            NBISECT,
-            T2,
-            stamp,
-            False,
-        )
+        best2, floor2 = best_sorted(cands, scratch + T1, T2, NBISECT, T2, stamp, False)
         n, undecided, z2, ids2, mass2 = decide(
             best2, floor2, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
         )
