@@ -138,11 +138,6 @@ def add3(a0, a1, a2, b0, b1, b2):
 
 
 @triton.jit
-def add2_max1(a0, a1, a2, b0, b1, b2):
-    return a0 + b0, a1 + b1, tl.maximum(a2, b2)
-
-
-@triton.jit
 def max1_add1(a0, a1, b0, b1):
     return tl.maximum(a0, b0), a1 + b1
 
@@ -158,20 +153,6 @@ def add4(a0, a1, a2, a3, b0, b1, b2, b3):
 def quarters(lo, hi):
     q = (hi - lo) * 0.25
     return lo + q, lo + 2.0 * q, lo + 3.0 * q
-
-
-@triton.jit
-def counts_at(keep, v, q1, q2, q3, AXIS: tl.constexpr):
-    """How many kept v are >= each threshold, reduced along AXIS in one reduction."""
-    return tl.reduce(
-        (
-            (keep & (v >= q1)).to(tl.int32),
-            (keep & (v >= q2)).to(tl.int32),
-            (keep & (v >= q3)).to(tl.int32),
-        ),
-        AXIS,
-        add3,
-    )
 
 
 @triton.jit
