@@ -45,6 +45,8 @@ SETTINGS = {  # name: (top_k, top_p, min_p)
 ALPHA = 1.6
 CAP = 4096
 N_BUFFERS = 4
+GRID_VOCABS = [151936, 32000, 262144]  # the grid, the target vocabulary first
+GRID_BATCHES = [128, 1, 8, 32, 512]  # the target batch first
 STEADY_CALLS = 8  # samples per graph in the steady-state columns (two rounds of the buffers)
 # Pass-1 variants (band_config keyword arguments): the default (band_lanes_kernel, segments
 # by batch), the older band_kernel, lanes (l<lanes>), explicit segment sizes (s<tokens>) and
@@ -280,7 +282,13 @@ def main() -> None:
         cpu_bench(out)
         return
     cases = []
-    if args.quick:
+    if args.batches or args.vocabs or args.dtypes:  # a slice of the grid (or other batches)
+        batches = [int(b) for b in args.batches.split(",") if b] or sorted(GRID_BATCHES)
+        vocabs = [int(v) for v in args.vocabs.split(",") if v] or GRID_VOCABS
+        dtypes = [getattr(torch, d) for d in args.dtypes.split(",") if d] or [torch.float32]
+        for dtype, vocab, batch, setting in itertools.product(dtypes, vocabs, batches, settings):
+            cases.append((batch, vocab, dtype, setting, False))
+    elif args.quick:
         for batch, setting in itertools.product([1, 128], settings):
             cases.append((batch, 151936, torch.float32, setting, False))
         for setting in settings:
@@ -288,25 +296,13 @@ def main() -> None:
         if not args.no_flat:
             cases.append((128, 151936, torch.float32, "p0.95", True))
     else:  # the target cases first, so a run cut short still has them
-        for vocab, batch, setting in itertools.product(
-            [151936, 32000, 262144], [128, 1, 8, 32, 512], SETTINGS
-        ):
+        for vocab, batch, setting in itertools.product(GRID_VOCABS, GRID_BATCHES, SETTINGS):
             cases.append((batch, vocab, torch.float32, setting, False))
         for batch in (1, 128):
             cases.append((batch, 151936, torch.float32, "p0.95", True))
             cases.append((batch, 151936, torch.float32, "minp0.05", True))
-        for vocab, batch, setting in itertools.product(
-            [151936, 32000, 262144], [1, 8, 32, 128, 512], SETTINGS
-        ):
+        for vocab, batch, setting in itertools.product(GRID_VOCABS, sorted(GRID_BATCHES), SETTINGS):
             cases.append((batch, vocab, torch.bfloat16, setting, False))
-    if args.batches or args.vocabs or args.dtypes:  # a slice of the grid (or other batches)
-        batches = [int(b) for b in args.batches.split(",") if b] or [1, 8, 32, 128, 512]
-        vocabs = [int(v) for v in args.vocabs.split(",") if v] or [151936, 32000, 262144]
-        dtypes = [getattr(torch, d) for d in args.dtypes.split(",") if d] or [torch.float32]
-        cases = [
-            (batch, vocab, dtype, setting, False)
-            for dtype, vocab, batch, setting in itertools.product(dtypes, vocabs, batches, settings)
-        ]
     rows = []
     header = (
         f"{'B':>4} {'V':>7} {'dtype':>8} {'setting':>9} {'logits':>9} {'H':>5} "
