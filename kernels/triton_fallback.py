@@ -117,7 +117,8 @@ def gather_above(
     LIMIT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Every key of the row with z > t, sorted ([LIMIT], EMPTY_KEY after them), and their count.
+    """Every key of the row with z > t, unsorted ([LIMIT], EMPTY_KEY after them), and their
+    count.
 
     Outside tokens [seg_lo, seg_hi) the caller already holds every key with z > t: the
     block `keys` (with their z) where `known` is set. Those are written first, then one read
@@ -142,8 +143,7 @@ def gather_above(
         start += BLOCK
     tl.debug_barrier()  # the scattered stores before the block load
     slots = tl.arange(0, LIMIT)
-    got = tl.load(scratch_row + slots, mask=slots < written, other=EMPTY_KEY)
-    return tl.sort(got, 0, descending=True), written
+    return tl.load(scratch_row + slots, mask=slots < written, other=EMPTY_KEY), written
 
 
 @triton.jit

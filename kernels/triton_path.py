@@ -69,6 +69,9 @@ PASS1_REGS = 40
 FUSE_PROGRAMS = 256
 RESOLVE_BISECT = 8  # halvings of the threshold search picking a tier's best (done in quarters)
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
+# The rescue gathers up to this many second tiers of keys above its floor, then picks the
+# best second tier of them (kernels/triton_resolve.py).
+RESCUE_TIERS = 4
 FB_BLOCK = 2048
 # Largest mask a row may emit on CUDA: the fallback sorts up to this many keys in registers.
 MAX_CAP = 16384
@@ -285,7 +288,8 @@ def sample_triton(
     cap_block = triton.next_power_of_2(cap)
     cand_block = triton.next_power_of_2(cfg.ncand)
     t1, t2 = (min(t, cand_block) for t in TIERS)
-    scratch = torch.empty(batch, t1 + t2 + cap_block, dtype=torch.int64, device=dev)
+    rescue = RESCUE_TIERS * t2
+    scratch = torch.empty(batch, t1 + t2 + max(cap_block, rescue), dtype=torch.int64, device=dev)
     if inp.seed is None:
         seed = torch.randint(-(2**63), 2**63 - 1, (batch,), dtype=torch.int64, device=dev)
     else:
@@ -321,6 +325,7 @@ def sample_triton(
         "T1": t1,
         "T2": t2,
         "CAP_BLOCK": cap_block,
+        "RESCUE": rescue,
         "FB_BLOCK": FB_BLOCK,
         "NBISECT": RESOLVE_BISECT,
         "HAS_STEP": inp.step is not None,

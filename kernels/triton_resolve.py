@@ -20,6 +20,7 @@ from kernels.triton_common import (
     GREEDY_T,
     add2_max2,
     cycles,
+    max1_add1,
     max3,
     row_keys,
     unpack_id,
@@ -68,7 +69,7 @@ def resolve_row(
     slot_ptr,  # [R] int64, [R] int8, [R, cap] int32
     offsets_ptr,  # [R + 1] int64 CSR offsets: row 0 writes the leading 0
     direct,  # 1: R == 1, the slot is the CSR ids and the row also writes offsets[1]
-    scratch_ptr,  # [B, T1 + T2 + CAP_BLOCK] int64 compaction space
+    scratch_ptr,  # [B, T1 + T2 + max(CAP_BLOCK, RESCUE)] int64 compaction space
     vocab,
     n_chunks,
     max_mask,
@@ -80,6 +81,7 @@ def resolve_row(
     T1: tl.constexpr,
     T2: tl.constexpr,
     CAP_BLOCK: tl.constexpr,
+    RESCUE: tl.constexpr,  # keys the rescue gathers at most (a multiple of T2)
     FB_BLOCK: tl.constexpr,
     NBISECT: tl.constexpr,
     HAS_STEP: tl.constexpr,
@@ -132,7 +134,7 @@ def resolve_row(
     m_on = min_p > 0.0
     k0, k1 = row_keys(seed, step)
     slot_row = slot_ptr + midx * cap
-    scratch = scratch_ptr + row * (T1 + T2 + CAP_BLOCK)
+    scratch = scratch_ptr + row * (T1 + T2 + tl.maximum(CAP_BLOCK, RESCUE))
 
     z_all = tl.where(keys == EMPTY_KEY, float("-inf"), unpack_z(keys))  # pass 1's exact z
     listed = z_all > d_max  # every token with z > d_max is a candidate
@@ -199,16 +201,19 @@ def resolve_row(
             # sets d_c at the third: with n tokens in S over L lanes in all, about
             # n^3 / (6 L^2) of rows, 5% at n = 170 over 8 x 512 lanes). Every other segment is
             # complete above t (its floor is at most t), so its candidates above t are all its
-            # tokens above t, and only the segment with the high floor is read again. The
-            # tokens above t are about as many as a band usually lists; when more than T2 lie
-            # above t (or t gains nothing on the floor) the bisection below decides.
+            # tokens above t, and only the segment with the high floor is read again. Up to
+            # RESCUE tokens above t are gathered, and the second tier's pick takes the best
+            # T2 of them (t the floor, or the largest gathered z left out): a row whose
+            # support fits in T2 decides even with a few thousand tokens above t. When more
+            # than RESCUE lie above t (or t gains nothing on the floor) the bisection below
+            # decides.
             first = tl.min(tl.where(in_ch & (d_c == d_max), ch, NCH_BLOCK), axis=0)
             t = tl.max(tl.where(ch == first, float("-inf"), d_c), axis=0)
             known = tl.sum((z_all > t).to(tl.int32), axis=0)  # written candidates above t
-            if (t < floor2) & (known <= T2):
+            if (t < floor2) & (known <= RESCUE):
                 fallback = tl.full([], 1, tl.int8)  # the band was not enough: counted
                 others = (pos // (ncand // n_chunks)) != first  # slots of the other segments
-                best2, got = gather_above(
+                r_keys, got = gather_above(
                     x_row,
                     temp,
                     vocab,
@@ -218,14 +223,41 @@ def resolve_row(
                     keys,
                     z_all,
                     others,
-                    scratch + T1,
-                    T2,
+                    scratch + T1 + T2,
+                    RESCUE,
                     FB_BLOCK,
                 )
-                n, undecided, z2, ids2, mass2 = decide(
-                    best2, t, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
+                r_z = tl.where(r_keys == EMPTY_KEY, float("-inf"), unpack_z(r_keys))
+                r_listed = r_z > t
+                r_lo = tl.maximum(t, z_max - 30.0)
+                r_below, r_n_lo = tl.reduce(
+                    (
+                        tl.where(r_listed & (r_z < r_lo), r_z, float("-inf")),
+                        (r_listed & (r_z >= r_lo)).to(tl.int32),
+                    ),
+                    0,
+                    max1_add1,
                 )
-                undecided = undecided | (got > T2)
+                best2, r_floor = best_sorted(
+                    r_keys,
+                    r_z,
+                    r_listed,
+                    t,
+                    z_max,
+                    r_lo,
+                    r_n_lo,
+                    r_below,
+                    scratch + T1,
+                    T2,
+                    NBISECT,
+                    T2,
+                    stamp,
+                    False,
+                )
+                n, undecided, z2, ids2, mass2 = decide(
+                    best2, r_floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
+                )
+                undecided = undecided | (got > RESCUE)
         if ~undecided:
             token, logprob, j = draw(best2, z2, ids2, mass2, n, greedy, k0, k1, z_max, T2)
             if midx >= 0:
@@ -340,7 +372,7 @@ def resolve_kernel(
     slot_ptr,  # [R] int64, [R] int8, [R, cap] int32
     offsets_ptr,  # [R + 1] int64 CSR offsets: row 0 writes the leading 0
     direct,  # 1: R == 1, the slot is the CSR ids and the row also writes offsets[1]
-    scratch_ptr,  # [B, T1 + T2 + CAP_BLOCK] int64 compaction space
+    scratch_ptr,  # [B, T1 + T2 + max(CAP_BLOCK, RESCUE)] int64 compaction space
     vocab,
     n_chunks,
     max_mask,
@@ -352,6 +384,7 @@ def resolve_kernel(
     T1: tl.constexpr,
     T2: tl.constexpr,
     CAP_BLOCK: tl.constexpr,
+    RESCUE: tl.constexpr,  # keys the rescue gathers at most (a multiple of T2)
     FB_BLOCK: tl.constexpr,
     NBISECT: tl.constexpr,
     HAS_STEP: tl.constexpr,
@@ -403,6 +436,7 @@ def resolve_kernel(
         T1,
         T2,
         CAP_BLOCK,
+        RESCUE,
         FB_BLOCK,
         NBISECT,
         HAS_STEP,

@@ -125,6 +125,15 @@ print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_r
                   "sizes": tri.support_sizes.tolist(), "cpu_sizes": cpu.support_sizes.tolist()}))
 """
 
+NO_BISECTION = """
+import kernels.triton_resolve
+
+def no_bisection(*args, **kwargs):  # the interpreter runs resolve_row as Python
+    raise AssertionError("the bisection fallback ran")
+
+kernels.triton_resolve.fallback_support = no_bisection
+"""
+
 RESCUE = """
 # Rows whose band floor one segment pushes deep into S. Pass 1 keeps two tokens per lane and
 # KC = 8 per chunk, so a segment holding ten of S's 24 tokens, three of them in its lane 0
@@ -157,6 +166,35 @@ tri = sample_triton(inp, band_config(vocab, chunk=64, kc=8, lanes=LANES), band_s
 cpu = sample_torch(inp)
 ref = reference(x, temp, k, p, mp)
 rep = check_result(tri, ref, want, None, 64)
+print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
+                  "band": band.tolist(), "sizes": tri.support_sizes.tolist(),
+                  "cpu_sizes": cpu.support_sizes.tolist(), "masks": tri.masks() == cpu.masks(),
+                  "tokens": torch.equal(tri.tokens, cpu.tokens)}))
+"""
+
+RESCUE_WIDE = """
+# More tokens above the rescue's floor than the second tier holds. With KC = 4, 16 segments
+# of 64 make 64 candidate slots, so both tiers hold 64 keys and the rescue gathers up to 256.
+# A segment whose 64 tokens are the row's best writes 4 of them and sets the row floor
+# inside S (30-50 tokens); the rescue then finds its 64 tokens and the other segments'
+# few above t, more than 64, and picks the best 64 of them to decide.
+vocab = 1000
+g = torch.Generator().manual_seed(5)
+bads = [0, 6, 11, 14, 3]
+b = len(bads)
+x = torch.randn(b, vocab, generator=g) * 0.5
+for r, bad in enumerate(bads):
+    x[r, bad * 64 + torch.randperm(64, generator=g)] = 10.0 - 0.05 * torch.arange(64.0)
+temp = torch.ones(b)
+k = torch.tensor([-1, -1, 60, -1, -1], dtype=torch.int32)
+p = torch.tensor([0.9, 0.8, 0.9, 1.0, 0.95])
+mp = torch.tensor([0.0, 0.0, 0.0, 0.2, 0.0])
+want = torch.ones(b, dtype=torch.bool)
+inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=64, seed=torch.arange(b))
+band = torch.empty(b, dtype=torch.int64)
+tri = sample_triton(inp, band_config(vocab, chunk=64, kc=4, lanes=LANES), band_sizes=band)
+cpu = sample_torch(inp)
+rep = check_result(tri, reference(x, temp, k, p, mp), want, None, 64)
 print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
                   "band": band.tolist(), "sizes": tri.support_sizes.tolist(),
                   "cpu_sizes": cpu.support_sizes.tolist(), "masks": tri.masks() == cpu.masks(),
@@ -407,9 +445,23 @@ def test_one_bad_segment_decides_from_one_read_of_that_segment(
     floor (the other segments' candidates and one read of the bad segment) and decides,
     equal to the oracle, instead of bisecting over the row. The band was not enough, so the
     rows are counted as fallback rows."""
-    out = interpreted(PRELUDE + f"LANES = {lanes}\n" + RESCUE)
+    out = interpreted(PRELUDE + NO_BISECTION + f"LANES = {lanes}\n" + RESCUE)
     assert out["ok"], out["errors"]
     assert all(s > n for s, n in zip(out["sizes"], out["band"], strict=True)), out
     assert out["fallback"] == [True] * 6
     assert out["sizes"] == out["cpu_sizes"]
     assert out["masks"] and out["tokens"]
+
+
+@pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
+def test_rescue_picks_the_best_of_more_tokens_than_a_tier_holds(
+    lanes: int, interpreted: Interpreted
+) -> None:
+    """A bad segment with more tokens above the second-largest floor than the second tier
+    holds: the rescue gathers them all (up to four tiers), picks the best tier and decides,
+    equal to the oracle, without the bisection (which the check replaces with an error)."""
+    out = interpreted(PRELUDE + NO_BISECTION + f"LANES = {lanes}\n" + RESCUE_WIDE)
+    assert out["ok"], out["errors"]
+    assert out["band"] == [4] * 5 and min(out["sizes"]) > 4  # the floor inside S
+    assert out["fallback"] == [True] * 5
+    assert out["sizes"] == out["cpu_sizes"] and out["masks"] and out["tokens"]
