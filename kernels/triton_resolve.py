@@ -238,22 +238,8 @@ def resolve_row(
                     0,
                     max1_add1,
                 )
-                best2, r_floor = best_sorted(
-                    r_keys,
-                    r_z,
-                    r_listed,
-                    t,
-                    z_max,
-                    r_lo,
-                    r_n_lo,
-                    r_below,
-                    scratch + T1,
-                    T2,
-                    NBISECT,
-                    T2,
-                    stamp,
-                    False,
-                )
+                r_cands = (r_keys, r_z, r_listed, t, z_max, r_lo, r_n_lo, r_below)
+                best2, r_floor = best_sorted(r_cands, scratch + T1, T2, NBISECT, T2, stamp, False)
                 n, undecided, z2, ids2, mass2 = decide(
                     best2, r_floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
                 )
