@@ -208,6 +208,34 @@ def test_bad_segment_and_confident_rows_match_oracle(dtype: torch.dtype) -> None
     assert not bool(res.fallback_rows[confident_topk].any())
 
 
+def test_rescue_with_more_tokens_than_a_tier_matches_oracle() -> None:
+    """A bad segment with 1500 tokens far above the rest of the row, at B = 128's pass-1
+    shape (V = 151936): it writes KC of them, so the row floor lies inside S (about 460
+    tokens at top-p 0.9), and more than T2 = 1024 tokens lie above the second-largest
+    floor. The rescue gathers them all and picks the best 1024 to decide; before, such a
+    row took the bisection (same answer, 64-128 reads of the row)."""
+    vocab, rows = 151936, 128
+    cfg = band_config(vocab, batch=rows)
+    g = torch.Generator().manual_seed(23)
+    x = torch.randn(rows, vocab, generator=g) - 10.0
+    for r in range(rows):
+        seg = r % cfg.n_chunks
+        ids = seg * cfg.chunk + torch.randperm(min(cfg.chunk, vocab - seg * cfg.chunk), generator=g)
+        x[r, ids[:1500]] = 10.0 - 0.005 * torch.arange(1500.0)
+    idx = torch.arange(rows)
+    batch = {
+        "logits": x,
+        "temperature": torch.ones(rows),
+        "top_k": torch.where(idx % 4 == 1, 600, -1).to(torch.int32),
+        "top_p": torch.tensor([0.9, 0.9, 0.8, 0.95])[idx % 4],
+        "min_p": torch.zeros(rows),
+    }
+    batch = {k: v.cuda() for k, v in batch.items()}
+    want = torch.ones(rows, dtype=torch.bool)
+    res = run_checked("rescue beyond a tier", batch, want, 4096, pass1=None)
+    assert int(res.support_sizes.max()) <= 1024 and bool(res.fallback_rows.all())
+
+
 def test_seeded_tokens_batch_invariant_and_match_cpu() -> None:
     vocab = 32000
     g = torch.Generator().manual_seed(9)
