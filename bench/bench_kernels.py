@@ -81,6 +81,7 @@ VARIANTS = {
     "l512s25kk3": {"lanes": 512, "chunk": 25600, "keep": 3},
     "r2": {"resolve_warps": 2},
     "r4": {"resolve_warps": 4},
+    "rr128": {"resolve_regs": 128},  # resolve_kernel capped at 128 registers: 2 programs an SM
 }
 
 

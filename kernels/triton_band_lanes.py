@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.triton_band import store_stats
 from kernels.triton_common import GREEDY_T, add3, exact_z, keep_quarter, pack_key, quarters
@@ -322,9 +322,13 @@ def band_lanes_kernel(
     DELTA: tl.constexpr,
     NBISECT: tl.constexpr,
     KEEP: tl.constexpr,
-    PDL: tl.constexpr = False,  # launched as the primary of a programmatic dependent launch
+    PDL: tl.constexpr = False,  # programmatic dependent launch on both sides (sm_90+)
 ):
-    if PDL:  # resolve_kernel may start launching now; it waits for this grid to finish
+    if PDL:
+        # Launched as a dependent of the kernel before (launch_pdl): wait for it to finish and
+        # its writes to be visible before any read. Then resolve_kernel may start launching;
+        # it waits for this grid in turn.
+        gdc_wait()
         gdc_launch_dependents()
     lanes_pass(
         tl.program_id(0).to(tl.int64),

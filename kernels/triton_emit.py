@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -24,6 +24,7 @@ def emit_kernel(
 ):
     if PDL:
         gdc_wait()  # resolve_kernel finished, its counts and slots visible
+        gdc_launch_dependents()  # the next sample's pass 1 may launch (it waits in turn)
     r = tl.program_id(0)
     rr = tl.arange(0, R_BLOCK)
     start = tl.sum(tl.load(cnt_ptr + rr, mask=rr < r, other=0), axis=0)

@@ -108,8 +108,9 @@ def gather_above(
     temp,
     vocab,
     t,
-    seg_lo,
-    seg_hi,
+    d_row,
+    n_chunks,
+    seg_len,
     keys,
     z,
     known,
@@ -120,27 +121,32 @@ def gather_above(
     """Every key of the row with z > t, unsorted ([LIMIT], EMPTY_KEY after them), and their
     count.
 
-    Outside tokens [seg_lo, seg_hi) the caller already holds every key with z > t: the
-    block `keys` (with their z) where `known` is set. Those are written first, then one read
-    of the segment adds its tokens above t (it stops early once more than LIMIT keys
-    qualify). The keys are all tokens with z > t, an exact prefix of design order above the
-    floor t, whatever pass 1 kept; when the count exceeds LIMIT the block holds only some of
-    them and the caller must not use it.
+    d_row: the row's pass-1 segment floors ([n_chunks], segment c holds tokens
+    [c * seg_len, (c + 1) * seg_len)). A segment whose floor is at most t is complete above
+    t, and the caller already holds its keys above t: the block `keys` (with their z) where
+    `known` is set. Those are written first, then one read of each other segment adds its
+    tokens above t (it stops early once more than LIMIT keys qualify). The keys are all
+    tokens with z > t, an exact prefix of design order above the floor t, whatever pass 1
+    kept; when the count exceeds LIMIT the block holds only some of them and the caller must
+    not use it.
     """
     tl.debug_barrier()  # earlier reads of this scratch row before the stores below
     sel = known & (z > t)
     rank = tl.cumsum(sel.to(tl.int32), axis=0) - 1
     tl.store(scratch_row + rank, keys, mask=sel & (rank < LIMIT))
     written = tl.sum(sel.to(tl.int32), axis=0)
-    start = seg_lo
-    end = tl.minimum(seg_hi, vocab)
-    while (start < end) & (written <= LIMIT):
-        b_keys, b_z, _ = _row_keys(x_row, temp, end, start, BLOCK)  # ids >= end read as -inf
-        sel = b_z > t  # z = -inf (and a NaN, mapped to -inf) is never selected
-        rank = written + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-        tl.store(scratch_row + rank, b_keys, mask=sel & (rank < LIMIT))
-        written += tl.sum(sel.to(tl.int32), axis=0)
-        start += BLOCK
+    for c in range(0, n_chunks):
+        start = c * seg_len
+        end = tl.minimum(start + seg_len, vocab)
+        if tl.load(d_row + c, cache_modifier=".cg") <= t:
+            end = start  # complete above t: its candidates were written above
+        while (start < end) & (written <= LIMIT):
+            b_keys, b_z, _ = _row_keys(x_row, temp, end, start, BLOCK)  # ids >= end: -inf
+            sel = b_z > t  # z = -inf (and a NaN, mapped to -inf) is never selected
+            rank = written + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            tl.store(scratch_row + rank, b_keys, mask=sel & (rank < LIMIT))
+            written += tl.sum(sel.to(tl.int32), axis=0)
+            start += BLOCK
     tl.debug_barrier()  # the scattered stores before the block load
     slots = tl.arange(0, LIMIT)
     return tl.load(scratch_row + slots, mask=slots < written, other=EMPTY_KEY), written

@@ -72,6 +72,9 @@ TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first 
 # The rescue gathers up to this many second tiers of keys above its floor, then picks the
 # best second tier of them (kernels/triton_resolve.py).
 RESCUE_TIERS = 4
+# Rounds of the rescue at most: round r reads the r segments with the highest floors again
+# (two bad segments in one row were one rescued row in five at B = 256 on the H200).
+RESCUE_ROUNDS = 3
 FB_BLOCK = 2048
 # Largest mask a row may emit on CUDA: the fallback sorts up to this many keys in registers.
 MAX_CAP = 16384
@@ -88,7 +91,8 @@ class BandConfig:
     warps: int = BAND_WARPS  # pass 1's warps (lanes only; the fused launch keeps BAND_WARPS)
     keep: int = 2  # tokens a pass-1 lane keeps, 2 or 3 (lanes only)
     regs: int = 0  # pass 1's registers per thread (lanes only, not fused); 0: the compiler's
-    pdl: bool = True  # programmatic dependent launch between the split path's kernels (sm_90+)
+    pdl: bool = True  # programmatic dependent launches between the split path's kernels (sm_90+)
+    resolve_regs: int = 0  # resolve_kernel's registers per thread; 0: the compiler's
 
     @property
     def ncand(self) -> int:
@@ -107,6 +111,7 @@ def band_config(
     keep: int = 2,
     regs: int | None = None,
     pdl: bool = True,
+    resolve_regs: int = 0,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
@@ -146,6 +151,7 @@ def band_config(
         keep=keep,
         regs=regs,
         pdl=pdl,
+        resolve_regs=resolve_regs,
     )
 
 
@@ -211,8 +217,9 @@ def launch_band(
     nbisect: int = NBISECT,
     pdl: bool = False,
 ) -> None:
-    """Pass 1: one program per segment (band_lanes_kernel) or per chunk (band_kernel). pdl:
-    the next launch (resolve_kernel) is a programmatic dependent launch."""
+    """Pass 1: one program per segment (band_lanes_kernel) or per chunk (band_kernel). pdl
+    (band_lanes_kernel only): a programmatic dependent launch of the kernel before, and the
+    primary of the next (resolve_kernel)."""
     batch, vocab = x.shape
     common = (x, temperature, cand_key, m_c, s_c, d_c, x.stride(0), vocab, cfg.n_chunks)
     consts = {"KC": cfg.kc, "DELTA": DELTA, "NBISECT": nbisect}
@@ -226,6 +233,7 @@ def launch_band(
             PDL=pdl,
             num_warps=cfg.warps,
             **({"maxnreg": cfg.regs} if cfg.regs else {}),
+            **({"launch_pdl": True} if pdl else {}),
         )
     else:
         band_kernel[(batch, cfg.n_chunks)](*common, CHUNK=cfg.chunk, **consts, num_warps=BAND_WARPS)
@@ -326,6 +334,7 @@ def sample_triton(
         "T2": t2,
         "CAP_BLOCK": cap_block,
         "RESCUE": rescue,
+        "RESCUE_ROUNDS": RESCUE_ROUNDS,
         "FB_BLOCK": FB_BLOCK,
         "NBISECT": RESOLVE_BISECT,
         "HAS_STEP": inp.step is not None,
@@ -375,6 +384,7 @@ def sample_triton(
             **resolve_meta,
             PDL=pdl,
             num_warps=cfg.resolve_warps or (8 if cand_block >= 2048 else 4),
+            **({"maxnreg": cfg.resolve_regs} if cfg.resolve_regs else {}),
             **({"launch_pdl": True} if pdl else {}),
         )
 

@@ -82,6 +82,7 @@ def resolve_row(
     T2: tl.constexpr,
     CAP_BLOCK: tl.constexpr,
     RESCUE: tl.constexpr,  # keys the rescue gathers at most (a multiple of T2)
+    RESCUE_ROUNDS: tl.constexpr,  # rounds of the rescue at most (each reads a segment more)
     FB_BLOCK: tl.constexpr,
     NBISECT: tl.constexpr,
     HAS_STEP: tl.constexpr,
@@ -194,56 +195,72 @@ def resolve_row(
         )
         x_row = x_ptr + row * stride_x
         if undecided:
-            # The rescue: list every token above t, the second-largest segment floor d_c, then
-            # the same decision with t as the floor. Why it works: the row floor d_max is the
+            # The rescue: list every token above t, a segment floor d_c below d_max, then the
+            # same decision with t as the floor. Why it works: the row floor d_max is the
             # largest d_c, and a single segment can push it deep into S (a pass-1 lane keeps
             # its two largest tokens, so a lane holding three of the row's top few hundred
             # sets d_c at the third: with n tokens in S over L lanes in all, about
-            # n^3 / (6 L^2) of rows, 5% at n = 170 over 8 x 512 lanes). Every other segment is
-            # complete above t (its floor is at most t), so its candidates above t are all its
-            # tokens above t, and only the segment with the high floor is read again. Up to
-            # RESCUE tokens above t are gathered, and the second tier's pick takes the best
-            # T2 of them (t the floor, or the largest gathered z left out): a row whose
-            # support fits in T2 decides even with a few thousand tokens above t. When more
-            # than RESCUE lie above t (or t gains nothing on the floor) the bisection below
-            # decides.
-            first = tl.min(tl.where(in_ch & (d_c == d_max), ch, NCH_BLOCK), axis=0)
-            t = tl.max(tl.where(ch == first, float("-inf"), d_c), axis=0)
-            known = tl.sum((z_all > t).to(tl.int32), axis=0)  # written candidates above t
-            if (t < floor2) & (known <= RESCUE):
-                fallback = tl.full([], 1, tl.int8)  # the band was not enough: counted
-                others = (pos // (ncand // n_chunks)) != first  # slots of the other segments
-                r_keys, got = gather_above(
-                    x_row,
-                    temp,
-                    vocab,
-                    t,
-                    first * seg_len,
-                    (first + 1) * seg_len,
-                    keys,
-                    z_all,
-                    others,
-                    scratch + T1 + T2,
-                    RESCUE,
-                    FB_BLOCK,
-                )
-                r_z = tl.where(r_keys == EMPTY_KEY, float("-inf"), unpack_z(r_keys))
-                r_listed = r_z > t
-                r_lo = tl.maximum(t, z_max - 30.0)
-                r_below, r_n_lo = tl.reduce(
-                    (
-                        tl.where(r_listed & (r_z < r_lo), r_z, float("-inf")),
-                        (r_listed & (r_z >= r_lo)).to(tl.int32),
-                    ),
-                    0,
-                    max1_add1,
-                )
-                r_cands = (r_keys, r_z, r_listed, t, z_max, r_lo, r_n_lo, r_below)
-                best2, r_floor = best_sorted(r_cands, scratch + T1, T2, NBISECT, T2, stamp, False)
-                n, undecided, z2, ids2, mass2 = decide(
-                    best2, r_floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
-                )
-                undecided = undecided | (got > RESCUE)
+            # n^3 / (6 L^2) of rows, 5% at n = 170 over 8 x 512 lanes). A segment whose floor
+            # is at most t is complete above t: its candidates above t are all its tokens
+            # above t, so only the segments with floors above t are read again. Round one
+            # takes t the second-largest floor (one segment read); when that floor lies in
+            # S too (two bad segments, about one rescued row in five at B = 256), the next
+            # round takes the next floor down and reads one segment more, up to
+            # RESCUE_ROUNDS. Up to RESCUE tokens above t are gathered, and the second tier's
+            # pick takes the best T2 of them (t the floor, or the largest gathered z left
+            # out): a row whose support fits in T2 decides even with a few thousand tokens
+            # above t. When more than RESCUE lie above t the bisection below decides.
+            seg_slot = pos // (ncand // n_chunks)
+            d_slot = tl.load(
+                d_ptr + row * n_chunks + seg_slot, mask=pos < ncand, other=float("inf")
+            )
+            t = d_max
+            fits = d_max > float("-inf")  # a floor at -inf lists the whole row already
+            rounds = 0
+            while undecided & fits & (rounds < RESCUE_ROUNDS):
+                t = tl.max(tl.where(in_ch & (d_c < t), d_c, float("-inf")), axis=0)
+                others = d_slot <= t  # slots of the segments complete above t
+                known = tl.sum((others & (z_all > t)).to(tl.int32), axis=0)
+                fits = known <= RESCUE
+                if fits:
+                    fallback = tl.full([], 1, tl.int8)  # the band was not enough: counted
+                    r_keys, got = gather_above(
+                        x_row,
+                        temp,
+                        vocab,
+                        t,
+                        d_ptr + row * n_chunks,
+                        n_chunks,
+                        seg_len,
+                        keys,
+                        z_all,
+                        others,
+                        scratch + T1 + T2,
+                        RESCUE,
+                        FB_BLOCK,
+                    )
+                    r_z = tl.where(r_keys == EMPTY_KEY, float("-inf"), unpack_z(r_keys))
+                    r_listed = r_z > t
+                    r_lo = tl.maximum(t, z_max - 30.0)
+                    r_below, r_n_lo = tl.reduce(
+                        (
+                            tl.where(r_listed & (r_z < r_lo), r_z, float("-inf")),
+                            (r_listed & (r_z >= r_lo)).to(tl.int32),
+                        ),
+                        0,
+                        max1_add1,
+                    )
+                    r_cands = (r_keys, r_z, r_listed, t, z_max, r_lo, r_n_lo, r_below)
+                    best2, r_floor = best_sorted(
+                        r_cands, scratch + T1, T2, NBISECT, T2, stamp, False
+                    )
+                    n, undecided, z2, ids2, mass2 = decide(
+                        best2, r_floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
+                    )
+                    fits = got <= RESCUE
+                    undecided = undecided | ~fits
+                fits = fits & (t > float("-inf"))  # t at -inf: every segment was read
+                rounds += 1
         if ~undecided:
             token, logprob, j = draw(best2, z2, ids2, mass2, n, greedy, k0, k1, z_max, T2)
             if midx >= 0:
@@ -371,6 +388,7 @@ def resolve_kernel(
     T2: tl.constexpr,
     CAP_BLOCK: tl.constexpr,
     RESCUE: tl.constexpr,  # keys the rescue gathers at most (a multiple of T2)
+    RESCUE_ROUNDS: tl.constexpr,  # rounds of the rescue at most (each reads a segment more)
     FB_BLOCK: tl.constexpr,
     NBISECT: tl.constexpr,
     HAS_STEP: tl.constexpr,
@@ -423,6 +441,7 @@ def resolve_kernel(
         T2,
         CAP_BLOCK,
         RESCUE,
+        RESCUE_ROUNDS,
         FB_BLOCK,
         NBISECT,
         HAS_STEP,

@@ -20,6 +20,7 @@ from kernels.triton_path import (  # noqa: E402
     DELTA,
     FB_BLOCK,
     NBISECT,
+    RESCUE_ROUNDS,
     RESCUE_TIERS,
     RESOLVE_BISECT,
     TIERS,
@@ -76,6 +77,7 @@ def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> 
         "T2": min(TIERS[1], cand_block),
         "CAP_BLOCK": cap,
         "RESCUE": RESCUE_TIERS * min(TIERS[1], cand_block),
+        "RESCUE_ROUNDS": RESCUE_ROUNDS,
         "FB_BLOCK": FB_BLOCK,
         "NBISECT": RESOLVE_BISECT,
         "HAS_STEP": True,
@@ -113,5 +115,6 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
     assert "ex2.approx" in ptx  # the lanes' one exp2 a token
     assert ".maxnreg 40" in ptx
     assert "griddepcontrol.launch_dependents" in ptx  # resolve_kernel may launch early
+    assert "griddepcontrol.wait" in ptx  # launched early itself, after the kernel before
     stores = [line for line in ptx.splitlines() if "st.shared" in line]
     assert stores and not [line for line in stores if "b64" in line]

@@ -395,6 +395,42 @@ def test_confident_rows_decide_top_k_top_p_without_fallback(
     assert out["sizes"] == out["cpu_sizes"]
 
 
+RESCUE_TWO = """
+# Two bad segments in one row: segments a and b each hold ten of S's tokens in alternating
+# ranks (a the even ranks 0-18, b the odd ranks 1-19) and write KC = 8 of them, so both
+# floors lie in S: a's at rank 16, b's at rank 17. A rescue that reads only the segment with
+# the highest floor lists every token above b's floor, not enough for an S of 20-24 tokens;
+# the second round takes the third floor (far lower, an ordinary segment's) and reads both.
+vocab = 1000
+g = torch.Generator().manual_seed(13)
+pairs = [(0, 9), (4, 15), (12, 2), (7, 8)]
+b = len(pairs)
+x = torch.randn(b, vocab, generator=g)
+vals = 10.0 - 0.1 * torch.arange(24)
+for r, (sa, sb) in enumerate(pairs):
+    hot = []
+    for i in range(10):  # rank 2i in a, 2i + 1 in b; lanes 0-9 (one token a lane)
+        hot += [sa * 64 + i, sb * 64 + i]
+    rest = [c * 64 + 20 + c for c in range(16) if c not in (sa, sb)][:4]
+    x[r, torch.tensor(hot + rest)] = vals
+temp = torch.ones(b)
+k = torch.tensor([-1, 30, -1, -1], dtype=torch.int32)
+p = torch.tensor([0.9, 0.95, 0.99, 0.93])
+mp = torch.tensor([0.0, 0.0, 0.0, 0.01])
+want = torch.ones(b, dtype=torch.bool)
+inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=64, seed=torch.arange(b) + 7)
+band = torch.empty(b, dtype=torch.int64)
+tri = sample_triton(inp, band_config(vocab, chunk=64, kc=8, lanes=LANES), band_sizes=band)
+cpu = sample_torch(inp)
+ref = reference(x, temp, k, p, mp)
+rep = check_result(tri, ref, want, None, 64)
+print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
+                  "band": band.tolist(), "sizes": tri.support_sizes.tolist(),
+                  "ref_sizes": ref.support_sizes.tolist(),
+                  "cpu_sizes": cpu.support_sizes.tolist(), "masks": tri.masks() == cpu.masks(),
+                  "tokens": torch.equal(tri.tokens, cpu.tokens)}))
+"""
+
 THREE_IN_A_LANE = """
 # Three of S's tokens in lane 0 of segment 0 (ids 0, 16 and 32: the 1st, 4th and 7th
 # largest), the rest of S one per later segment, so no segment holds more than KC = 8 of S.
@@ -464,4 +500,18 @@ def test_rescue_picks_the_best_of_more_tokens_than_a_tier_holds(
     assert out["ok"], out["errors"]
     assert out["band"] == [4] * 5 and min(out["sizes"]) > 4  # the floor inside S
     assert out["fallback"] == [True] * 5
+    assert out["sizes"] == out["cpu_sizes"] and out["masks"] and out["tokens"]
+
+
+@pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
+def test_rescue_reads_two_bad_segments_in_a_second_round(
+    lanes: int, interpreted: Interpreted
+) -> None:
+    """Two segments whose floors both lie in S: the rescue's first round (the segment with
+    the highest floor) cannot decide, the second reads both and does, equal to the oracle,
+    without the bisection (which the check replaces with an error)."""
+    out = interpreted(PRELUDE + NO_BISECTION + f"LANES = {lanes}\n" + RESCUE_TWO)
+    assert out["ok"], out["errors"]
+    assert out["fallback"] == [True] * 4
+    assert all(s > 17 for s in out["ref_sizes"]), out  # S reaches below both floors
     assert out["sizes"] == out["cpu_sizes"] and out["masks"] and out["tokens"]
