@@ -82,6 +82,7 @@ VARIANTS = {
     "r2": {"resolve_warps": 2},
     "r4": {"resolve_warps": 4},
     "rr128": {"resolve_regs": 128},  # resolve_kernel capped at 128 registers: 2 programs an SM
+    "emit": {"pack": False},  # emit_kernel packs the CSR at every batch size (a third launch)
 }
 
 

@@ -322,14 +322,18 @@ def band_lanes_kernel(
     DELTA: tl.constexpr,
     NBISECT: tl.constexpr,
     KEEP: tl.constexpr,
+    mask_sizes_ptr=None,  # [B] int64, set to -1 for resolve_kernel's pack_row when CLEAR
+    CLEAR: tl.constexpr = False,
     PDL: tl.constexpr = False,  # programmatic dependent launch on both sides (sm_90+)
 ):
     if PDL:
         # Launched as a dependent of the kernel before (launch_pdl): wait for it to finish and
-        # its writes to be visible before any read. Then resolve_kernel may start launching;
-        # it waits for this grid in turn.
+        # its writes to be visible before any read or write. Then resolve_kernel may start
+        # launching; it waits for this grid in turn.
         gdc_wait()
         gdc_launch_dependents()
+    if CLEAR:  # the row's first segment
+        tl.store(mask_sizes_ptr + tl.program_id(0), -1, mask=tl.program_id(1) == 0)
     lanes_pass(
         tl.program_id(0).to(tl.int64),
         tl.program_id(1),

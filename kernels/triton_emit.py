@@ -1,7 +1,17 @@
-"""Pass 3: pack the per-row mask slots into CSR (offsets + ids) without a host sync.
+"""Pack the per-row mask slots into CSR (offsets + ids) without a host sync.
 
-Grid (R,), R >= 2 (a single mask row is already packed). Program r sums the counts of the requesting rows before it (R is at most the
-batch size, so one block load does it) and copies its slot to that offset.
+emit_kernel, grid (R,), R >= 2 (a single mask row is already packed): program r sums the
+counts of the requesting rows before it (R is at most the batch size, so one block load does
+it) and copies its slot to that offset. It runs as a third launch after the fused kernel, and
+after resolve_kernel when the batch has more rows than the GPU has SMs.
+
+pack_row does the same inside resolve_kernel, one row at a time, and saves that launch: each
+row publishes its mask size and waits (spinning on the device) until every earlier row has
+published its own. Like a single-pass scan, this relies on the GPU starting a grid's
+programs in order, so a row only ever waits on programs that already run or have finished.
+Up to one program an SM, a row that takes long (the rescue) only delays the launch's end,
+which it holds anyway; with more rows, rows waiting behind it would hold SMs the next wave
+of rows needs, so larger batches keep emit_kernel.
 """
 
 from __future__ import annotations
@@ -29,9 +39,35 @@ def emit_kernel(
     rr = tl.arange(0, R_BLOCK)
     start = tl.sum(tl.load(cnt_ptr + rr, mask=rr < r, other=0), axis=0)
     count = tl.load(cnt_ptr + r)
-    slot = slot_ptr + r.to(tl.int64) * cap
-    for i in range(0, count, COPY_BLOCK):
-        offs = i + tl.arange(0, COPY_BLOCK)
-        keep = offs < count
-        tl.store(ids_ptr + start + offs, tl.load(slot + offs, mask=keep), mask=keep)
+    copy_ids(slot_ptr + r.to(tl.int64) * cap, ids_ptr + start, count, COPY_BLOCK)
     tl.store(offsets_ptr + r + 1, start + count)  # offsets[0]: resolve_kernel's row 0
+
+
+@triton.jit
+def copy_ids(src, dst, count, BLOCK: tl.constexpr):
+    for i in range(0, count, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        keep = offs < count
+        tl.store(dst + offs, tl.load(src + offs, mask=keep), mask=keep)
+
+
+@triton.jit
+def pack_row(row, midx, count, slot_row, ids_ptr, sizes_ptr, offsets_ptr, BLOCK: tl.constexpr):
+    """emit_kernel's work for one row, from inside resolve_kernel (module docstring).
+
+    sizes_ptr: [B] int64, -1 for every row before the launch (pass 1 sets them); the row
+    stores its mask size there (0 without a mask), then sums the sizes of the rows before
+    it, waiting for any still at -1, and copies its slot to that offset of the CSR."""
+    tl.store(sizes_ptr + row, count)
+    start = tl.zeros([], tl.int64)
+    for first in range(0, row, BLOCK):
+        offs = first + tl.arange(0, BLOCK)
+        before = offs < row
+        seen = tl.load(sizes_ptr + offs, mask=before, other=0, volatile=True)
+        while tl.min(seen, axis=0) < 0:  # an earlier row still resolving
+            seen = tl.load(sizes_ptr + offs, mask=before, other=0, volatile=True)
+        start += tl.sum(seen, axis=0)
+    if midx >= 0:
+        tl.debug_barrier()  # the slot's stores (every thread's) before the copy reads them
+        copy_ids(slot_row, ids_ptr + start, count, BLOCK)
+        tl.store(offsets_ptr + midx + 1, start + count)

@@ -22,7 +22,7 @@ from kernels.triton_band_lanes import lanes_pass
 from kernels.triton_resolve import resolve_row
 
 
-@triton.jit(do_not_specialize=["direct"])
+@triton.jit(do_not_specialize=["pack"])
 def band_resolve_kernel(
     x_ptr,
     temp_ptr,
@@ -51,7 +51,9 @@ def band_resolve_kernel(
     status_ptr,
     slot_ptr,
     offsets_ptr,
-    direct,
+    pack,
+    ids_ptr,
+    mask_sizes_ptr,
     scratch_ptr,
     max_mask,
     cap,
@@ -125,7 +127,9 @@ def band_resolve_kernel(
             status_ptr,
             slot_ptr,
             offsets_ptr,
-            direct,
+            pack,
+            ids_ptr,
+            mask_sizes_ptr,
             scratch_ptr,
             vocab,
             n_chunks,

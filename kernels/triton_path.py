@@ -3,8 +3,9 @@
   band_lanes_kernel (B, n_chunks)  the one full read of the logits: per-segment stats and
                                    candidates (band_kernel, one program per 2048-token chunk,
                                    is the older pass 1: same contract, kept as a reference)
-  resolve_kernel    (B,)           sort candidates, decide S (or bisect: fallback), draw, slots
-  emit_kernel       (R,)           pack the slots as CSR (only when R >= 2)
+  resolve_kernel    (B,)           sort candidates, decide S (or bisect: fallback), draw, slots;
+                                   up to one row an SM, each row also packs its slot as CSR
+  emit_kernel       (R,)           pack the slots as CSR (R >= 2, more rows than SMs or fused)
 
 Small launches run the first two as one, band_resolve_kernel (B, n_chunks): the program that
 finishes a row's last segment resolves the row (kernels/triton_fused.py). So B = 1 with a
@@ -92,6 +93,7 @@ class BandConfig:
     keep: int = 2  # tokens a pass-1 lane keeps, 2 or 3 (lanes only)
     regs: int = 0  # pass 1's registers per thread (lanes only, not fused); 0: the compiler's
     pdl: bool = True  # programmatic dependent launches between the split path's kernels (sm_90+)
+    pack: bool = True  # split path, up to one row an SM: resolve packs the CSR (no emit launch)
     resolve_regs: int = 0  # resolve_kernel's registers per thread; 0: the compiler's
 
     @property
@@ -112,6 +114,7 @@ def band_config(
     regs: int | None = None,
     pdl: bool = True,
     resolve_regs: int = 0,
+    pack: bool = True,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
@@ -152,6 +155,7 @@ def band_config(
         regs=regs,
         pdl=pdl,
         resolve_regs=resolve_regs,
+        pack=pack,
     )
 
 
@@ -176,6 +180,19 @@ def pdl_capable(device: torch.device) -> bool:
     if device not in _PDL:
         _PDL[device] = torch.cuda.get_device_capability(device)[0] >= 9
     return _PDL[device]
+
+
+_SMS: dict[torch.device, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; the interpreter (CPU) runs programs one
+    at a time in order, so any batch counts as resident there."""
+    if device.type != "cuda":
+        return 1 << 62
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
 
 
 _ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}
@@ -216,10 +233,12 @@ def launch_band(
     cfg: BandConfig,
     nbisect: int = NBISECT,
     pdl: bool = False,
+    mask_sizes: torch.Tensor | None = None,
 ) -> None:
     """Pass 1: one program per segment (band_lanes_kernel) or per chunk (band_kernel). pdl
     (band_lanes_kernel only): a programmatic dependent launch of the kernel before, and the
-    primary of the next (resolve_kernel)."""
+    primary of the next (resolve_kernel). mask_sizes (band_lanes_kernel only): [B] int64,
+    set to -1 for resolve_kernel's packing."""
     batch, vocab = x.shape
     common = (x, temperature, cand_key, m_c, s_c, d_c, x.stride(0), vocab, cfg.n_chunks)
     consts = {"KC": cfg.kc, "DELTA": DELTA, "NBISECT": nbisect}
@@ -230,6 +249,8 @@ def launch_band(
             W=cfg.lanes,
             **consts,
             KEEP=cfg.keep,
+            mask_sizes_ptr=mask_sizes,
+            CLEAR=mask_sizes is not None,
             PDL=pdl,
             num_warps=cfg.warps,
             **({"maxnreg": cfg.regs} if cfg.regs else {}),
@@ -304,8 +325,18 @@ def sample_triton(
         seed = inp.seed
     step = inp.step if inp.step is not None else seed
     # CSR: resolve's row 0 writes offsets[0]. A single mask row needs no packing: its slot is
-    # already mask_ids, resolve writes its count to offsets[1] too, and emit is skipped.
+    # already mask_ids, resolve writes its count to offsets[1] too. Otherwise resolve's rows
+    # pack their own slots (pack 2: split launches of up to one row an SM; pass 1 sets
+    # mask_sizes to -1 first), or emit_kernel packs them after.
     offsets = torch.empty(n_rows + 1, dtype=torch.int64, device=dev)
+    if n_rows == 1:
+        pack = 1
+    elif n_rows > 1 and cfg.pack and cfg.lanes and not cfg.fused and batch <= sm_count(dev):
+        pack = 2
+    else:
+        pack = 0
+    mask_ids = slots if n_rows == 1 else torch.empty(n_rows * cap, dtype=torch.int32, device=dev)
+    mask_sizes = torch.empty(batch, dtype=torch.int64, device=dev) if pack == 2 else counts
     row_args = (
         inp.top_k,
         inp.top_p,
@@ -324,7 +355,9 @@ def sample_triton(
         status,
         slots,
         offsets,
-        int(n_rows == 1),
+        pack,
+        mask_ids,
+        mask_sizes,
         scratch,
     )
     resolve_meta = {
@@ -368,7 +401,9 @@ def sample_triton(
             num_warps=BAND_WARPS,
         )
     else:
-        launch_band(x, inp.temperature, *stats, cfg, pdl=pdl)
+        launch_band(
+            x, inp.temperature, *stats, cfg, pdl=pdl, mask_sizes=mask_sizes if pack == 2 else None
+        )
         resolve_kernel[(batch,)](
             *stats,
             x,
@@ -388,8 +423,7 @@ def sample_triton(
             **({"launch_pdl": True} if pdl else {}),
         )
 
-    mask_ids = slots if n_rows == 1 else torch.empty(n_rows * cap, dtype=torch.int32, device=dev)
-    if n_rows > 1:
+    if pack == 0 and n_rows > 1:
         emit_kernel[(n_rows,)](
             slots,
             counts,

@@ -27,6 +27,7 @@ from kernels.triton_common import (
     unpack_z,
 )
 from kernels.triton_decide import best_sorted, decide, draw, store_mask
+from kernels.triton_emit import pack_row
 from kernels.triton_fallback import (
     fallback_draw,
     fallback_gather,
@@ -68,7 +69,10 @@ def resolve_row(
     status_ptr,
     slot_ptr,  # [R] int64, [R] int8, [R, cap] int32
     offsets_ptr,  # [R + 1] int64 CSR offsets: row 0 writes the leading 0
-    direct,  # 1: R == 1, the slot is the CSR ids and the row also writes offsets[1]
+    pack,  # 0: emit_kernel packs the slots; 1: R == 1, the slot is the CSR ids and the row
+    # also writes offsets[1]; 2: the row packs its own slot (triton_emit.pack_row)
+    ids_ptr,  # [>= N] int32 CSR ids (pack 2)
+    mask_sizes_ptr,  # [B] int64, -1 before the launch (pack 2)
     scratch_ptr,  # [B, T1 + T2 + max(CAP_BLOCK, RESCUE)] int64 compaction space
     vocab,
     n_chunks,
@@ -342,13 +346,15 @@ def resolve_row(
     tl.store(size_ptr + row, tl.where(bad, 0, n))
     tl.store(nan_ptr + row, bad.to(tl.int8))
     tl.store(fb_ptr + row, fallback)
-    if (direct != 0) & (midx >= 0):
+    if (pack == 1) & (midx >= 0):
         tl.store(offsets_ptr + 1, emitted)
+    if pack == 2:
+        pack_row(row, midx, emitted, slot_row, ids_ptr, mask_sizes_ptr, offsets_ptr, 1024)
     if TIMING:
         tl.store(stamp + 10, cycles(emitted))
 
 
-@triton.jit(do_not_specialize=["direct"])  # 0 or 1: one compile serves both
+@triton.jit(do_not_specialize=["pack"])  # one compile serves every value
 def resolve_kernel(
     cand_key_ptr,  # [B, ncand] int64 pass-1 candidates as (z, id) keys
     m_ptr,
@@ -374,7 +380,10 @@ def resolve_kernel(
     status_ptr,
     slot_ptr,  # [R] int64, [R] int8, [R, cap] int32
     offsets_ptr,  # [R + 1] int64 CSR offsets: row 0 writes the leading 0
-    direct,  # 1: R == 1, the slot is the CSR ids and the row also writes offsets[1]
+    pack,  # 0: emit_kernel packs the slots; 1: R == 1, the slot is the CSR ids and the row
+    # also writes offsets[1]; 2: the row packs its own slot (triton_emit.pack_row)
+    ids_ptr,  # [>= N] int32 CSR ids (pack 2)
+    mask_sizes_ptr,  # [B] int64, -1 before the launch (pack 2)
     scratch_ptr,  # [B, T1 + T2 + max(CAP_BLOCK, RESCUE)] int64 compaction space
     vocab,
     n_chunks,
@@ -427,7 +436,9 @@ def resolve_kernel(
         status_ptr,
         slot_ptr,
         offsets_ptr,
-        direct,
+        pack,
+        ids_ptr,
+        mask_sizes_ptr,
         scratch_ptr,
         vocab,
         n_chunks,

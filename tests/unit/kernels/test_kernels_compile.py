@@ -54,6 +54,8 @@ POINTERS = {
     "status_ptr": "*i8",
     "slot_ptr": "*i32",
     "offsets_ptr": "*i64",
+    "ids_ptr": "*i32",
+    "mask_sizes_ptr": "*i64",
     "scratch_ptr": "*i64",
     "times_ptr": "*i64",
 }
@@ -107,6 +109,7 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
         "DELTA": DELTA,
         "NBISECT": NBISECT,
         "KEEP": keep,
+        "CLEAR": True,
         "PDL": True,
     }
     types = {p: POINTERS.get(p, "i32") for p in band_lanes_kernel.arg_names}

@@ -257,7 +257,8 @@ print(json.dumps(res))
 
 CSR_SHAPES = """
 # No mask row (offsets [0], written by resolve's row 0), one mask row anywhere in the batch
-# (its slot is the CSR itself, no emit launch) and two or more (emit packs the slots).
+# (its slot is the CSR itself, no emit launch) and two or more: packed by emit_kernel after
+# the fused launch or a split one (pack=False), or by resolve's rows themselves (pack_row).
 g = torch.Generator().manual_seed(3)
 x = torch.randn(5, 200, generator=g) * 3
 temp = torch.tensor([1.0, 0.0, 0.8, 1.0, 1.2])
@@ -266,12 +267,17 @@ p = torch.tensor([0.9, 1.0, 0.95, 1.0, 0.8])
 mp = torch.tensor([0.0, 0.0, 0.0, 0.05, 0.0])
 seed = torch.arange(5, dtype=torch.int64)
 out = []
-for pattern in ([], [0], [3], [4], [1, 2], [0, 2, 4]):
+for pattern, mode in itertools.product(
+    ([], [0], [3], [4], [1, 2], [0, 2, 4], [0, 1, 2, 3, 4]), ("fused", "emit", "pack")
+):
     want = torch.zeros(5, dtype=torch.bool)
     want[pattern] = True
-    tri, cpu = both(x, temp, k, p, mp, want, 16, seed, lanes=16)
+    inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=16, seed=seed)
+    cfg = band_config(200, chunk=64, kc=8, lanes=16, fused=mode == "fused", pack=mode == "pack")
+    tri, cpu = sample_triton(inp, cfg), sample_torch(inp)
     n = int(tri.mask_offsets[-1])
     out.append({
+        "mode": mode,
         "offsets": [tri.mask_offsets.tolist(), cpu.mask_offsets.tolist()],
         "rows": [tri.mask_rows.tolist(), cpu.mask_rows.tolist()],
         "masks": [tri.masks(), cpu.masks()],
@@ -322,9 +328,11 @@ def test_wide_band_narrows_then_sorts_each_tier(interpreted: Interpreted) -> Non
 def test_csr_with_zero_one_and_several_mask_rows(interpreted: Interpreted) -> None:
     out = interpreted(PRELUDE + CSR_SHAPES)
     assert out["counters"] == [0]  # one cached counter buffer, zero after every launch
+    assert len(out["cases"]) == 21
     for case in out["cases"]:
+        mode = case.pop("mode")
         for name, (tri, cpu) in case.items():
-            assert tri == cpu, (name, tri, cpu)
+            assert tri == cpu, (mode, name, tri, cpu)
         assert case["offsets"][0][0] == 0
 
 
