@@ -131,6 +131,9 @@ def gather_above(
     not use it.
     """
     tl.debug_barrier()  # earlier reads of this scratch row before the stores below
+    # (The candidates' block and the read's block differ in size below 2048 candidates, so
+    # the loop's values take names of their own: Triton types a name assigned before a
+    # loop and inside it as one loop-carried variable.)
     sel = known & (z > t)
     rank = tl.cumsum(sel.to(tl.int32), axis=0) - 1
     tl.store(scratch_row + rank, keys, mask=sel & (rank < LIMIT))
@@ -142,10 +145,10 @@ def gather_above(
             end = start  # complete above t: its candidates were written above
         while (start < end) & (written <= LIMIT):
             b_keys, b_z, _ = _row_keys(x_row, temp, end, start, BLOCK)  # ids >= end: -inf
-            sel = b_z > t  # z = -inf (and a NaN, mapped to -inf) is never selected
-            rank = written + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-            tl.store(scratch_row + rank, b_keys, mask=sel & (rank < LIMIT))
-            written += tl.sum(sel.to(tl.int32), axis=0)
+            b_sel = b_z > t  # z = -inf (and a NaN, mapped to -inf) is never selected
+            b_rank = written + tl.cumsum(b_sel.to(tl.int32), axis=0) - 1
+            tl.store(scratch_row + b_rank, b_keys, mask=b_sel & (b_rank < LIMIT))
+            written += tl.sum(b_sel.to(tl.int32), axis=0)
             start += BLOCK
     tl.debug_barrier()  # the scattered stores before the block load
     slots = tl.arange(0, LIMIT)

@@ -121,3 +121,35 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
     assert "griddepcontrol.wait" in ptx  # launched early itself, after the kernel before
     stores = [line for line in ptx.splitlines() if "st.shared" in line]
     assert stores and not [line for line in stores if "b64" in line]
+
+
+@pytest.mark.parametrize(("vocab", "batch"), [(1000, 64), (111, 512)])
+def test_resolve_lowers_for_small_vocabularies(vocab: int, batch: int, sm90_compile: Any) -> None:
+    """resolve_kernel where the candidate block is smaller than the rescue's 2048-token read
+    (1024 and 128 candidates here). The interpreter does not check that a name assigned before
+    a loop keeps its type inside it; the compiler does, and a rescue that reused the
+    candidates' names for its read blocks failed to compile for every vocabulary below
+    about 4096 tokens (the worker's small models) while passing every interpreted test."""
+    from kernels.triton_resolve import resolve_kernel
+
+    cfg = band_config(vocab, batch=batch, fused=False)
+    cand_block = triton.next_power_of_2(cfg.ncand)
+    assert cand_block < FB_BLOCK
+    t2 = min(TIERS[1], cand_block)
+    const = {
+        "CAND_BLOCK": cand_block,
+        "NCH_BLOCK": triton.next_power_of_2(max(cfg.n_chunks, max_chunks(vocab, cfg))),
+        "T1": min(TIERS[0], cand_block),
+        "T2": t2,
+        "CAP_BLOCK": triton.next_power_of_2(vocab),
+        "RESCUE": RESCUE_TIERS * t2,
+        "RESCUE_ROUNDS": RESCUE_ROUNDS,
+        "FB_BLOCK": FB_BLOCK,
+        "NBISECT": RESOLVE_BISECT,
+        "HAS_STEP": False,
+        "TIMING": False,
+        "PDL": True,
+    }
+    types = {p: POINTERS.get(p, "i32") for p in resolve_kernel.arg_names}
+    ptx = sm90_compile(resolve_kernel, types, const, num_warps=4).asm["ptx"]
+    assert "griddepcontrol.wait" in ptx  # waits for pass 1 before reading its outputs
