@@ -250,6 +250,13 @@ def main() -> None:
         "--phases", action="store_true", help="cycles resolve spends in each of its phases"
     )
     ap.add_argument("--phase-batches", default="1,128", help="--phases: batch sizes")
+    ap.add_argument(
+        "--ab",
+        metavar="VARIANTS",
+        default="",
+        help="steady and single-replay times of these variants, alternating, at --batches",
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="--ab: rounds of each variant")
     ap.add_argument("--plot-only", metavar="JSON", help="redraw the PNG from a results file")
     ap.add_argument("--cpu", action="store_true", help="time the CPU torch path instead")
     ap.add_argument(
@@ -275,6 +282,10 @@ def main() -> None:
         return
     if args.phases:
         resolve_phases(out, [int(b) for b in args.phase_batches.split(",")])
+        return
+    if args.ab:
+        batches = [int(b) for b in args.batches.split(",") if b] or [128]
+        ab_times(args.rep_ms, out, args.ab.split(","), batches, args.rounds)
         return
     if args.split:
         graphs = [v for v in args.graphs.split(",") if v]
@@ -359,6 +370,76 @@ def main() -> None:
     ]
     if b1:
         print(f"B=1 V=151936 fp32 graph us: median {statistics.median(b1):.1f}")
+
+
+def ab_times(
+    rep_ms: int, out: pathlib.Path, variants: list[str], batches: list[int], rounds: int
+) -> None:
+    """Variants compared in one process (V = 151936, fp32, top-p 0.95, Zipf rows): each
+    round times every variant's steady sample in turn, so drift between runs and machines
+    (as large as the changes at B = 1) does not enter the comparison; then a single replay
+    per variant, each buffer's fallback rows, and whether every variant gives the same
+    tokens and CSR. Writes kernels_ab.json and .png."""
+    rows = []
+
+    def record(**row) -> None:
+        rows.append(row)
+        (out / "kernels_ab.json").write_text(json.dumps(rows, indent=1))
+        print(json.dumps(row), flush=True)
+
+    for batch in batches:
+        bufs = [make_inputs(batch, 151936, torch.float32, "p0.95", False, i) for i in range(4)]
+        results = []
+        for v in variants:
+            inp = check_inputs(**_args(bufs[0]), max_mask_tokens=CAP)
+            results.append(sample_triton(inp, band_config(151936, batch=batch, **VARIANTS[v])))
+        n = int(results[0].mask_offsets[-1])
+        same = all(
+            torch.equal(r.tokens, results[0].tokens)
+            and torch.equal(r.mask_offsets, results[0].mask_offsets)
+            and torch.equal(r.mask_ids[:n], results[0].mask_ids[:n])
+            for r in results
+        )
+        record(B=batch, what="same_result", value=same)
+        for i, b in enumerate(bufs):
+            res = sample_triton(check_inputs(**_args(b), max_mask_tokens=CAP))
+            record(
+                B=batch,
+                what="fallback_rows",
+                buf=i,
+                rows=res.fallback_rows.nonzero().flatten().tolist(),
+            )
+        for rnd in range(rounds):
+            for v in variants:
+                us = graph_time(bufs, rep_ms, v, calls=STEADY_CALLS)
+                record(B=batch, what="steady_us", variant=v, round=rnd, us=us)
+        for v in variants:
+            record(B=batch, what="replay_us", variant=v, us=graph_time(bufs, rep_ms, v))
+    plot_ab(rows, out / "kernels_ab.png")
+
+
+def plot_ab(rows: list[dict], path: pathlib.Path) -> None:
+    """Bars of each variant's median steady time per batch size (ab_times' rows)."""
+    steady = [r for r in rows if r["what"] == "steady_us"]
+    variants = list(dict.fromkeys(r["variant"] for r in steady))
+    batches = list(dict.fromkeys(r["B"] for r in steady))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.8 / len(variants)
+    for j, v in enumerate(variants):
+        times = [[r["us"] for r in steady if r["B"] == b and r["variant"] == v] for b in batches]
+        med = [statistics.median(t) if t else float("nan") for t in times]
+        ax.bar([i + j * width for i in range(len(batches))], med, width, label=v)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(batches))], [f"B={b}" for b in batches])
+    ax.set_ylabel("us per sample (steady, median of rounds)")
+    ax.set_title("kernels.sample variants, V=151936 fp32 top-p 0.95")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def split_times(rep_ms: int, out: pathlib.Path, variants: list[str], graphs: list[str]) -> None:
