@@ -1,8 +1,7 @@
 """Pack the per-row mask slots into CSR (offsets + ids) without a host sync.
 
 emit_kernel, grid (R,), R >= 2 (a single mask row is already packed): program r sums the
-counts of the requesting rows before it (R is at most the batch size, so one block load does
-it) and copies its slot to that offset. It runs as a third launch after the fused kernel, and
+counts of the requesting rows before it and copies its slot to that offset. It runs as a third launch after the fused kernel, and
 after resolve_kernel when the batch has more rows than the GPU has SMs.
 
 pack_row does the same inside resolve_kernel, one row at a time, and saves that launch: each
@@ -28,18 +27,21 @@ def emit_kernel(
     offsets_ptr,  # [R + 1] int64 out
     ids_ptr,  # [>= N] int32 out
     cap,
-    R_BLOCK: tl.constexpr,
-    COPY_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch after resolve
 ):
+    """One compile serves every R (no block over the rows: the sum runs in BLOCK pieces), so
+    a worker's warm-up meets it with any batch that packs here."""
     if PDL:
         gdc_wait()  # resolve_kernel finished, its counts and slots visible
         gdc_launch_dependents()  # the next sample's pass 1 may launch (it waits in turn)
     r = tl.program_id(0)
-    rr = tl.arange(0, R_BLOCK)
-    start = tl.sum(tl.load(cnt_ptr + rr, mask=rr < r, other=0), axis=0)
+    start = tl.zeros([], tl.int64)
+    for first in range(0, r, BLOCK):
+        offs = first + tl.arange(0, BLOCK)
+        start += tl.sum(tl.load(cnt_ptr + offs, mask=offs < r, other=0), axis=0)
     count = tl.load(cnt_ptr + r)
-    copy_ids(slot_ptr + r.to(tl.int64) * cap, ids_ptr + start, count, COPY_BLOCK)
+    copy_ids(slot_ptr + r.to(tl.int64) * cap, ids_ptr + start, count, BLOCK)
     tl.store(offsets_ptr + r + 1, start + count)  # offsets[0]: resolve_kernel's row 0
 
 

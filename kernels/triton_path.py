@@ -336,7 +336,8 @@ def sample_triton(
     else:
         pack = 0
     mask_ids = slots if n_rows == 1 else torch.empty(n_rows * cap, dtype=torch.int32, device=dev)
-    mask_sizes = torch.empty(batch, dtype=torch.int64, device=dev) if pack == 2 else counts
+    # Pass 1 clears mask_sizes whether or not resolve packs: one pass-1 compile per config.
+    mask_sizes = torch.empty(batch, dtype=torch.int64, device=dev)
     row_args = (
         inp.top_k,
         inp.top_p,
@@ -401,9 +402,7 @@ def sample_triton(
             num_warps=BAND_WARPS,
         )
     else:
-        launch_band(
-            x, inp.temperature, *stats, cfg, pdl=pdl, mask_sizes=mask_sizes if pack == 2 else None
-        )
+        launch_band(x, inp.temperature, *stats, cfg, pdl=pdl, mask_sizes=mask_sizes)
         resolve_kernel[(batch,)](
             *stats,
             x,
@@ -430,8 +429,7 @@ def sample_triton(
             offsets,
             mask_ids,
             cap,
-            R_BLOCK=triton.next_power_of_2(n_rows),
-            COPY_BLOCK=1024,
+            BLOCK=1024,
             PDL=pdl,
             num_warps=4,
             **({"launch_pdl": True} if pdl else {}),

@@ -84,19 +84,20 @@ def warm_up_sampler(
 
 def warm_up_batches(vocab_size: int, max_batch: int) -> list[int]:
     """Batch sizes that meet every compiled variant of kernels.sample's CUDA path for batches of
-    1..max_batch rows, all rows asking for masks (ascending, few: ~10 for max_batch 256).
+    1..max_batch rows, all rows asking for masks (ascending, few: one per pass-1 config and
+    max_batch).
 
-    Two things vary with the batch: pass 1's `band_config(vocab, batch=B)` (a handful of
-    configs, in power-of-two steps of B, the smallest fused with resolve) and the emit kernel's block over the
-    mask rows (next power of two of their count). The powers of two up to max_batch, and
-    max_batch itself, give every emit block; each config none of them meets adds its
-    smallest B.
+    Pass 1's `band_config(vocab, batch=B)` is what varies with the batch (a handful of
+    configs, in power-of-two steps of B, the smallest fused with resolve), and the resolve
+    kernel with it; the smallest B of each config meets it. Nothing else specialises on the
+    batch: resolve takes its mask-packing mode at run time and the emit kernel compiles once
+    (SMALL_BATCHES' fused batches with masks meet it). max_batch runs too, so the largest
+    launch and its buffers are ready before traffic.
     """
     from kernels.triton_path import band_config  # triton: only needed on CUDA
 
-    batches = {1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch}
-    batches.add(max_batch)
-    seen = {band_config(vocab_size, batch=b) for b in batches}
+    batches = {max_batch}
+    seen = set()
     for b in range(1, max_batch + 1):
         cfg = band_config(vocab_size, batch=b)
         if cfg not in seen:

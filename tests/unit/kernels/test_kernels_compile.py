@@ -153,3 +153,15 @@ def test_resolve_lowers_for_small_vocabularies(vocab: int, batch: int, sm90_comp
     types = {p: POINTERS.get(p, "i32") for p in resolve_kernel.arg_names}
     ptx = sm90_compile(resolve_kernel, types, const, num_warps=4).asm["ptx"]
     assert "griddepcontrol.wait" in ptx  # waits for pass 1 before reading its outputs
+
+
+def test_emit_lowers_once_for_every_row_count(sm90_compile: Any) -> None:
+    """emit_kernel takes no block over the mask rows (its sum runs in pieces), so one compile
+    serves every R and a worker's warm-up meets it with any batch that packs there."""
+    from kernels.triton_emit import emit_kernel
+
+    assert not [p for p in emit_kernel.arg_names if p.startswith("R")]
+    types = {"slot_ptr": "*i32", "cnt_ptr": "*i64", "offsets_ptr": "*i64", "ids_ptr": "*i32"}
+    types["cap"] = "i32"
+    ptx = sm90_compile(emit_kernel, types, {"BLOCK": 1024, "PDL": True}, num_warps=4).asm["ptx"]
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
