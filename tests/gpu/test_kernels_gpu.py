@@ -208,6 +208,22 @@ def test_bad_segment_and_confident_rows_match_oracle(dtype: torch.dtype) -> None
     assert not bool(res.fallback_rows[confident_topk].any())
 
 
+def check_rescued_rows(name: str, x: torch.Tensor, top_k: int) -> kernels.SampleResult:
+    """Rows built for the rescue, every row asking for a mask: top-p 0.9 / 0.9 / 0.8 / 0.95 in
+    turn, the second of each four with top_k too. Checked against the oracle."""
+    rows = x.shape[0]
+    idx = torch.arange(rows)
+    batch = {
+        "logits": x,
+        "temperature": torch.ones(rows),
+        "top_k": torch.where(idx % 4 == 1, top_k, -1).to(torch.int32),
+        "top_p": torch.tensor([0.9, 0.9, 0.8, 0.95])[idx % 4],
+        "min_p": torch.zeros(rows),
+    }
+    batch = {k: v.cuda() for k, v in batch.items()}
+    return run_checked(name, batch, torch.ones(rows, dtype=torch.bool), 4096, pass1=None)
+
+
 def test_rescue_with_more_tokens_than_a_tier_matches_oracle() -> None:
     """A bad segment with 1500 tokens far above the rest of the row, at B = 128's pass-1
     shape (V = 151936): it writes KC of them, so the row floor lies inside S (about 460
@@ -222,17 +238,7 @@ def test_rescue_with_more_tokens_than_a_tier_matches_oracle() -> None:
         seg = r % cfg.n_chunks
         ids = seg * cfg.chunk + torch.randperm(min(cfg.chunk, vocab - seg * cfg.chunk), generator=g)
         x[r, ids[:1500]] = 10.0 - 0.005 * torch.arange(1500.0)
-    idx = torch.arange(rows)
-    batch = {
-        "logits": x,
-        "temperature": torch.ones(rows),
-        "top_k": torch.where(idx % 4 == 1, 600, -1).to(torch.int32),
-        "top_p": torch.tensor([0.9, 0.9, 0.8, 0.95])[idx % 4],
-        "min_p": torch.zeros(rows),
-    }
-    batch = {k: v.cuda() for k, v in batch.items()}
-    want = torch.ones(rows, dtype=torch.bool)
-    res = run_checked("rescue beyond a tier", batch, want, 4096, pass1=None)
+    res = check_rescued_rows("rescue beyond a tier", x, top_k=600)
     assert int(res.support_sizes.max()) <= 1024 and bool(res.fallback_rows.all())
 
 
@@ -266,17 +272,7 @@ def test_two_bad_segments_match_oracle() -> None:
             taken.add(i)
             ids.append(i)
         x[r, torch.tensor(ids)] = vals
-    idx = torch.arange(rows)
-    batch = {
-        "logits": x,
-        "temperature": torch.ones(rows),
-        "top_k": torch.where(idx % 4 == 1, 25, -1).to(torch.int32),
-        "top_p": torch.tensor([0.9, 0.9, 0.8, 0.95])[idx % 4],
-        "min_p": torch.zeros(rows),
-    }
-    batch = {k: v.cuda() for k, v in batch.items()}
-    want = torch.ones(rows, dtype=torch.bool)
-    res = run_checked("two bad segments", batch, want, 4096, pass1=None)
+    res = check_rescued_rows("two bad segments", x, top_k=25)
     assert int(res.support_sizes.min()) > 10 and bool(res.fallback_rows.all())
 
 

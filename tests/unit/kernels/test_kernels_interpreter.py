@@ -134,7 +134,24 @@ def no_bisection(*args, **kwargs):  # the interpreter runs resolve_row as Python
 kernels.triton_resolve.fallback_support = no_bisection
 """
 
-RESCUE = """
+# The rescue scripts' common end: the Triton path (segments of 64, KC candidates each)
+# against the oracle and the torch path. Each script sets x, temp, k, p, mp, want, seed, KC.
+RESCUE_CHECK = """
+inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=64, seed=seed)
+band = torch.empty(b, dtype=torch.int64)
+tri = sample_triton(inp, band_config(vocab, chunk=64, kc=KC, lanes=LANES), band_sizes=band)
+cpu = sample_torch(inp)
+ref = reference(x, temp, k, p, mp)
+rep = check_result(tri, ref, want, None, 64)
+print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
+                  "band": band.tolist(), "sizes": tri.support_sizes.tolist(),
+                  "ref_sizes": ref.support_sizes.tolist(),
+                  "cpu_sizes": cpu.support_sizes.tolist(), "masks": tri.masks() == cpu.masks(),
+                  "tokens": torch.equal(tri.tokens, cpu.tokens)}))
+"""
+
+RESCUE = (
+    """
 # Rows whose band floor one segment pushes deep into S. Pass 1 keeps two tokens per lane and
 # KC = 8 per chunk, so a segment holding ten of S's 24 tokens, three of them in its lane 0
 # (offsets 0, 16, 32: the 1st, 4th and 7th largest), leaves its d_c at a token of S: the band
@@ -160,19 +177,13 @@ p = torch.tensor([0.9, 0.7, 0.99, 0.9, 1.0, 0.95])
 mp = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.05, 0.0])
 want = torch.ones(b, dtype=torch.bool)
 seed = torch.arange(b, dtype=torch.int64) + 3
-inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=64, seed=seed)
-band = torch.empty(b, dtype=torch.int64)
-tri = sample_triton(inp, band_config(vocab, chunk=64, kc=8, lanes=LANES), band_sizes=band)
-cpu = sample_torch(inp)
-ref = reference(x, temp, k, p, mp)
-rep = check_result(tri, ref, want, None, 64)
-print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
-                  "band": band.tolist(), "sizes": tri.support_sizes.tolist(),
-                  "cpu_sizes": cpu.support_sizes.tolist(), "masks": tri.masks() == cpu.masks(),
-                  "tokens": torch.equal(tri.tokens, cpu.tokens)}))
+KC = 8
 """
+    + RESCUE_CHECK
+)
 
-RESCUE_WIDE = """
+RESCUE_WIDE = (
+    """
 # More tokens above the rescue's floor than the second tier holds. With KC = 4, 16 segments
 # of 64 make 64 candidate slots, so both tiers hold 64 keys and the rescue gathers up to 256.
 # A segment whose 64 tokens are the row's best writes 4 of them and sets the row floor
@@ -190,16 +201,11 @@ k = torch.tensor([-1, -1, 60, -1, -1], dtype=torch.int32)
 p = torch.tensor([0.9, 0.8, 0.9, 1.0, 0.95])
 mp = torch.tensor([0.0, 0.0, 0.0, 0.2, 0.0])
 want = torch.ones(b, dtype=torch.bool)
-inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=64, seed=torch.arange(b))
-band = torch.empty(b, dtype=torch.int64)
-tri = sample_triton(inp, band_config(vocab, chunk=64, kc=4, lanes=LANES), band_sizes=band)
-cpu = sample_torch(inp)
-rep = check_result(tri, reference(x, temp, k, p, mp), want, None, 64)
-print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
-                  "band": band.tolist(), "sizes": tri.support_sizes.tolist(),
-                  "cpu_sizes": cpu.support_sizes.tolist(), "masks": tri.masks() == cpu.masks(),
-                  "tokens": torch.equal(tri.tokens, cpu.tokens)}))
+seed = torch.arange(b)
+KC = 4
 """
+    + RESCUE_CHECK
+)
 
 CONTRACT = """
 from kernels.order import key_ids, key_z
@@ -403,7 +409,8 @@ def test_confident_rows_decide_top_k_top_p_without_fallback(
     assert out["sizes"] == out["cpu_sizes"]
 
 
-RESCUE_TWO = """
+RESCUE_TWO = (
+    """
 # Two bad segments in one row: segments a and b each hold ten of S's tokens in alternating
 # ranks (a the even ranks 0-18, b the odd ranks 1-19) and write KC = 8 of them, so both
 # floors lie in S: a's at rank 16, b's at rank 17. A rescue that reads only the segment with
@@ -426,18 +433,11 @@ k = torch.tensor([-1, 30, -1, -1], dtype=torch.int32)
 p = torch.tensor([0.9, 0.95, 0.99, 0.93])
 mp = torch.tensor([0.0, 0.0, 0.0, 0.01])
 want = torch.ones(b, dtype=torch.bool)
-inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=64, seed=torch.arange(b) + 7)
-band = torch.empty(b, dtype=torch.int64)
-tri = sample_triton(inp, band_config(vocab, chunk=64, kc=8, lanes=LANES), band_sizes=band)
-cpu = sample_torch(inp)
-ref = reference(x, temp, k, p, mp)
-rep = check_result(tri, ref, want, None, 64)
-print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
-                  "band": band.tolist(), "sizes": tri.support_sizes.tolist(),
-                  "ref_sizes": ref.support_sizes.tolist(),
-                  "cpu_sizes": cpu.support_sizes.tolist(), "masks": tri.masks() == cpu.masks(),
-                  "tokens": torch.equal(tri.tokens, cpu.tokens)}))
+seed = torch.arange(b) + 7
+KC = 8
 """
+    + RESCUE_CHECK
+)
 
 THREE_IN_A_LANE = """
 # Three of S's tokens in lane 0 of segment 0 (ids 0, 16 and 32: the 1st, 4th and 7th
