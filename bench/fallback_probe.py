@@ -2,15 +2,16 @@
 
 Rows the band cannot decide are counted as fallback rows, and they take one of two ways out:
 
-  rescue     one more read of the row lists every token above t, the second-largest segment
-             floor; it decides when at most T2 (1024) tokens lie above t;
+  rescue     round r reads again the segments whose floors lie above t_r, the (r+1)-th
+             largest segment floor below the row's (up to RESCUE_ROUNDS rounds), and lists
+             every token above t_r; it decides when S lies above t_r, at most RESCUE_TIERS x
+             T2 (4096) tokens lie above it and S fits in T2 (1024);
   bisection  otherwise: a threshold bisection over the whole row (64-128 passes, slow).
 
 This draws Gaussian logits (a random-weight model's rows: its lm_head gives logits of about
 --std standard deviation), samples them with top-p and masks on, and for every fallback row
-reruns pass 1 to find t and counts the tokens above it. More than T2 means the bisection for
-certain; at most T2 means the rescue can take the row ("rescue" below), though a row it
-leaves undecided still goes on to the bisection.
+reruns pass 1 for the segment floors and predicts the way out from the counts above them.
+Under the interpreter (CPU) it also counts the bisections that actually ran.
 --config-batch picks the pass-1 shape the worker would use at that batch size. On CPU it
 runs the Triton path under TRITON_INTERPRET=1 (about 4 s a row at V = 128256).
 
@@ -31,14 +32,39 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.inputs import check_inputs
-from kernels.triton_path import TIERS, band_config, launch_band, sample_triton
+from kernels.triton_path import (
+    RESCUE_ROUNDS,
+    RESCUE_TIERS,
+    TIERS,
+    band_config,
+    launch_band,
+    sample_triton,
+)
+
+
+def way_out(z: torch.Tensor, floors: torch.Tensor, support: int) -> tuple[str, list[int]]:
+    """The predicted way out of one fallback row, and the tokens above each round's floor."""
+    distinct = sorted(set(floors.tolist()), reverse=True)[1 : RESCUE_ROUNDS + 1]
+    above = [int((z > t).sum()) for t in distinct]
+    for r, n in enumerate(above):
+        if n > RESCUE_TIERS * TIERS[1]:
+            break
+        if support < n and support <= TIERS[1]:
+            return f"rescue, round {r + 1}", above
+    return "bisection", above
 
 
 def probe(args: argparse.Namespace) -> dict:
     dev = torch.device(args.device)
     rows, vocab = args.rows, args.vocab
     gen = torch.Generator().manual_seed(args.seed)
-    z = (torch.randn(rows, vocab, generator=gen) * args.std).to(dev)
+    z = torch.randn(rows, vocab, generator=gen) * args.std
+    numbers = list(range(rows))  # each sampled row's number in the draw
+    if args.only:  # these rows of the draw alone
+        numbers = [int(r) for r in args.only.split(",")]
+        z = z[numbers]
+        rows = len(numbers)
+    z = z.to(dev)
     probs = z.double().softmax(-1)
     sorted_p, _ = probs.sort(-1, descending=True)
     support = ((sorted_p.cumsum(-1) - sorted_p) < args.top_p).sum(-1).cpu()
@@ -55,6 +81,17 @@ def probe(args: argparse.Namespace) -> dict:
         seed=torch.arange(rows, device=dev),
         step=torch.zeros(rows, dtype=torch.int64, device=dev),
     )
+    bisections = []
+    if dev.type == "cpu":  # the interpreter runs resolve_row as Python: count the bisections
+        import kernels.triton_resolve as resolve
+
+        bisect = resolve.fallback_support
+
+        def counted(*a: object) -> object:
+            bisections.append(1)
+            return bisect(*a)
+
+        resolve.fallback_support = counted
     res = sample_triton(inp, cfg)
     fallback = res.fallback_rows.bool().cpu()
     # Pass 1 again, for the segment floors the rescue works from.
@@ -64,20 +101,18 @@ def probe(args: argparse.Namespace) -> dict:
     d_c, z = d_c.cpu(), z.cpu()
     out = []
     for r in fallback.nonzero().squeeze(1).tolist():
-        floors = d_c[r].clone()
-        floors[int(floors.argmax())] = float("-inf")
-        t = floors.max().item()
-        above = int((z[r] > t).sum())
+        way, above = way_out(z[r], d_c[r], int(support[r]))
         out.append(
             {
-                "row": r,
+                "row": numbers[r],
                 "support": int(support[r]),
                 "listed": int((z[r] > d_c[r].max()).sum()),
                 "above_t": above,
-                "way": "rescue" if above <= TIERS[1] else "bisection",
+                "way": way,
             }
         )
     return {
+        "bisections_observed": len(bisections) if dev.type == "cpu" else None,
         "config": cfg.__dict__,
         "args": vars(args),
         "rows": rows,
@@ -96,19 +131,22 @@ def main() -> None:
     ap.add_argument("--config-batch", type=int, default=128)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--only", default="", help="rows of the draw to sample alone: 52,60")
     ap.add_argument("--out", default="", help="a JSON file for the results")
     args = ap.parse_args()
     result = probe(args)
     ways = [f["way"] for f in result["fallback_rows"]]
+    rescued = sum(w.startswith("rescue") for w in ways)
     print(
         f"config {result['config']}\n"
         f"rows {result['rows']}  support mean {result['support_mean']:.1f} max "
-        f"{result['support_max']}  fallback {len(ways)}  rescue {ways.count('rescue')}  "
-        f"bisection {ways.count('bisection')}"
+        f"{result['support_max']}  fallback {len(ways)}  rescue {rescued}  "
+        f"bisection {ways.count('bisection')} (observed: {result['bisections_observed']})"
     )
-    print(f"{'row':>5} {'|S|':>5} {'listed':>7} {'above t':>8}  way")
+    print(f"{'row':>5} {'|S|':>5} {'listed':>7} {'above each round floor':>24}  way")
     for f in result["fallback_rows"]:
-        print(f"{f['row']:>5} {f['support']:>5} {f['listed']:>7} {f['above_t']:>8}  {f['way']}")
+        above = ",".join(map(str, f["above_t"]))
+        print(f"{f['row']:>5} {f['support']:>5} {f['listed']:>7} {above:>24}  {f['way']}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
 
