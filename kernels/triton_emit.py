@@ -1,8 +1,9 @@
 """Pack the per-row mask slots into CSR (offsets + ids) without a host sync.
 
 emit_kernel, grid (R,), R >= 2 (a single mask row is already packed): program r sums the
-counts of the requesting rows before it and copies its slot to that offset. It runs as a third launch after the fused kernel, and
-after resolve_kernel when the batch has more rows than the GPU has SMs.
+counts of the requesting rows before it and copies its slot to that offset. It runs as a
+third launch after the fused kernel, and after resolve_kernel when the batch has more rows
+than the GPU has SMs.
 
 pack_row does the same inside resolve_kernel, one row at a time, and saves that launch: each
 row publishes its mask size and waits (spinning on the device) until every earlier row has
@@ -36,13 +37,26 @@ def emit_kernel(
         gdc_wait()  # resolve_kernel finished, its counts and slots visible
         gdc_launch_dependents()  # the next sample's pass 1 may launch (it waits in turn)
     r = tl.program_id(0)
-    start = tl.zeros([], tl.int64)
-    for first in range(0, r, BLOCK):
-        offs = first + tl.arange(0, BLOCK)
-        start += tl.sum(tl.load(cnt_ptr + offs, mask=offs < r, other=0), axis=0)
+    start = sum_before(cnt_ptr, r, BLOCK, False)
     count = tl.load(cnt_ptr + r)
     copy_ids(slot_ptr + r.to(tl.int64) * cap, ids_ptr + start, count, BLOCK)
     tl.store(offsets_ptr + r + 1, start + count)  # offsets[0]: resolve_kernel's row 0
+
+
+@triton.jit
+def sum_before(sizes_ptr, n, BLOCK: tl.constexpr, WAIT: tl.constexpr):
+    """sizes[0] + ... + sizes[n - 1], in BLOCK pieces. WAIT: other programs are still writing
+    them (-1 until then): re-read a piece until none of it is -1."""
+    total = tl.zeros([], tl.int64)
+    for first in range(0, n, BLOCK):
+        offs = first + tl.arange(0, BLOCK)
+        before = offs < n
+        seen = tl.load(sizes_ptr + offs, mask=before, other=0, volatile=WAIT)
+        if WAIT:
+            while tl.min(seen, axis=0) < 0:  # an earlier row still resolving
+                seen = tl.load(sizes_ptr + offs, mask=before, other=0, volatile=True)
+        total += tl.sum(seen, axis=0)
+    return total
 
 
 @triton.jit
@@ -61,14 +75,7 @@ def pack_row(row, midx, count, slot_row, ids_ptr, sizes_ptr, offsets_ptr, BLOCK:
     stores its mask size there (0 without a mask), then sums the sizes of the rows before
     it, waiting for any still at -1, and copies its slot to that offset of the CSR."""
     tl.store(sizes_ptr + row, count)
-    start = tl.zeros([], tl.int64)
-    for first in range(0, row, BLOCK):
-        offs = first + tl.arange(0, BLOCK)
-        before = offs < row
-        seen = tl.load(sizes_ptr + offs, mask=before, other=0, volatile=True)
-        while tl.min(seen, axis=0) < 0:  # an earlier row still resolving
-            seen = tl.load(sizes_ptr + offs, mask=before, other=0, volatile=True)
-        start += tl.sum(seen, axis=0)
+    start = sum_before(sizes_ptr, row, BLOCK, True)
     if midx >= 0:
         tl.debug_barrier()  # the slot's stores (every thread's) before the copy reads them
         copy_ids(slot_row, ids_ptr + start, count, BLOCK)
