@@ -193,10 +193,20 @@ def resolve_row(
                 bounded,
             )
     else:
-        best2, floor2 = best_sorted(cands, scratch + T1, T2, NBISECT, T2, stamp, False)
-        n, undecided, z2, ids2, mass2 = decide(
-            best2, floor2, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
-        )
+        if floor > d_max:  # the first tier left listed candidates out: the second sees more
+            best2, floor2 = best_sorted(cands, scratch + T1, T2, NBISECT, T2, stamp, False)
+            n, undecided, z2, ids2, mass2 = decide(
+                best2, floor2, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
+            )
+        else:
+            # The first tier sorted every candidate above the band floor, so the second would
+            # sort the same ones and decide the same way: straight to the rescue. (A row the
+            # rescue takes has its floor inside S, usually with fewer than T1 tokens above
+            # it: the second tier's 1024-key sort was pure cost there.)
+            best2 = tl.full([T2], EMPTY_KEY, tl.int64)
+            z2 = tl.full([T2], float("-inf"), tl.float32)
+            ids2 = tl.zeros([T2], tl.int64)
+            mass2 = tl.zeros([T2], tl.float32)
         x_row = x_ptr + row * stride_x
         if undecided:
             # The rescue: list every token above t, a segment floor d_c below d_max, then the

@@ -134,6 +134,19 @@ def no_bisection(*args, **kwargs):  # the interpreter runs resolve_row as Python
 kernels.triton_resolve.fallback_support = no_bisection
 """
 
+COUNT_SORTS = """
+import kernels.triton_resolve
+
+SORTS = []  # one entry per best_sorted call: the tiers and the rescue's picks
+_best_sorted = kernels.triton_resolve.best_sorted
+
+def counting_best_sorted(*args):  # the interpreter runs resolve_row as Python
+    SORTS.append(1)
+    return _best_sorted(*args)
+
+kernels.triton_resolve.best_sorted = counting_best_sorted
+"""
+
 # The rescue scripts' common end: the Triton path (segments of 64, KC candidates each)
 # against the oracle and the torch path. Each script sets x, temp, k, p, mp, want, seed, KC.
 RESCUE_CHECK = """
@@ -147,7 +160,8 @@ print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_r
                   "band": band.tolist(), "sizes": tri.support_sizes.tolist(),
                   "ref_sizes": ref.support_sizes.tolist(),
                   "cpu_sizes": cpu.support_sizes.tolist(), "masks": tri.masks() == cpu.masks(),
-                  "tokens": torch.equal(tri.tokens, cpu.tokens)}))
+                  "tokens": torch.equal(tri.tokens, cpu.tokens),
+                  "sorts": len(globals().get("SORTS", []))}))
 """
 
 RESCUE = (
@@ -489,10 +503,13 @@ def test_one_bad_segment_decides_from_one_read_of_that_segment(
     floor (the other segments' candidates and one read of the bad segment) and decides,
     equal to the oracle, instead of bisecting over the row. The band was not enough, so the
     rows are counted as fallback rows."""
-    out = interpreted(PRELUDE + NO_BISECTION + f"LANES = {lanes}\n" + RESCUE)
+    out = interpreted(PRELUDE + NO_BISECTION + COUNT_SORTS + f"LANES = {lanes}\n" + RESCUE)
     assert out["ok"], out["errors"]
     assert all(s > n for s, n in zip(out["sizes"], out["band"], strict=True)), out
     assert out["fallback"] == [True] * 6
+    # Per row: the first tier, then the rescue's pick. The first tier held every candidate
+    # above the band floor, so the second tier (it would sort the same ones) is skipped.
+    assert out["sorts"] == 2 * 6
     assert out["sizes"] == out["cpu_sizes"]
     assert out["masks"] and out["tokens"]
 
