@@ -553,14 +553,20 @@ PHASE_NAMES = (
 )
 
 
+# Rows the first tier leaves undecided (the rescued ones): from the first tier's draw on, the
+# second tier (or its skip), the rescue's read, its pick, its decision, then its draw and slot.
+RESCUE_PHASE_NAMES = ("tier2", "rescue_read", "rescue_pick", "rescue_decide", "draw_slot")
+
+
 def resolve_phases(out: pathlib.Path, batches: list[int], calls: int = 20) -> None:
     """Cycles each row's resolve spends per phase (the SM's %clock64, stamped by resolve_row
     with TIMING), medians over rows and calls, at V=151936 fp32 top-p 0.95 (B=1 takes the
     fused launch). resolve is one program per row and latency-bound, so this is where its
     time goes. Batches past one wave (B=1024: about 8 rows per SM, a few at a time)
     show what a program pays when an earlier one on its SM has already fetched the code.
-    Writes kernels_phases.json."""
-    from kernels.triton_resolve import PHASES
+    Rows the rescue takes (B=256 has three in buffer 0) also get the rescue's phases, over
+    those rows only. Writes kernels_phases.json."""
+    from kernels.triton_resolve import MAIN_STAMPS, PHASES
 
     rows = []
     for batch in batches:
@@ -568,18 +574,34 @@ def resolve_phases(out: pathlib.Path, batches: list[int], calls: int = 20) -> No
         inp = check_inputs(**_args(b), max_mask_tokens=CAP)
         index = mask_index(inp.want_mask, inp.logits.device)
         stamps = torch.zeros(batch, PHASES.value, dtype=torch.int64, device="cuda")
-        deltas = []
+        deltas, rescue = [], []
         for i in range(calls + 2):
-            sample_triton(inp, index=index, phase_cycles=stamps)
-            if i >= 2:  # the first calls compile and warm the caches
-                deltas.append(stamps.diff(dim=1).cpu())
+            stamps.zero_()
+            res = sample_triton(inp, index=index, phase_cycles=stamps)
+            if i < 2:  # the first calls compile and warm the caches
+                continue
+            st = stamps.cpu()
+            deltas.append(st[:, : MAIN_STAMPS.value].diff(dim=1))
+            r = st[res.fallback_rows.cpu() & (st[:, -1] > 0)]  # rescued: every stamp written
+            if len(r):
+                order = (8, 11, 12, 13, 14, 9)  # draw, tier 2, read, pick, decision, slot
+                rescue.append(
+                    torch.stack([r[:, j] - r[:, i] for i, j in itertools.pairwise(order)], 1)
+                )
         d = torch.cat(deltas).double().median(dim=0).values.tolist()
         row = {"B": batch, "total_cycles": sum(d), **dict(zip(PHASE_NAMES, d, strict=True))}
+        line = " ".join(f"{k}={v:.0f}" for k, v in zip(PHASE_NAMES, d, strict=True))
+        if rescue:
+            rd = torch.cat(rescue).double().median(dim=0).values.tolist()
+            row["rescued_rows"] = len(rescue[0])
+            row["rescue"] = dict(zip(RESCUE_PHASE_NAMES, rd, strict=True))
+            line += " | rescued rows: " + " ".join(
+                f"{k}={v:.0f}" for k, v in zip(RESCUE_PHASE_NAMES, rd, strict=True)
+            )
         rows.append(row)
         print(
-            f"phases B={batch}: "
-            + " ".join(f"{k}={v:.0f}" for k, v in zip(PHASE_NAMES, d, strict=True))
-            + f" total={sum(d):.0f} cycles ({sum(d) / 1980:.1f} us at 1.98 GHz)",
+            f"phases B={batch}: {line} total={sum(d):.0f} cycles "
+            f"({sum(d) / 1980:.1f} us at 1.98 GHz)",
             flush=True,
         )
     (out / "kernels_phases.json").write_text(json.dumps(rows, indent=1))

@@ -38,8 +38,12 @@ from kernels.triton_fallback import (
 )
 
 # Cycle stamps per row with TIMING: entry, then the ends of stats, keys, the tier sort's four
-# steps (search, rank, gather, sort), decide, draw, slot, and the exit.
-PHASES = tl.constexpr(11)
+# steps (search, rank, gather, sort), decide, draw, slot, and the exit (11, every row); then,
+# on rows the first tier leaves undecided, the ends of the second tier (or its skip) and of
+# the rescue's read, pick and decision (its last round), RESCUE_STAMPS of them.
+MAIN_STAMPS = tl.constexpr(11)
+RESCUE_STAMPS = tl.constexpr(4)
+PHASES = tl.constexpr(15)
 
 
 @triton.jit
@@ -207,6 +211,8 @@ def resolve_row(
             z2 = tl.full([T2], float("-inf"), tl.float32)
             ids2 = tl.zeros([T2], tl.int64)
             mass2 = tl.zeros([T2], tl.float32)
+        if TIMING:
+            tl.store(stamp + 11, cycles(n))  # after the second tier (or its skip)
         x_row = x_ptr + row * stride_x
         if undecided:
             # The rescue: list every token above t, a segment floor d_c below d_max, then the
@@ -253,6 +259,8 @@ def resolve_row(
                         RESCUE,
                         FB_BLOCK,
                     )
+                    if TIMING:
+                        tl.store(stamp + 12, cycles(got.to(tl.int64)))  # after the read
                     r_z = tl.where(r_keys == EMPTY_KEY, float("-inf"), unpack_z(r_keys))
                     r_listed = r_z > t
                     r_lo = tl.maximum(t, z_max - 30.0)
@@ -268,9 +276,13 @@ def resolve_row(
                     best2, r_floor = best_sorted(
                         r_cands, scratch + T1, T2, NBISECT, T2, stamp, False
                     )
+                    if TIMING:
+                        tl.store(stamp + 13, cycles(tl.max(best2, axis=0)))  # after the pick
                     n, undecided, z2, ids2, mass2 = decide(
                         best2, r_floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
                     )
+                    if TIMING:
+                        tl.store(stamp + 14, cycles(n))  # after the decision
                     fits = got <= RESCUE
                     undecided = undecided | ~fits
                 fits = fits & (t > float("-inf"))  # t at -inf: every segment was read
