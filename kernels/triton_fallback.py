@@ -118,8 +118,8 @@ def gather_above(
     LIMIT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Every key of the row with z > t, unsorted ([LIMIT], EMPTY_KEY after them), and their
-    count.
+    """Writes every key of the row with z > t to scratch_row, unsorted, and returns their
+    count (only the first LIMIT are written; past LIMIT the caller must not use them).
 
     d_row: the row's pass-1 segment floors ([n_chunks], segment c holds tokens
     [c * seg_len, (c + 1) * seg_len)). A segment whose floor is at most t is complete above
@@ -127,8 +127,8 @@ def gather_above(
     `known` is set. Those are written first, then one read of each other segment adds its
     tokens above t (it stops early once more than LIMIT keys qualify). The keys are all
     tokens with z > t, an exact prefix of design order above the floor t, whatever pass 1
-    kept; when the count exceeds LIMIT the block holds only some of them and the caller must
-    not use it.
+    kept. The caller loads as many as it needs: a block of LIMIT costs every block-wide step
+    after it four times a block of the second tier (bench_kernels.py --phases).
     """
     tl.debug_barrier()  # earlier reads of this scratch row before the stores below
     # (The candidates' block and the read's block differ in size below 2048 candidates, so
@@ -150,9 +150,8 @@ def gather_above(
             tl.store(scratch_row + b_rank, b_keys, mask=b_sel & (b_rank < LIMIT))
             written += tl.sum(b_sel.to(tl.int32), axis=0)
             start += BLOCK
-    tl.debug_barrier()  # the scattered stores before the block load
-    slots = tl.arange(0, LIMIT)
-    return tl.load(scratch_row + slots, mask=slots < written, other=EMPTY_KEY), written
+    tl.debug_barrier()  # the scattered stores before the caller's block load
+    return written
 
 
 @triton.jit

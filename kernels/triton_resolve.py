@@ -244,7 +244,8 @@ def resolve_row(
                 fits = known <= RESCUE
                 if fits:
                     fallback = tl.full([], 1, tl.int8)  # the band was not enough: counted
-                    r_keys, got = gather_above(
+                    gathered = scratch + T1 + T2
+                    got = gather_above(
                         x_row,
                         temp,
                         vocab,
@@ -255,36 +256,48 @@ def resolve_row(
                         keys,
                         z_all,
                         others,
-                        scratch + T1 + T2,
+                        gathered,
                         RESCUE,
                         FB_BLOCK,
                     )
                     if TIMING:
                         tl.store(stamp + 12, cycles(got.to(tl.int64)))  # after the read
-                    r_z = tl.where(r_keys == EMPTY_KEY, float("-inf"), unpack_z(r_keys))
-                    r_listed = r_z > t
-                    r_lo = tl.maximum(t, z_max - 30.0)
-                    r_below, r_n_lo = tl.reduce(
-                        (
-                            tl.where(r_listed & (r_z < r_lo), r_z, float("-inf")),
-                            (r_listed & (r_z >= r_lo)).to(tl.int32),
-                        ),
-                        0,
-                        max1_add1,
-                    )
-                    r_cands = (r_keys, r_z, r_listed, t, z_max, r_lo, r_n_lo, r_below)
-                    best2, r_floor = best_sorted(
-                        r_cands, scratch + T1, T2, NBISECT, T2, stamp, False
-                    )
-                    if TIMING:
-                        tl.store(stamp + 13, cycles(tl.max(best2, axis=0)))  # after the pick
-                    n, undecided, z2, ids2, mass2 = decide(
-                        best2, r_floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
-                    )
-                    if TIMING:
-                        tl.store(stamp + 14, cycles(n))  # after the decision
                     fits = got <= RESCUE
-                    undecided = undecided | ~fits
+                    if fits:
+                        if got <= T2:
+                            # Every key above t fits the second tier: sort them as they are
+                            # (t is the floor), with no search over a block of RESCUE keys
+                            # (a rescued row's pick took 44600 cycles with it, 26800
+                            # without, on the H200).
+                            s_pos = tl.arange(0, T2)
+                            best2 = tl.load(gathered + s_pos, mask=s_pos < got, other=EMPTY_KEY)
+                            best2 = tl.sort(best2, 0, descending=True)
+                            r_floor = t
+                        else:
+                            r_pos = tl.arange(0, RESCUE)
+                            r_keys = tl.load(gathered + r_pos, mask=r_pos < got, other=EMPTY_KEY)
+                            r_z = tl.where(r_keys == EMPTY_KEY, float("-inf"), unpack_z(r_keys))
+                            r_listed = r_z > t
+                            r_lo = tl.maximum(t, z_max - 30.0)
+                            r_below, r_n_lo = tl.reduce(
+                                (
+                                    tl.where(r_listed & (r_z < r_lo), r_z, float("-inf")),
+                                    (r_listed & (r_z >= r_lo)).to(tl.int32),
+                                ),
+                                0,
+                                max1_add1,
+                            )
+                            r_cands = (r_keys, r_z, r_listed, t, z_max, r_lo, r_n_lo, r_below)
+                            best2, r_floor = best_sorted(
+                                r_cands, scratch + T1, T2, NBISECT, T2, stamp, False
+                            )
+                        if TIMING:
+                            tl.store(stamp + 13, cycles(tl.max(best2, axis=0)))  # after the pick
+                        n, undecided, z2, ids2, mass2 = decide(
+                            best2, r_floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
+                        )
+                        if TIMING:
+                            tl.store(stamp + 14, cycles(n))  # after the decision
                 fits = fits & (t > float("-inf"))  # t at -inf: every segment was read
                 rounds += 1
         if ~undecided:
