@@ -83,6 +83,7 @@ VARIANTS = {
     "r4": {"resolve_warps": 4},
     "rr128": {"resolve_regs": 128},  # resolve_kernel capped at 128 registers: 2 programs an SM
     "emit": {"pack": False},  # emit_kernel packs the CSR at every batch size (a third launch)
+    "p1024": {"programs": 1024},  # segments double while a launch keeps 1024 programs
 }
 
 

@@ -42,9 +42,18 @@ NBISECT = 6  # band threshold bisection steps: DELTA / 64 resolution is plenty
 LANES = 512
 # Segments double (up to MAX_TILES tiles) while the launch keeps LANE_PROGRAMS programs or the
 # row keeps ROW_SEGMENTS segments: large batches amortise each program's end-of-segment cut
-# over more tokens (16384 at B=128, V=151936), B=1 still spreads its row over the SMs.
-LANE_PROGRAMS = 1024
+# and its start over more tokens (16384 at B=128, V=151936), B=1 still spreads its row over
+# the SMs. A row keeps ROW_LANES lanes (19 segments at V=151936) unless the launch has
+# FULL_PROGRAMS programs: fewer lanes a row put three of its top tokens in one lane more
+# often, and such a row takes the rescue (bench_segments.py: 3 rescued rows in 512 at
+# B=128 with 6 segments, none with 10). On the H200 (V=151936 fp32 top-p 0.95, steady,
+# 3 rounds each) 512 programs against 1024: B=16 23.5 against 26.3 us (38 segments
+# against 75), B=32 26.0 against 30.7 and B=48 31.3 against 37.2 (19 against 38); B=64 with
+# 10 segments met a rescued row (44.5 against 34.5), so from B=54 the 19 stay.
+LANE_PROGRAMS = 512
+FULL_PROGRAMS = 1024
 ROW_SEGMENTS = 64
+ROW_LANES = 8192
 # 16-bit logits take the same shape. A 16-bit shape (1024 lanes, 65536-token segments: 3 per
 # row at B=128, V=151936) streamed faster (pass 1 44.3 us against 60.4 in bf16 on the H200),
 # but its 3072 lanes per row, against 5120, put three of a row's top tokens in one lane about
@@ -115,6 +124,7 @@ def band_config(
     pdl: bool = True,
     resolve_regs: int = 0,
     pack: bool = True,
+    programs: int = LANE_PROGRAMS,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
@@ -127,7 +137,7 @@ def band_config(
         lanes = LANES
     if lanes and chunk is None:
         lanes = min(lanes, triton.next_power_of_2(vocab))
-        chunk = lanes_segment(vocab, lanes, batch)
+        chunk = lanes_segment(vocab, lanes, batch, programs)
     chunk = chunk or min(CHUNK_MAX, triton.next_power_of_2(vocab))
     n_chunks = triton.cdiv(vocab, chunk)
     if kc is None:
@@ -165,6 +175,8 @@ def lanes_segment(vocab: int, lanes: int, batch: int, programs: int = LANE_PROGR
     while tiles < MAX_TILES:
         segments = triton.cdiv(vocab, 2 * tiles * lanes)  # per row, after doubling
         if batch * segments < programs and segments < ROW_SEGMENTS:
+            break
+        if segments * lanes < ROW_LANES and batch * segments < FULL_PROGRAMS:
             break
         tiles *= 2
     return tiles * lanes
