@@ -59,6 +59,11 @@ def segment_config(vocab: int, batch: int, n: int | None):
     return band_config(vocab, batch=batch, chunk=tiles * LANES)
 
 
+def shape(cfg, n: int | None) -> dict:
+    """A result row's segment fields: segments a row, tokens a segment, the default shape."""
+    return {"n": cfg.n_chunks, "seg": cfg.chunk, "default": n is None}
+
+
 def pass1_graph_time(bufs, cfg, rep_ms: int) -> float:
     """Pass 1 alone under cfg, STEADY_CALLS launches a graph, us per launch."""
     batch = bufs[0]["logits"].shape[0]
@@ -118,9 +123,7 @@ def main() -> None:
                 record(
                     B=batch,
                     what="pass1",
-                    n=cfg.n_chunks,
-                    seg=cfg.chunk,
-                    default=n is None,
+                    **shape(cfg, n),
                     programs=batch * cfg.n_chunks,
                     per_sm=round(batch * cfg.n_chunks / slots, 2),
                     round=rnd,
@@ -129,15 +132,7 @@ def main() -> None:
         for n in [None] + [int(n) for n in a.whole.split(",") if n]:
             cfg = segment_config(a.vocab, batch, n)
             us, rescued = whole(bufs, cfg, a.rep_ms)
-            record(
-                B=batch,
-                what="whole",
-                n=cfg.n_chunks,
-                seg=cfg.chunk,
-                default=n is None,
-                us=us,
-                rescued=rescued,
-            )
+            record(B=batch, what="whole", **shape(cfg, n), us=us, rescued=rescued)
     table(rows)
     plot(rows, out / "kernels_segments.png")
 
