@@ -129,9 +129,10 @@ def band_config(
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
     The segment of band_lanes_kernel grows with the batch, so a worker meets a few configs
-    (powers of two of tiles) per vocabulary; each compiles its own pass 1 once. fused (one
-    launch for both passes, band_resolve_kernel) defaults to launches of at most
-    FUSE_PROGRAMS programs.
+    (powers of two of tiles) per vocabulary; each compiles its own pass 1 once (programs:
+    the launch size segments keep doubling for, lanes_segment; the bench's p1024 variant
+    is the rule before session 10). fused (one launch for both passes, band_resolve_kernel)
+    defaults to launches of at most FUSE_PROGRAMS programs.
     """
     if lanes is None:
         lanes = LANES
