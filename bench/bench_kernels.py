@@ -84,6 +84,15 @@ VARIANTS = {
     "rr128": {"resolve_regs": 128},  # resolve_kernel capped at 128 registers: 2 programs an SM
     "emit": {"pack": False},  # emit_kernel packs the CSR at every batch size (a third launch)
     "p1024": {"programs": 1024},  # segments double while a launch keeps 1024 programs
+    # Fewer candidate slots a segment: resolve's candidate block halves (B=1: 75 x 8 = 600
+    # slots in a 1024 block; B=128: 10 x 64 = 640), at the cost of a higher band floor.
+    "kc8": {"kc": 8},
+    "kc32": {"kc": 32},
+    "kc64": {"kc": 64},
+    "kc64r8": {"kc": 64, "resolve_warps": 8},
+    "s4kkc16": {"chunk": 4096, "kc": 16},  # B=1: 38 segments x 16 slots
+    "noearly": {"early": False},  # the first tier's search always picks 192 or more
+    "s2560": {"chunk": 2560},  # B=1: 60 segments of 2560 tokens (32 slots each by the rule)
 }
 
 
@@ -379,8 +388,8 @@ def ab_times(
     """Variants compared in one process (V = 151936, fp32, top-p 0.95, Zipf rows): each
     round times every variant's steady sample in turn, so drift between runs and machines
     (as large as the changes at B = 1) does not enter the comparison; then a single replay
-    per variant, each buffer's fallback rows, and whether every variant gives the same
-    tokens and CSR. Writes kernels_ab.json and .png."""
+    per variant, each variant's fallback rows and band size (median candidates listed above
+    the band floor) per buffer, and whether every variant gives the same tokens and CSR. Writes kernels_ab.json and .png."""
     rows = []
 
     def record(**row) -> None:
@@ -402,13 +411,18 @@ def ab_times(
             for r in results
         )
         record(B=batch, what="same_result", value=same)
-        for i, b in enumerate(bufs):
-            res = sample_triton(check_inputs(**_args(b), max_mask_tokens=CAP))
+        for (i, b), v in itertools.product(enumerate(bufs), variants):
+            cfg = band_config(151936, batch=batch, **VARIANTS[v])
+            band = torch.empty(batch, dtype=torch.int64, device="cuda")
+            res = sample_triton(check_inputs(**_args(b), max_mask_tokens=CAP), cfg, band_sizes=band)
             record(
                 B=batch,
                 what="fallback_rows",
+                variant=v,
                 buf=i,
                 rows=res.fallback_rows.nonzero().flatten().tolist(),
+                band_median=float(band.double().median()),
+                support_max=int(res.support_sizes.max()),
             )
         for rnd in range(rounds):
             for v in variants:

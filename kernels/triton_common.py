@@ -121,6 +121,12 @@ def add3_max3(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
 
 
 @triton.jit
+def add3_max3_add3(a0, a1, a2, a3, a4, a5, a6, a7, a8, b0, b1, b2, b3, b4, b5, b6, b7, b8):
+    a = add3_max3(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5)
+    return a[0], a[1], a[2], a[3], a[4], a[5], a6 + b6, a7 + b7, a8 + b8
+
+
+@triton.jit
 def argmax_key_add(s0, p0, k0, a0, s1, p1, k1, a1):
     """The larger score (the lower position on ties) with its key, and a sum."""
     first = (s0 > s1) | ((s0 == s1) & (p0 < p1))

@@ -11,6 +11,7 @@ from kernels.triton_common import (
     EMPTY_KEY,
     add2,
     add3_max3,
+    add3_max3_add3,
     add4,
     argmax_key_add,
     cycles,
@@ -57,6 +58,41 @@ def counts_below(listed, z, q1, q2, q3):
 
 
 @triton.jit
+def counts_mass_below(listed, z, mass, q1, q2, q3):
+    """counts_below, and the mass of the listed z >= each threshold, in one reduction."""
+    return tl.reduce(
+        (
+            (listed & (z >= q1)).to(tl.int32),
+            (listed & (z >= q2)).to(tl.int32),
+            (listed & (z >= q3)).to(tl.int32),
+            tl.where(listed & (z < q1), z, float("-inf")),
+            tl.where(listed & (z < q2), z, float("-inf")),
+            tl.where(listed & (z < q3), z, float("-inf")),
+            tl.where(listed & (z >= q1), mass, 0.0),
+            tl.where(listed & (z >= q2), mass, 0.0),
+            tl.where(listed & (z >= q3), mass, 0.0),
+        ),
+        0,
+        add3_max3_add3,
+    )
+
+
+@triton.jit
+def support_goal(z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, greedy):
+    """When a pick of the best candidates holds the whole support, whatever it decides: the
+    pick (every listed z >= hi, n of them, mass m relative to z_max) covers S when
+    n >= k_goal, m >= p_goal or hi < m_bound (skip: a greedy row needs only the max). Each
+    is a sufficient condition with a margin for float rounding; a pick they let through
+    that still falls short only leaves the row to the next tier."""
+    k_goal = tl.where(k_on, k, 1 << 40)
+    # top-p alone: the first token below a pick of mass >= top_p * z_sum is outside S. (With
+    # top-k too, its normaliser is the top-k mass, unknown until k tokens are picked.)
+    p_goal = tl.where(p_on & ~k_on, top_p * z_sum * 1.0001, float("inf"))
+    m_bound = tl.where(m_on, z_max + tl.log(min_p) - 1e-3, float("-inf"))
+    return k_goal, p_goal, m_bound, greedy
+
+
+@triton.jit
 def best_sorted(
     cands,
     scratch,
@@ -65,6 +101,8 @@ def best_sorted(
     STOP: tl.constexpr,
     stamp,
     TIMING: tl.constexpr,
+    goal=None,
+    EARLY: tl.constexpr = False,
 ):
     """The best (at most LIMIT) listed candidates, sorted, and the new floor below them.
 
@@ -74,7 +112,9 @@ def best_sorted(
     largest listed z below lo, which the caller reduces along with values it needs anyway. Returns
     ([LIMIT] sorted keys, floor): every token with z > floor is among the returned keys. The
     threshold search stops once at least STOP candidates are picked (STOP = LIMIT: the full
-    search). With TIMING, stamps the cycle counter at stamp[0..3] after the threshold search,
+    search). With EARLY, it also stops once the pick holds the row's whole support by goal
+    (support_goal's tuple) and the candidates' mass exp(z - z_max): a row whose support is a
+    few dozen tokens stops after a step or two instead of picking STOP. With TIMING, stamps the cycle counter at stamp[0..3] after the threshold search,
     the pick count (a reduction only when the search left hi at the row max), the gather (the
     scan that ranks the picks, their scatter and the block load) and the sort.
     """
@@ -92,9 +132,20 @@ def best_sorted(
         n_pick = tl.full([], -1, tl.int32)
         below = tl.full([], float("-inf"), tl.float32)
         steps = tl.zeros([], tl.int32)
-        while (steps < NBISECT // 2) & (n_pick < STOP):
+        enough = steps != 0  # False
+        if EARLY:
+            k_goal, p_goal, m_bound, enough = goal
+            mass = tl.where(listed, tl.exp(z - z_max), 0.0)
+            m_pick = tl.zeros([], tl.float32)
+        while (steps < NBISECT // 2) & (n_pick < STOP) & ~enough:
             t1, t2, t3 = quarters(lo, hi)
-            c1, c2, c3, b1, b2, b3 = counts_below(listed, z, t1, t2, t3)
+            if EARLY:
+                c1, c2, c3, b1, b2, b3, m1, m2, m3 = counts_mass_below(listed, z, mass, t1, t2, t3)
+                m_pick = tl.where(
+                    c3 > LIMIT, m_pick, tl.where(c2 > LIMIT, m3, tl.where(c1 > LIMIT, m2, m1))
+                )
+            else:
+                c1, c2, c3, b1, b2, b3 = counts_below(listed, z, t1, t2, t3)
             n_pick = tl.where(
                 c3 > LIMIT, n_pick, tl.where(c2 > LIMIT, c3, tl.where(c1 > LIMIT, c2, c1))
             )
@@ -102,6 +153,8 @@ def best_sorted(
                 c3 > LIMIT, below, tl.where(c2 > LIMIT, b3, tl.where(c1 > LIMIT, b2, b1))
             )
             lo, hi = keep_quarter(lo, hi, t1, t2, t3, c1, c2, c3, LIMIT)
+            if EARLY:
+                enough = (n_pick >= k_goal) | (m_pick >= p_goal) | (hi < m_bound)
             steps += 1
         lo = hi
     if TIMING:

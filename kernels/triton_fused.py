@@ -76,6 +76,7 @@ def band_resolve_kernel(
     HAS_STEP: tl.constexpr,
     times_ptr,
     TIMING: tl.constexpr,
+    EARLY: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     lanes_pass(
@@ -149,4 +150,5 @@ def band_resolve_kernel(
             HAS_STEP,
             times_ptr,
             TIMING,
+            EARLY,
         )

@@ -104,6 +104,7 @@ class BandConfig:
     pdl: bool = True  # programmatic dependent launches between the split path's kernels (sm_90+)
     pack: bool = True  # split path, up to one row an SM: resolve packs the CSR (no emit launch)
     resolve_regs: int = 0  # resolve_kernel's registers per thread; 0: the compiler's
+    early: bool = True  # the first tier's pick stops once it holds the support (best_sorted)
 
     @property
     def ncand(self) -> int:
@@ -125,6 +126,7 @@ def band_config(
     resolve_regs: int = 0,
     pack: bool = True,
     programs: int = LANE_PROGRAMS,
+    early: bool = True,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
@@ -167,6 +169,7 @@ def band_config(
         pdl=pdl,
         resolve_regs=resolve_regs,
         pack=pack,
+        early=early,
     )
 
 
@@ -387,6 +390,7 @@ def sample_triton(
         "HAS_STEP": inp.step is not None,
         "times_ptr": tokens if phase_cycles is None else phase_cycles,
         "TIMING": phase_cycles is not None,
+        "EARLY": cfg.early,
     }
     stats = (cand_key, m_c, s_c, d_c)
     # Programmatic dependent launch (sm_90+): resolve and emit launch while the kernel before

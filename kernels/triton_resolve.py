@@ -26,7 +26,7 @@ from kernels.triton_common import (
     unpack_id,
     unpack_z,
 )
-from kernels.triton_decide import best_sorted, decide, draw, store_mask
+from kernels.triton_decide import best_sorted, decide, draw, store_mask, support_goal
 from kernels.triton_emit import pack_row
 from kernels.triton_fallback import (
     fallback_draw,
@@ -96,6 +96,7 @@ def resolve_row(
     HAS_STEP: tl.constexpr,
     times_ptr,  # [B, PHASES] int64 cycle stamps of the row's phases, written when TIMING
     TIMING: tl.constexpr,
+    EARLY: tl.constexpr,  # the first tier's pick stops once it holds the support
 ):
     """One row's whole pass 2. Pass 1's outputs are read through L2 (".cg"): in the fused
     launch (triton_fused.py) other programs wrote them moments ago. With TIMING, the row
@@ -165,7 +166,10 @@ def resolve_row(
     # The first tier's search stops once it holds 3/4 of T1 (most rows need far fewer); the
     # second's runs in full, since a row there may need all of it.
     cands = (keys, z_all, listed, d_max, z_max, lo, n_lo, below_lo)
-    best, floor = best_sorted(cands, scratch, T1, NBISECT, T1 * 3 // 4, stamp + 3, TIMING)
+    goal = support_goal(z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, greedy)
+    best, floor = best_sorted(
+        cands, scratch, T1, NBISECT, T1 * 3 // 4, stamp + 3, TIMING, goal, EARLY
+    )
     n, undecided, z, ids, mass = decide(
         best, floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T1
     )
@@ -438,6 +442,7 @@ def resolve_kernel(
     HAS_STEP: tl.constexpr,
     times_ptr,  # [B, PHASES] int64 cycle stamps of the row's phases, written when TIMING
     TIMING: tl.constexpr,
+    EARLY: tl.constexpr,  # the first tier's pick stops once it holds the support
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch after pass 1
 ):
     if PDL:
@@ -493,4 +498,5 @@ def resolve_kernel(
         HAS_STEP,
         times_ptr,
         TIMING,
+        EARLY,
     )

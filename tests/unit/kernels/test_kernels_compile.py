@@ -84,6 +84,7 @@ def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> 
         "NBISECT": RESOLVE_BISECT,
         "HAS_STEP": True,
         "TIMING": True,
+        "EARLY": True,
     }
     types = {p: POINTERS.get(p, "i32") for p in band_resolve_kernel.arg_names}
     ptx = sm90_compile(band_resolve_kernel, types, const).asm["ptx"]
@@ -148,6 +149,7 @@ def test_resolve_lowers_for_small_vocabularies(vocab: int, batch: int, sm90_comp
         "NBISECT": RESOLVE_BISECT,
         "HAS_STEP": False,
         "TIMING": False,
+        "EARLY": True,
         "PDL": True,
     }
     types = {p: POINTERS.get(p, "i32") for p in resolve_kernel.arg_names}

@@ -336,6 +336,82 @@ print(json.dumps({"ok": rep.ok, "errors": rep.errors, "band": band.tolist(),
 """
 
 
+EARLY_STOP = """
+# Wide bands (over 1000 listed a row) whose supports are a few dozen tokens: 20 tokens lie
+# about 10 nats above the rest. The first tier's threshold search stops as soon as its pick
+# holds the support: by mass (top-p alone), by count (top-k), by the min-p bound, at once for
+# a greedy row. The last row has no such bound in the first tier (top-k 1000, past it).
+import kernels.triton_decide
+
+STEPS = []  # one entry per step of a threshold search, in any tier
+_counts = kernels.triton_decide.counts_below
+_counts_mass = kernels.triton_decide.counts_mass_below
+
+def counting(*args):  # the interpreter runs best_sorted as Python
+    STEPS.append(1)
+    return _counts(*args)
+
+def counting_mass(*args):
+    STEPS.append(1)
+    return _counts_mass(*args)
+
+kernels.triton_decide.counts_below = counting
+kernels.triton_decide.counts_mass_below = counting_mass
+g = torch.Generator().manual_seed(3)
+b, v = 6, 4096
+x = torch.randn(b, v, generator=g)
+for r in range(5):
+    x[r, torch.randperm(v, generator=g)[:20]] += 10.0
+temp = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.5, 1.0])
+k = torch.tensor([-1, 30, -1, -1, -1, 1000], dtype=torch.int32)
+p = torch.tensor([0.9, 0.95, 1.0, 1.0, 0.5, 1.0])
+mp = torch.tensor([0.0, 0.0, 0.01, 0.0, 0.0, 0.0])
+want = torch.ones(b, dtype=torch.bool)
+seed = torch.arange(b)
+ref = reference(x, temp, k, p, mp)
+out = {}
+for early in (True, False):
+    cfg = band_config(v, chunk=512, kc=256, lanes=0, early=early)
+    steps = []
+    for r in range(b):  # a row at a time: the steps of each row's searches
+        one = check_inputs(x[r:r + 1], temp[r:r + 1], k[r:r + 1], p[r:r + 1], mp[r:r + 1],
+                           want[r:r + 1], max_mask_tokens=v, seed=seed[r:r + 1])
+        n0 = len(STEPS)
+        sample_triton(one, cfg)
+        steps.append(len(STEPS) - n0)
+    inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=v, seed=seed)
+    band = torch.empty(b, dtype=torch.int64)
+    tri = sample_triton(inp, cfg, band_sizes=band)
+    rep = check_result(tri, ref, want, None, v)
+    out[str(early)] = {"ok": rep.ok, "errors": rep.errors, "steps": steps,
+                       "band": band.tolist(), "sizes": tri.support_sizes.tolist(),
+                       "tokens": tri.tokens.tolist(), "masks": tri.masks(),
+                       "fallback": tri.fallback_rows.tolist()}
+print(json.dumps(out))
+"""
+
+
+def test_first_tier_search_stops_once_its_pick_holds_the_support(
+    interpreted: Interpreted,
+) -> None:
+    """best_sorted with EARLY (the default): the first tier's threshold search stops after the
+    step whose pick covers the support (top-p mass, top-k count, min-p bound; a greedy row
+    needs no step), instead of narrowing until it holds 192 candidates. Supports, masks and
+    seeded tokens equal the oracle and the full search's."""
+    out = interpreted(PRELUDE + EARLY_STOP)
+    early, full = out["True"], out["False"]
+    assert early["ok"], early["errors"]
+    assert full["ok"], full["errors"]
+    assert min(early["band"]) > 256, early["band"]  # every first tier narrows its candidates
+    assert early["sizes"] == full["sizes"] and early["tokens"] == full["tokens"]
+    assert early["masks"] == full["masks"]
+    assert early["fallback"] == full["fallback"] == [False] * 6
+    assert early["steps"][3] == 0 < full["steps"][3]  # greedy: the max's ties, no search
+    for e, f in zip(early["steps"][:5], full["steps"][:5], strict=True):
+        assert 1 <= e < f or e == 0, (early["steps"], full["steps"])
+    assert early["steps"][5] == full["steps"][5]  # no bound: both tiers search in full
+
+
 def test_wide_band_narrows_then_sorts_each_tier(interpreted: Interpreted) -> None:
     out = interpreted(PRELUDE + WIDE_BAND)
     assert out["ok"], out["errors"]
