@@ -88,43 +88,69 @@ def count(args: argparse.Namespace) -> list[dict]:
     return out
 
 
-def plot(rows: list[dict], path: pathlib.Path) -> None:
+def plot_rates(
+    rows: list[dict],
+    path: pathlib.Path,
+    keys: tuple,
+    shapes: list,
+    labels,
+    xlabel: str,
+    ylabel: str,
+) -> None:
+    """Bars of each row group's (logits, top_p) lost_rate per shape, the row's `keys`
+    matching a shape (also bench/slot_limits.py)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4))
-    labels = [f"{w}x{s // 1024}k" for w, s in SHAPES]
-    width = 0.2
     groups = sorted({(r["logits"], r["top_p"]) for r in rows})
+    width = 0.8 / len(groups)
     for i, (kind, top_p) in enumerate(groups):
         vals = [
             next(
                 r["lost_rate"]
                 for r in rows
-                if (r["logits"], r["top_p"], r["lanes"], r["segment"]) == (kind, top_p, w, s)
+                if (r["logits"], r["top_p"], *(r[k] for k in keys)) == (kind, top_p, *shape)
             )
-            for w, s in SHAPES
+            for shape in shapes
         ]
-        xs = [j + (i - len(groups) / 2 + 0.5) * width for j in range(len(SHAPES))]
+        xs = [j + (i - len(groups) / 2 + 0.5) * width for j in range(len(shapes))]
         ax.bar(xs, [100 * v for v in vals], width, label=f"{kind} top-p {top_p}")
-    ax.set_xticks(range(len(SHAPES)), labels)
-    ax.set_xlabel("pass-1 shape (lanes x segment tokens)")
-    ax.set_ylabel("rows with 3+ support tokens in one lane (%)")
+    ax.set_xticks(range(len(shapes)), labels)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_yscale("symlog", linthresh=0.1)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def plot(rows: list[dict], path: pathlib.Path) -> None:
+    plot_rates(
+        rows,
+        path,
+        ("lanes", "segment"),
+        SHAPES,
+        [f"{w}x{s // 1024}k" for w, s in SHAPES],
+        "pass-1 shape (lanes x segment tokens)",
+        "rows with 3+ support tokens in one lane (%)",
+    )
+
+
+def parse(rows: int) -> argparse.Namespace:
+    """The command line of this count and bench/slot_limits.py."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=512)
+    ap.add_argument("--rows", type=int, default=rows)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse(512)
     rows = count(args)
     print(
         f"{'logits':>8} {'top_p':>5} {'shape':>10} {'lanes/row':>9} {'|S| mean':>8} "

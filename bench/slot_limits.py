@@ -32,7 +32,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: import from the repository root
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bench.lane_collisions import lane_of, rows_of, supports
+from bench.lane_collisions import lane_of, parse, plot_rates, rows_of, supports
 from kernels.triton_path import LANES, RESCUE_ROUNDS
 
 # (segment tokens, KC): B = 1's default (75 x 16 at V = 151936) and the smaller blocks timed
@@ -71,42 +71,19 @@ def count(args: argparse.Namespace) -> list[dict]:
 
 
 def plot(rows: list[dict], path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    labels = [f"{s}x{kc}" for s, kc in SHAPES]
-    groups = sorted({(r["logits"], r["top_p"]) for r in rows})
-    width = 0.8 / len(groups)
-    for i, (kind, top_p) in enumerate(groups):
-        vals = [
-            next(
-                r["lost_rate"]
-                for r in rows
-                if (r["logits"], r["top_p"], r["segment"], r["kc"]) == (kind, top_p, s, kc)
-            )
-            for s, kc in SHAPES
-        ]
-        xs = [j + (i - len(groups) / 2 + 0.5) * width for j in range(len(SHAPES))]
-        ax.bar(xs, [100 * v for v in vals], width, label=f"{kind} top-p {top_p}")
-    ax.set_xticks(range(len(SHAPES)), labels)
-    ax.set_xlabel("pass-1 segment tokens x candidate slots (KC)")
-    ax.set_ylabel("rows the band loses (%)")
-    ax.set_yscale("symlog", linthresh=0.1)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    plot_rates(
+        rows,
+        path,
+        ("segment", "kc"),
+        SHAPES,
+        [f"{s}x{kc}" for s, kc in SHAPES],
+        "pass-1 segment tokens x candidate slots (KC)",
+        "rows the band loses (%)",
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=1024)
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench/results")
-    args = ap.parse_args()
+    args = parse(1024)
     rows = count(args)
     print(
         f"{'logits':>8} {'top_p':>5} {'shape':>10} {'slots':>5} {'|S| max':>7} "
