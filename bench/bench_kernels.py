@@ -389,7 +389,8 @@ def ab_times(
     round times every variant's steady sample in turn, so drift between runs and machines
     (as large as the changes at B = 1) does not enter the comparison; then a single replay
     per variant, each variant's fallback rows and band size (median candidates listed above
-    the band floor) per buffer, and whether every variant gives the same tokens and CSR. Writes kernels_ab.json and .png."""
+    the band floor) per buffer, and whether every variant gives the same tokens and CSR.
+    Writes kernels_ab.json and .png."""
     rows = []
 
     def record(**row) -> None:

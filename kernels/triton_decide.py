@@ -114,9 +114,10 @@ def best_sorted(
     threshold search stops once at least STOP candidates are picked (STOP = LIMIT: the full
     search). With EARLY, it also stops once the pick holds the row's whole support by goal
     (support_goal's tuple) and the candidates' mass exp(z - z_max): a row whose support is a
-    few dozen tokens stops after a step or two instead of picking STOP. With TIMING, stamps the cycle counter at stamp[0..3] after the threshold search,
-    the pick count (a reduction only when the search left hi at the row max), the gather (the
-    scan that ranks the picks, their scatter and the block load) and the sort.
+    few dozen tokens stops after a step or two instead of picking STOP. With TIMING, stamps
+    the cycle counter at stamp[0..3] after the threshold search, the pick count (a reduction
+    only when the search left hi at the row max), the gather (the scan that ranks the picks,
+    their scatter and the block load) and the sort.
     """
     keys, z, listed, d_max, z_max, lo, n_lo, below_lo = cands
     n_pick = n_lo
