@@ -53,8 +53,8 @@ STEADY_CALLS = 8  # samples per graph in the steady-state columns (two rounds of
 # resolve_kernel warps (r<warps>), pass 1's register limit (n<regs>).
 VARIANTS = {
     "default": {},
-    "fused": {"fused": True},  # one launch (band_resolve_kernel) at any batch size
-    "split": {"fused": False},  # pass 1 and resolve as two launches at any batch size
+    "fused": {"fused": True},  # one launch (band_resolve_kernel); the default before session 12
+    "split": {"fused": False},  # pass 1 and resolve as two launches (the default)
     "bisect": {"lanes": 0},
     "l256": {"lanes": 256},
     "l512": {"lanes": 512},
@@ -93,6 +93,10 @@ VARIANTS = {
     "s4kkc16": {"chunk": 4096, "kc": 16},  # B=1: 38 segments x 16 slots
     "noearly": {"early": False},  # the first tier's search always picks 192 or more
     "s2560": {"chunk": 2560},  # B=1: 60 segments of 2560 tokens (32 slots each by the rule)
+    # Explicit segments, for small vocabularies at large batches (lanes a row against speed)
+    "s2k": {"chunk": 2048},
+    "s4k": {"chunk": 4096},
+    "s16k": {"chunk": 16384},
 }
 
 
@@ -295,7 +299,8 @@ def main() -> None:
         return
     if args.ab:
         batches = [int(b) for b in args.batches.split(",") if b] or [128]
-        ab_times(args.rep_ms, out, args.ab.split(","), batches, args.rounds)
+        vocab = int(args.vocabs.split(",")[0]) if args.vocabs else 151936
+        ab_times(args.rep_ms, out, args.ab.split(","), batches, args.rounds, vocab)
         return
     if args.split:
         graphs = [v for v in args.graphs.split(",") if v]
@@ -311,6 +316,10 @@ def main() -> None:
         dtypes = [getattr(torch, d) for d in args.dtypes.split(",") if d] or [torch.float32]
         for dtype, vocab, batch, setting in itertools.product(dtypes, vocabs, batches, settings):
             cases.append((batch, vocab, dtype, setting, False))
+        if not args.no_flat and torch.float32 in dtypes and 151936 in vocabs:
+            for batch in [b for b in batches if b in (1, 128)]:  # the grid's flat cases
+                cases.append((batch, 151936, torch.float32, "p0.95", True))
+                cases.append((batch, 151936, torch.float32, "minp0.05", True))
     elif args.quick:
         for batch, setting in itertools.product([1, 128], settings):
             cases.append((batch, 151936, torch.float32, setting, False))
@@ -383,9 +392,14 @@ def main() -> None:
 
 
 def ab_times(
-    rep_ms: int, out: pathlib.Path, variants: list[str], batches: list[int], rounds: int
+    rep_ms: int,
+    out: pathlib.Path,
+    variants: list[str],
+    batches: list[int],
+    rounds: int,
+    vocab: int = 151936,
 ) -> None:
-    """Variants compared in one process (V = 151936, fp32, top-p 0.95, Zipf rows): each
+    """Variants compared in one process (V = vocab, fp32, top-p 0.95, Zipf rows): each
     round times every variant's steady sample in turn, so drift between runs and machines
     (as large as the changes at B = 1) does not enter the comparison; then a single replay
     per variant, each variant's fallback rows and band size (median candidates listed above
@@ -399,11 +413,11 @@ def ab_times(
         print(json.dumps(row), flush=True)
 
     for batch in batches:
-        bufs = [make_inputs(batch, 151936, torch.float32, "p0.95", False, i) for i in range(4)]
+        bufs = [make_inputs(batch, vocab, torch.float32, "p0.95", False, i) for i in range(4)]
         results = []
         for v in variants:
             inp = check_inputs(**_args(bufs[0]), max_mask_tokens=CAP)
-            results.append(sample_triton(inp, band_config(151936, batch=batch, **VARIANTS[v])))
+            results.append(sample_triton(inp, band_config(vocab, batch=batch, **VARIANTS[v])))
         n = int(results[0].mask_offsets[-1])
         same = all(
             torch.equal(r.tokens, results[0].tokens)
@@ -411,9 +425,9 @@ def ab_times(
             and torch.equal(r.mask_ids[:n], results[0].mask_ids[:n])
             for r in results
         )
-        record(B=batch, what="same_result", value=same)
+        record(B=batch, V=vocab, what="same_result", value=same)
         for (i, b), v in itertools.product(enumerate(bufs), variants):
-            cfg = band_config(151936, batch=batch, **VARIANTS[v])
+            cfg = band_config(vocab, batch=batch, **VARIANTS[v])
             band = torch.empty(batch, dtype=torch.int64, device="cuda")
             res = sample_triton(check_inputs(**_args(b), max_mask_tokens=CAP), cfg, band_sizes=band)
             record(
@@ -452,7 +466,8 @@ def plot_ab(rows: list[dict], path: pathlib.Path) -> None:
         ax.bar([i + j * width for i in range(len(batches))], med, width, label=v)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(batches))], [f"B={b}" for b in batches])
     ax.set_ylabel("us per sample (steady, median of rounds)")
-    ax.set_title("kernels.sample variants, V=151936 fp32 top-p 0.95")
+    vocab = next((r["V"] for r in rows if "V" in r), 151936)
+    ax.set_title(f"kernels.sample variants, V={vocab} fp32 top-p 0.95")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

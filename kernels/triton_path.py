@@ -7,9 +7,8 @@
                                    up to one row an SM, each row also packs its slot as CSR
   emit_kernel       (R,)           pack the slots as CSR (R >= 2, more rows than SMs or fused)
 
-Small launches run the first two as one, band_resolve_kernel (B, n_chunks): the program that
-finishes a row's last segment resolves the row (kernels/triton_fused.py). So B = 1 with a
-mask is a single launch.
+band_resolve_kernel (B, n_chunks) runs the first two as one launch, on request (fused=True):
+the program that finishes a row's last segment resolves the row (kernels/triton_fused.py).
 
 The only host-side inputs are shapes and want_mask (a CPU tensor: it sizes the outputs).
 """
@@ -54,6 +53,13 @@ LANE_PROGRAMS = 512
 FULL_PROGRAMS = 1024
 ROW_SEGMENTS = 64
 ROW_LANES = 8192
+# Whatever the launch size, a row keeps at least ROW_LANES_MIN lanes (or segments stop
+# doubling). With |S| support tokens spread over L lanes a row, about C(|S|, 3) / L^2 rows
+# put three in one lane: the rate depends on the lanes a row, not on V. V = 151936 keeps
+# 5120 at any batch; V = 32000 at B = 512 had 2 segments of 16384 tokens (1024 lanes) and
+# lost 6.6% of its top-p 0.95 Zipf rows to the rescue and bisection, 42x its floor
+# steady (bench_kernels.py grid, session 12).
+ROW_LANES_MIN = 4096
 # 16-bit logits take the same shape. A 16-bit shape (1024 lanes, 65536-token segments: 3 per
 # row at B=128, V=151936) streamed faster (pass 1 44.3 us against 60.4 in bf16 on the H200),
 # but its 3072 lanes per row, against 5120, put three of a row's top tokens in one lane about
@@ -71,12 +77,6 @@ MAX_TILES = 32
 # programs of 40 but only 4 of 64 (at 40 the sm_90 code does not spill). On the H200, B=128
 # fp32: 32.9 us at 40, 33.5 at 64 (bench variant n0).
 PASS1_REGS = 40
-# Launches of at most this many pass-1 programs resolve each row in the same launch, in the
-# program that finishes the row's last segment (kernels/triton_fused.py): B = 1 saves a launch
-# gap. Larger launches keep two: compiled for sm_90, the fused kernel takes resolve's 128
-# registers per thread against pass 1's 40, so an SM holds 2 of its 256-thread programs
-# instead of 6, too few loads in flight for a long stream; 256 programs is about 2 per SM.
-FUSE_PROGRAMS = 256
 RESOLVE_BISECT = 8  # halvings of the threshold search picking a tier's best (done in quarters)
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
 # The rescue gathers up to this many second tiers of keys above its floor, then picks the
@@ -118,7 +118,7 @@ def band_config(
     lanes: int | None = None,
     batch: int = 1,
     resolve_warps: int = 0,
-    fused: bool | None = None,
+    fused: bool = False,
     warps: int = 0,
     keep: int = 2,
     regs: int | None = None,
@@ -134,7 +134,10 @@ def band_config(
     (powers of two of tiles) per vocabulary; each compiles its own pass 1 once (programs:
     the launch size segments keep doubling for, lanes_segment; the bench's p1024 variant
     is the rule before session 10). fused (one launch for both passes, band_resolve_kernel)
-    defaults to launches of at most FUSE_PROGRAMS programs.
+    is off by default: compiled for sm_90 it takes 255 registers a thread, one program an
+    SM, and the separate launches with PDL beat it on the H200 (V = 151936 fp32 top-p 0.95,
+    steady, 5 rounds in one process: B = 1 12.85-12.86 us split against 14.76-15.45 fused;
+    B = 2 15.06-15.08 against 20.5-21.8, its 150 programs two waves of the fused kernel).
     """
     if lanes is None:
         lanes = LANES
@@ -146,8 +149,6 @@ def band_config(
     if kc is None:
         per_chunk = max(KC_MIN, CAND_TARGET // n_chunks)
         kc = min(chunk, 1 << (per_chunk.bit_length() - 1))  # a power of two for tl.arange
-    if fused is None:
-        fused = lanes > 0 and batch * n_chunks <= FUSE_PROGRAMS
     if fused and not lanes:
         raise ValueError("fused needs the lanes pass 1 (lanes > 0)")
     if keep not in (2, 3):
@@ -178,6 +179,8 @@ def lanes_segment(vocab: int, lanes: int, batch: int, programs: int = LANE_PROGR
     tiles = 1
     while tiles < MAX_TILES:
         segments = triton.cdiv(vocab, 2 * tiles * lanes)  # per row, after doubling
+        if segments * lanes < ROW_LANES_MIN:
+            break
         if batch * segments < programs and segments < ROW_SEGMENTS:
             break
         if segments * lanes < ROW_LANES and batch * segments < FULL_PROGRAMS:
