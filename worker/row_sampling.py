@@ -88,11 +88,11 @@ def warm_up_batches(vocab_size: int, max_batch: int) -> list[int]:
     max_batch).
 
     Pass 1's `band_config(vocab, batch=B)` is what varies with the batch (a handful of
-    configs, in power-of-two steps of B, the smallest fused with resolve), and the resolve
-    kernel with it; the smallest B of each config meets it. Nothing else specialises on the
-    batch: resolve takes its mask-packing mode at run time and the emit kernel compiles once
-    (SMALL_BATCHES' fused batches with masks meet it). max_batch runs too, so the largest
-    launch and its buffers are ready before traffic.
+    configs, in power-of-two steps of B), and the resolve kernel with it; the smallest B of
+    each config meets it. Nothing else specialises on the batch: resolve takes its
+    mask-packing mode at run time and the emit kernel, which only batches past one row an SM
+    launch, compiles once. max_batch runs too, so the largest launch and its buffers are
+    ready before traffic.
     """
     from kernels.triton_path import band_config  # triton: only needed on CUDA
 
