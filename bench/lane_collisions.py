@@ -12,9 +12,10 @@ whose top-p supports reach hundreds of tokens). It does not count the KC slot li
 segment, so it is a lower bound on band failures. lost3_rate asks the same of a lane that
 would keep three tokens (a row is lost when four share a lane): what such a pass 1 would buy.
 
-    python bench/lane_collisions.py [--rows 512] [--vocab 151936]
+    python bench/lane_collisions.py [--rows 512] [--vocab 151936] [--shapes 512x4096,...]
 
-Prints a table; writes lane_collisions.json and lane_collisions.png under --out.
+Prints a table; writes lane_collisions.json and lane_collisions.png under --out
+(lane_collisions_v<V>.* for another vocabulary).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def count(args: argparse.Namespace) -> list[dict]:
         for top_p in (0.9, 0.95):
             sup = supports(z, top_p)
             sizes = torch.tensor([len(s) for s in sup], dtype=torch.float64)
-            for lanes, segment in SHAPES:
+            for lanes, segment in args.shape_list:
                 most = torch.tensor(
                     [
                         int(torch.bincount(lane_of(s, lanes, segment)).max()) if len(s) else 0
@@ -127,13 +128,13 @@ def plot_rates(
     fig.savefig(path, dpi=120)
 
 
-def plot(rows: list[dict], path: pathlib.Path) -> None:
+def plot(rows: list[dict], path: pathlib.Path, shapes: list) -> None:
     plot_rates(
         rows,
         path,
         ("lanes", "segment"),
-        SHAPES,
-        [f"{w}x{s // 1024}k" for w, s in SHAPES],
+        shapes,
+        [f"{w}x{s // 1024}k" for w, s in shapes],
         "pass-1 shape (lanes x segment tokens)",
         "rows with 3+ support tokens in one lane (%)",
     )
@@ -146,7 +147,14 @@ def parse(rows: int) -> argparse.Namespace:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results")
-    return ap.parse_args()
+    ap.add_argument(
+        "--shapes",
+        default=",".join(f"{w}x{s}" for w, s in SHAPES),
+        help="lane_collisions.py: pass-1 shapes, lanes x segment tokens",
+    )
+    args = ap.parse_args()
+    args.shape_list = [tuple(int(v) for v in x.split("x")) for x in args.shapes.split(",") if x]
+    return args
 
 
 def main() -> None:
@@ -165,8 +173,9 @@ def main() -> None:
         )
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "lane_collisions.json").write_text(json.dumps(rows, indent=1))
-    plot(rows, out / "lane_collisions.png")
+    name = "lane_collisions" if args.vocab == 151936 else f"lane_collisions_v{args.vocab}"
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=1))
+    plot(rows, out / f"{name}.png", args.shape_list)
 
 
 if __name__ == "__main__":
