@@ -46,8 +46,8 @@ def test_large_batches_keep_the_lanes_per_row(vocab: int, lanes_per_row: int) ->
 
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_segments_never_double_below_the_row_lane_floor(vocab: int) -> None:
-    """A segment longer than one tile is chosen only while the row keeps ROW_LANES_MIN lanes:
-    halving it again would have given the row at least that many."""
+    """Segments double only while the row keeps ROW_LANES_MIN lanes: a segment of more than
+    one tile leaves the row at least that many."""
     for batch in (1, 8, 64, 512, 1024):
         cfg = band_config(vocab, batch=batch)
         if cfg.chunk > cfg.lanes:
