@@ -140,25 +140,28 @@ def plot(rows: list[dict], path: pathlib.Path, shapes: list) -> None:
     )
 
 
-def parse(rows: int) -> argparse.Namespace:
-    """The command line of this count and bench/slot_limits.py."""
+def parse(rows: int, shapes: list | None = None) -> argparse.Namespace:
+    """The command line of this count and bench/slot_limits.py; with `shapes`, a --shapes
+    option (lanes x segment tokens) defaulting to them, parsed into args.shape_list."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=rows)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results")
-    ap.add_argument(
-        "--shapes",
-        default=",".join(f"{w}x{s}" for w, s in SHAPES),
-        help="lane_collisions.py: pass-1 shapes, lanes x segment tokens",
-    )
+    if shapes is not None:
+        ap.add_argument(
+            "--shapes",
+            default=",".join(f"{w}x{s}" for w, s in shapes),
+            help="pass-1 shapes, lanes x segment tokens",
+        )
     args = ap.parse_args()
-    args.shape_list = [tuple(int(v) for v in x.split("x")) for x in args.shapes.split(",") if x]
+    if shapes is not None:
+        args.shape_list = [tuple(int(v) for v in x.split("x")) for x in args.shapes.split(",")]
     return args
 
 
 def main() -> None:
-    args = parse(512)
+    args = parse(512, SHAPES)
     rows = count(args)
     print(
         f"{'logits':>8} {'top_p':>5} {'shape':>10} {'lanes/row':>9} {'|S| mean':>8} "
