@@ -40,37 +40,41 @@ def store_mask(slot_row, cnt_ptr, status_ptr, midx, ids, pos, n, j, token, max_m
 
 
 @triton.jit
+def _count_terms(listed, z, q1, q2, q3):
+    """Per candidate: whether it is listed and >= each threshold, and its z where it is listed
+    and below each (-inf elsewhere)."""
+    return (
+        (listed & (z >= q1)).to(tl.int32),
+        (listed & (z >= q2)).to(tl.int32),
+        (listed & (z >= q3)).to(tl.int32),
+        tl.where(listed & (z < q1), z, float("-inf")),
+        tl.where(listed & (z < q2), z, float("-inf")),
+        tl.where(listed & (z < q3), z, float("-inf")),
+    )
+
+
+@triton.jit
 def counts_below(listed, z, q1, q2, q3):
     """How many listed z are >= each threshold, and the largest listed z below each: one
     reduction."""
-    return tl.reduce(
-        (
-            (listed & (z >= q1)).to(tl.int32),
-            (listed & (z >= q2)).to(tl.int32),
-            (listed & (z >= q3)).to(tl.int32),
-            tl.where(listed & (z < q1), z, float("-inf")),
-            tl.where(listed & (z < q2), z, float("-inf")),
-            tl.where(listed & (z < q3), z, float("-inf")),
-        ),
-        0,
-        add3_max3,
-    )
+    return tl.reduce(_count_terms(listed, z, q1, q2, q3), 0, add3_max3)
 
 
 @triton.jit
 def counts_mass_below(listed, z, mass, q1, q2, q3):
     """counts_below, and the mass of the listed z >= each threshold, in one reduction."""
+    a1, a2, a3, b1, b2, b3 = _count_terms(listed, z, q1, q2, q3)
     return tl.reduce(
         (
-            (listed & (z >= q1)).to(tl.int32),
-            (listed & (z >= q2)).to(tl.int32),
-            (listed & (z >= q3)).to(tl.int32),
-            tl.where(listed & (z < q1), z, float("-inf")),
-            tl.where(listed & (z < q2), z, float("-inf")),
-            tl.where(listed & (z < q3), z, float("-inf")),
-            tl.where(listed & (z >= q1), mass, 0.0),
-            tl.where(listed & (z >= q2), mass, 0.0),
-            tl.where(listed & (z >= q3), mass, 0.0),
+            a1,
+            a2,
+            a3,
+            b1,
+            b2,
+            b3,
+            tl.where(a1 != 0, mass, 0.0),
+            tl.where(a2 != 0, mass, 0.0),
+            tl.where(a3 != 0, mass, 0.0),
         ),
         0,
         add3_max3_add3,
