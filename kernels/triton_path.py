@@ -15,10 +15,10 @@ The only host-side inputs are shapes and want_mask (a CPU tensor: it sizes the o
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from kernels.inputs import SampleInputs
 from kernels.result import SampleResult
@@ -90,6 +90,17 @@ FB_BLOCK = 2048
 MAX_CAP = 16384
 
 
+def cdiv(a: int, b: int) -> int:
+    """Host-side ceil(a / b) (triton.cdiv is a constexpr function since triton 3.5: a few us
+    of host time a call)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """Host-side smallest power of two >= n (n >= 1), like triton.next_power_of_2."""
+    return 1 << (n - 1).bit_length()
+
+
 @dataclass(frozen=True)
 class BandConfig:
     chunk: int  # tokens per pass-1 program (a segment of band_lanes_kernel)
@@ -142,10 +153,10 @@ def band_config(
     if lanes is None:
         lanes = LANES
     if lanes and chunk is None:
-        lanes = min(lanes, triton.next_power_of_2(vocab))
+        lanes = min(lanes, next_pow2(vocab))
         chunk = lanes_segment(vocab, lanes, batch, programs)
-    chunk = chunk or min(CHUNK_MAX, triton.next_power_of_2(vocab))
-    n_chunks = triton.cdiv(vocab, chunk)
+    chunk = chunk or min(CHUNK_MAX, next_pow2(vocab))
+    n_chunks = cdiv(vocab, chunk)
     if kc is None:
         per_chunk = max(KC_MIN, CAND_TARGET // n_chunks)
         kc = min(chunk, 1 << (per_chunk.bit_length() - 1))  # a power of two for tl.arange
@@ -174,11 +185,17 @@ def band_config(
     )
 
 
+@functools.lru_cache(maxsize=1024)
+def default_config(vocab: int, batch: int) -> BandConfig:
+    """band_config(vocab, batch=batch), computed once per shape (kernels.sample's path)."""
+    return band_config(vocab, batch=batch)
+
+
 def lanes_segment(vocab: int, lanes: int, batch: int, programs: int = LANE_PROGRAMS) -> int:
     """Tokens per band_lanes_kernel program: a power-of-two number of tiles of lanes."""
     tiles = 1
     while tiles < MAX_TILES:
-        segments = triton.cdiv(vocab, 2 * tiles * lanes)  # per row, after doubling
+        segments = cdiv(vocab, 2 * tiles * lanes)  # per row, after doubling
         if segments * lanes < ROW_LANES_MIN:
             break
         if batch * segments < programs and segments < ROW_SEGMENTS:
@@ -239,7 +256,7 @@ def arrival_counters(batch: int, device: torch.device) -> torch.Tensor:
 def max_chunks(vocab: int, cfg: BandConfig) -> int:
     """The most chunks any batch size gives this vocabulary under cfg's kind of pass 1, so
     resolve_kernel's block of chunk statistics (a compile-time size) does not change with B."""
-    return triton.cdiv(vocab, cfg.lanes) if cfg.lanes else cfg.n_chunks
+    return cdiv(vocab, cfg.lanes) if cfg.lanes else cfg.n_chunks
 
 
 def launch_band(
@@ -309,7 +326,7 @@ def sample_triton(
     x = inp.logits
     batch, vocab = x.shape
     dev = x.device
-    cfg = config or band_config(vocab, batch=batch)
+    cfg = config or default_config(vocab, batch)
     cap = min(inp.max_mask_tokens, vocab)
     if cap > MAX_CAP:
         raise ValueError(
@@ -317,6 +334,11 @@ def sample_triton(
             "CUDA sampler emits; lower max_mask_tokens"
         )
     if index is None:
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise ValueError(
+                "capturing kernels.sample in a CUDA graph needs index=mask_index(want_mask, "
+                "device), built before the capture (its host-to-device copy cannot be captured)"
+            )
         index = mask_index(inp.want_mask, dev)
     n_rows = index.shape[0] - batch
     midx, mask_rows = index[:batch], index[batch:]
@@ -333,8 +355,8 @@ def sample_triton(
     counts = torch.empty(max(n_rows, 1), dtype=torch.int64, device=dev)
     status = torch.empty(n_rows, dtype=torch.int8, device=dev)
     slots = torch.empty(max(n_rows, 1) * cap, dtype=torch.int32, device=dev)
-    cap_block = triton.next_power_of_2(cap)
-    cand_block = triton.next_power_of_2(cfg.ncand)
+    cap_block = next_pow2(cap)
+    cand_block = next_pow2(cfg.ncand)
     t1, t2 = (min(t, cand_block) for t in TIERS)
     rescue = RESCUE_TIERS * t2
     scratch = torch.empty(batch, t1 + t2 + max(cap_block, rescue), dtype=torch.int64, device=dev)
@@ -382,7 +404,7 @@ def sample_triton(
     )
     resolve_meta = {
         "CAND_BLOCK": cand_block,
-        "NCH_BLOCK": triton.next_power_of_2(max(cfg.n_chunks, max_chunks(vocab, cfg))),
+        "NCH_BLOCK": next_pow2(max(cfg.n_chunks, max_chunks(vocab, cfg))),
         "T1": t1,
         "T2": t2,
         "CAP_BLOCK": cap_block,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import pytest
 import torch
@@ -66,6 +67,15 @@ def grid(vocab: int, seed: int) -> dict[str, torch.Tensor]:
 def run(
     batch: dict[str, torch.Tensor], want: torch.Tensor, cap: int, pass1: str | None = None
 ) -> kernels.SampleResult:
+    res = launch(batch, want, cap, pass1)
+    torch.cuda.synchronize()
+    return res
+
+
+def launch(
+    batch: dict[str, torch.Tensor], want: torch.Tensor, cap: int, pass1: str | None = None
+) -> kernels.SampleResult:
+    """kernels.sample (or sample_triton with a pass-1 variant) without waiting for it."""
     args = (
         batch["logits"],
         batch["temperature"],
@@ -81,7 +91,6 @@ def run(
         rows, vocab = batch["logits"].shape
         cfg = band_config(vocab, batch=rows, **PASS1[pass1])
         res = sample_triton(check_inputs(*args, max_mask_tokens=cap, **kw), cfg)
-    torch.cuda.synchronize()
     return res
 
 
@@ -148,7 +157,13 @@ def test_pass_one_variants_match_oracle(vocab: int, pass1: str) -> None:
 @pytest.mark.parametrize("batch_size", [1, 3, 64, 512])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_batch_sizes_and_dtypes(batch_size: int, dtype: torch.dtype) -> None:
-    vocab = 151936
+    batch = zipf_batch(batch_size, 151936, dtype)
+    want = torch.ones(batch_size, dtype=torch.bool)
+    run_checked(f"B={batch_size} {dtype}", batch, want, 4096)
+
+
+def zipf_batch(batch_size: int, vocab: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Zipf rows (alpha 1.4) cycling through top-k + top-p, top-p, min-p, greedy settings."""
     g = torch.Generator().manual_seed(batch_size)
     logits = peaked_logits(batch_size, vocab, 1.4, g)
     idx = torch.arange(batch_size)
@@ -162,9 +177,7 @@ def test_batch_sizes_and_dtypes(batch_size: int, dtype: torch.dtype) -> None:
         "seed": idx.to(torch.int64),
         "step": torch.zeros(batch_size, dtype=torch.int64),
     }
-    batch = {k: v.cuda() for k, v in batch.items()}
-    want = torch.ones(batch_size, dtype=torch.bool)
-    run_checked(f"B={batch_size} {dtype}", batch, want, 4096)
+    return {k: v.cuda() for k, v in batch.items()}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -347,3 +360,29 @@ def test_draws_follow_truncated_distribution() -> None:
     print(f"SUMMARY distribution: |S|={len(support)} TV={tv:.4f} chi2={chi2:.1f} dof={dof}")
     assert chi2 <= dof + 6 * math.sqrt(2 * dof)
     assert tv < 0.02
+
+
+def same_result(a: kernels.SampleResult, b: kernels.SampleResult) -> bool:
+    """Equal outputs; of mask_ids only the part the offsets cover (the rest is capacity)."""
+    fields = ("tokens", "logprobs", "mask_rows", "mask_offsets", "mask_status", "support_sizes")
+    if not all(torch.equal(getattr(a, f), getattr(b, f)) for f in fields):
+        return False
+    n = int(a.mask_offsets[-1])
+    return torch.equal(a.mask_ids[:n], b.mask_ids[:n])
+
+
+def test_sample_does_not_wait_on_the_device() -> None:
+    """An eager call returns while work queued before it still runs (a worker launches the
+    sampler right after its forward pass): no host synchronisation inside kernels.sample."""
+    batch = zipf_batch(128, 151936, torch.float32)
+    want = torch.arange(128) % 5 != 2
+    expected = run(batch, want, 4096)  # compiles
+    torch.cuda._sleep(400_000_000)  # ~0.2 s of GPU work queued ahead of the call
+    t0 = time.perf_counter()
+    res = launch(batch, want, 4096)
+    host_s = time.perf_counter() - t0
+    still_busy = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    print(f"SUMMARY eager call behind a 0.2 s queue: host {host_s * 1e6:.0f} us, busy={still_busy}")
+    assert still_busy and host_s < 0.05
+    assert same_result(res, expected)

@@ -7,7 +7,16 @@ import pytest
 
 pytest.importorskip("triton")  # the worker extra installs it; a gateway-only checkout has none
 
-from kernels.triton_path import CAND_TARGET, MAX_TILES, ROW_LANES_MIN, band_config, max_chunks
+from kernels.triton_path import (
+    CAND_TARGET,
+    MAX_TILES,
+    ROW_LANES_MIN,
+    band_config,
+    cdiv,
+    default_config,
+    max_chunks,
+    next_pow2,
+)
 
 VOCABS = [111, 1000, 32000, 128256, 151936, 262144]
 
@@ -75,3 +84,18 @@ def test_lanes_keep_two_or_three_tokens() -> None:
     assert band_config(151936, batch=128, keep=3).keep == 3
     with pytest.raises(ValueError, match="keep"):
         band_config(151936, keep=4)
+
+
+def test_host_helpers_match_triton() -> None:
+    import triton
+
+    for n in [1, 2, 3, 15, 16, 17, 111, 1000, 4095, 4096, 32000, 151936, 262144]:
+        assert next_pow2(n) == triton.next_power_of_2(n)
+        for d in (1, 2, 512, 2048, 16384):
+            assert cdiv(n, d) == triton.cdiv(n, d)
+
+
+def test_default_config_is_band_config_once_per_shape() -> None:
+    for vocab, batch in ((151936, 1), (151936, 128), (32000, 512), (111, 3)):
+        assert default_config(vocab, batch) == band_config(vocab, batch=batch)
+    assert default_config(151936, 128) is default_config(151936, 128)

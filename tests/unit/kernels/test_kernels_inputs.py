@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kernels
+from kernels.inputs import check_inputs
 
 
 def good(batch: int = 3, vocab: int = 20) -> dict:
@@ -63,3 +64,15 @@ def test_good_arguments_pass() -> None:
 def test_bad_arguments_raise(changes: dict, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         call(**changes)
+
+
+def test_left_out_bounded_and_step_share_read_only_zeros() -> None:
+    """bounded and step default to zeros that neither path writes: one buffer, no fill a call."""
+    a = check_inputs(**{**good(3), "seed": torch.arange(3)})
+    b = check_inputs(**{**good(5), "seed": torch.arange(5)})
+    assert a.bounded.dtype == torch.bool and a.bounded.shape == (3,) and not a.bounded.any()
+    assert b.step.dtype == torch.int64 and b.step.shape == (5,) and not b.step.any()
+    assert a.bounded.data_ptr() == b.bounded.data_ptr() and a.step.data_ptr() == b.step.data_ptr()
+    assert a.bounded.data_ptr() % 16 == 0  # Triton specialises pointers on 16-byte alignment
+    res = call(seed=torch.arange(3))
+    assert res.tokens.shape == (3,) and not a.bounded.any() and not a.step.any()
