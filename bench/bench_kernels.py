@@ -719,11 +719,13 @@ def plot(rows, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sel = [
-        r
-        for r in rows
-        if r["V"] == 151936 and r["dtype"] == "float32" and r["logits"].startswith("zipf")
-    ]
+    zipf = [r for r in rows if r["logits"].startswith("zipf")]
+    if not zipf:
+        return
+    # the target vocabulary in fp32 when the run has it, else the first (V, dtype) it has
+    shapes = [(r["V"], r["dtype"]) for r in zipf]
+    vocab, dtype = (151936, "float32") if (151936, "float32") in shapes else shapes[0]
+    sel = [r for r in zipf if r["V"] == vocab and r["dtype"] == dtype]
     fig, axes = plt.subplots(1, len(SETTINGS), figsize=(15, 4), sharey=True)
     for ax, setting in zip(axes, SETTINGS, strict=True):
         rs = sorted((r for r in sel if r["setting"] == setting), key=lambda r: r["B"])
@@ -740,7 +742,7 @@ def plot(rows, path) -> None:
             ax.plot(bs, [r.get(key, float("nan")) for r in rs], marker="o", label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_title(f"V=151936 fp32 {setting}")
+        ax.set_title(f"V={vocab} {dtype} {setting}")
         ax.set_xlabel("batch rows")
     axes[0].set_ylabel("median time (us)")
     axes[0].legend(fontsize=7)
