@@ -9,9 +9,20 @@ CUDA graph replays of 128 programs:
   reduce16    16 dependent block-wide sums over 2048 values (a bisection's cost)
   bracket2    two 16-way threshold brackets over 2048 values (replacing an 8-step bisection)
 
-  python bench/bench_resolve_parts.py [--warps 4,8]
+and, with --read, the rescue's read of one pass-1 segment (16384 tokens of a Zipf row, about
+40 of them above the floor t), one program a row, taken apart block by block:
 
-Writes bench/results/resolve_parts.json.
+  read_max    the loads and an elementwise max, one reduction at the end (the memory part)
+  read_count  + a block-wide count of x > t per block
+  read_z      + each token's exact z (div_rn) before the count
+  read_scan   + the scan, key packing and scattered stores of the tokens above t: the
+              rescue's read before session 14
+  gather      triton_fallback.gather_above itself (two reads, no block-wide step inside
+              either)
+
+  python bench/bench_resolve_parts.py [--warps 4,8] [--read]
+
+Writes bench/results/resolve_parts.json (resolve_read_parts.json with --read).
 """
 
 from __future__ import annotations
@@ -29,6 +40,9 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench.bench_kernels import replay_time
+from kernels.triton_common import EMPTY_KEY, pack_key, scale
+from kernels.triton_fallback import gather_above
+from kernels.workloads import peaked_logits
 
 
 @triton.jit
@@ -89,6 +103,129 @@ def bracket_kernel(z_ptr, out_ptr, N: tl.constexpr, WAYS: tl.constexpr, ROUNDS: 
     tl.store(out_ptr + row, lo)
 
 
+@triton.jit
+def read_kernel(
+    x_ptr, t_ptr, out_ptr, scratch_ptr, stride_x, seg_len, MODE: tl.constexpr, BLOCK: tl.constexpr
+):
+    """The rescue's read of tokens [0, seg_len) of a row, cut down to MODE's parts."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    t = tl.load(t_ptr + row)
+    acc = tl.full([BLOCK], float("-inf"), tl.float32)
+    written = tl.full([], 0, tl.int32)
+    for start in range(0, seg_len, BLOCK):
+        ids = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + ids)
+        if MODE == 0:
+            acc = tl.maximum(acc, x)
+        elif MODE == 1:
+            written += tl.sum((x > t).to(tl.int32), axis=0)
+        else:
+            z = scale(x, tl.full([], 1.0, tl.float32))
+            sel = z > t
+            if MODE == 2:
+                written += tl.sum(sel.to(tl.int32), axis=0)
+            else:
+                rank = written + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+                tl.store(scratch_ptr + row * 4096 + rank, pack_key(z, ids.to(tl.int64)), mask=sel)
+                written += tl.sum(sel.to(tl.int32), axis=0)
+    if MODE == 0:
+        written += (tl.max(acc, axis=0) > t).to(tl.int32)
+    tl.store(out_ptr + row, written)
+
+
+@triton.jit
+def gather_kernel(x_ptr, t_ptr, out_ptr, scratch_ptr, stride_x, seg_len, BLOCK: tl.constexpr):
+    """gather_above over a row whose only segment (floor above t) has no known candidates."""
+    row = tl.program_id(0).to(tl.int64)
+    t = tl.load(t_ptr + row)
+    ch = tl.arange(0, 16)
+    got = gather_above(
+        x_ptr + row * stride_x,
+        tl.full([], 1.0, tl.float32),
+        seg_len,
+        t,
+        tl.where(ch == 0, float("inf"), float("-inf")),
+        ch,
+        seg_len,
+        tl.full([BLOCK], EMPTY_KEY, tl.int64),
+        tl.full([BLOCK], float("-inf"), tl.float32),
+        tl.zeros([BLOCK], tl.int1),
+        scratch_ptr + row * 4096,
+        4096,
+        BLOCK,
+    )
+    tl.store(out_ptr + row, got)
+
+
+def read_parts(rows: int, warps_list, record) -> None:
+    """The --read parts: 16384-token segments of Zipf rows, t = each segment's 40th z."""
+    seg = 16384
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = peaked_logits(rows, seg, 1.1, gen).contiguous()
+    t = torch.topk(x, 41, dim=1).values[:, -1].contiguous()
+    out = torch.empty(rows, dtype=torch.int32, device="cuda")
+    scratch = torch.empty(rows, 4096, dtype=torch.int64, device="cuda")
+    for warps in warps_list:
+        for block in (2048, 4096):
+            for mode, part in enumerate(("read_max", "read_count", "read_z", "read_scan")):
+                us = launch_us(
+                    read_kernel, rows, x, t, out, scratch, x.stride(0), seg,
+                    MODE=mode, BLOCK=block, num_warps=warps,
+                )  # fmt: skip
+                record(f"{part}{block}", warps, us)
+            us = launch_us(
+                gather_kernel, rows, x, t, out, scratch, x.stride(0), seg,
+                BLOCK=block, num_warps=warps,
+            )  # fmt: skip
+            record(f"gather{block}", warps, us)
+            check_gather(x, out, scratch)
+
+
+def check_gather(x: torch.Tensor, got: torch.Tensor, scratch: torch.Tensor) -> None:
+    """The gathered keys are the 40 largest tokens of each row."""
+    assert bool((got == 40).all()), f"gather_above counted {got.tolist()}, not 40 a row"
+    ids = 0xFFFFFFFF - (scratch[:, :40] & 0xFFFFFFFF)
+    want = torch.topk(x, 40, dim=1).indices
+    assert torch.equal(ids.sort(dim=1).values, want.sort(dim=1).values), "wrong tokens gathered"
+
+
+def plot_read(results: list[dict], path: pathlib.Path) -> None:
+    """Bars of the --read parts, one group per (block, warps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = ["read_max", "read_count", "read_z", "read_scan", "gather"]
+    groups = sorted(
+        {
+            (r["part"][len(p) :], r["warps"])
+            for r in results
+            for p in parts
+            if r["part"].startswith(p)
+        }
+    )
+    groups = [(b, w) for b, w in groups if b.isdigit()]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(parts)
+    for j, part in enumerate(parts):
+        us = [
+            next((r["us"] for r in results if r["part"] == part + b and r["warps"] == w), 0.0)
+            for b, w in groups
+        ]
+        ax.bar([i + j * width for i in range(len(groups))], us, width, label=part)
+    ax.set_xticks(
+        [i + 0.4 - width / 2 for i in range(len(groups))],
+        [f"block {b}, {w} warps" for b, w in groups],
+    )
+    ax.set_ylabel("us per launch (graph replay, 128 rows)")
+    ax.set_title("the rescue's read of a 16384-token segment, taken apart")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def launch_us(kernel, rows: int, *args, **meta) -> float:
     """GPU time of one launch: ten launches captured in a graph, replayed, divided by ten."""
 
@@ -104,13 +241,22 @@ def main() -> None:
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--rows", type=int, default=128)
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--read", action="store_true", help="the rescue's read, taken apart")
     args = ap.parse_args()
     rows, dev = args.rows, "cuda"
     results = []
+    out_dir = pathlib.Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
 
     def record(part: str, warps: int, us: float) -> None:
         results.append({"part": part, "warps": warps, "us": us})
-        print(f"{part:>10} warps={warps} {us:7.2f} us", flush=True)
+        print(f"{part:>12} warps={warps} {us:7.2f} us", flush=True)
+
+    if args.read:
+        read_parts(rows, [int(w) for w in args.warps.split(",")], record)
+        (out_dir / "resolve_read_parts.json").write_text(json.dumps(results, indent=1))
+        plot_read(results, out_dir / "resolve_read_parts.png")
+        return
 
     z = torch.randn(rows, 2048, device=dev)
     o = torch.empty(rows, device=dev)
@@ -130,8 +276,6 @@ def main() -> None:
             record(f"reduce{steps}", warps, us)
         us = launch_us(bracket_kernel, rows, z, o, N=2048, WAYS=16, ROUNDS=2, num_warps=warps)
         record("bracket2", warps, us)
-    out_dir = pathlib.Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "resolve_parts.json").write_text(json.dumps(results, indent=1))
 
 

@@ -41,10 +41,17 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.triton_band import store_stats
-from kernels.triton_common import GREEDY_T, add3, exact_z, keep_quarter, pack_key, quarters
+from kernels.triton_common import (
+    GREEDY_T,
+    INT32_MAX,
+    add3,
+    exact_z,
+    keep_quarter,
+    pack_key,
+    quarters,
+)
 
 LOG2E = tl.constexpr(1.4426950408889634)
-INT32_MAX = tl.constexpr(2**31 - 1)
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 SHORT_TILES = tl.constexpr(8)  # segments of at most this many tiles are read unrolled
 

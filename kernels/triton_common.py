@@ -18,6 +18,7 @@ U_SCALE = tl.constexpr(2.0**-23)
 GREEDY_T = tl.constexpr(1e-6)
 # An empty candidate slot: below every real key.
 EMPTY_KEY = tl.constexpr(-(2**63))
+INT32_MAX = tl.constexpr(2**31 - 1)
 
 
 @triton.jit

@@ -1,7 +1,8 @@
 """Exact support for the rows the band cannot decide (flat rows, long top-p tails).
 
-Called from the resolve kernel, one program per row. gather_above is the cheap step: one read
-of the row that lists every token above a lower floor than pass 1's (resolve_kernel's rescue).
+Called from the resolve kernel, one program per row. gather_above is the cheap step: it reads
+the segments pass 1 left incomplete (twice: count, then write) and lists every token above a
+lower floor than pass 1's (resolve_kernel's rescue).
 The fallback proper re-reads the row once per step of a bisection over the 64-bit order keys
 (64 passes, plus 64 more when top-k renormalises top-p), so it costs far more than the band
 path; the caller counts the rows that take it.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.triton_common import EMPTY_KEY, gumbel, pack_key, scale, unpack_z
+from kernels.triton_common import EMPTY_KEY, INT32_MAX, gumbel, pack_key, scale, unpack_z
 
 
 @triton.jit
@@ -108,8 +109,8 @@ def gather_above(
     temp,
     vocab,
     t,
-    d_row,
-    n_chunks,
+    d_c,
+    ch,
     seg_len,
     keys,
     z,
@@ -119,39 +120,64 @@ def gather_above(
     BLOCK: tl.constexpr,
 ):
     """Writes every key of the row with z > t to scratch_row, unsorted, and returns their
-    count (only the first LIMIT are written; past LIMIT the caller must not use them).
+    count (when it is over LIMIT, what was written must not be used).
 
-    d_row: the row's pass-1 segment floors ([n_chunks], segment c holds tokens
-    [c * seg_len, (c + 1) * seg_len)). A segment whose floor is at most t is complete above
-    t, and the caller already holds its keys above t: the block `keys` (with their z) where
-    `known` is set. Those are written first, then one read of each other segment adds its
-    tokens above t (it stops early once more than LIMIT keys qualify). The keys are all
-    tokens with z > t, an exact prefix of design order above the floor t, whatever pass 1
-    kept. The caller loads as many as it needs: a block of LIMIT costs every block-wide step
-    after it four times a block of the second tier (bench_kernels.py --phases).
+    d_c: the row's pass-1 segment floors over ch (a block of segment numbers, padded with
+    -inf; segment c holds tokens [c * seg_len, (c + 1) * seg_len)). A segment whose floor
+    is at most t is complete above t, and the caller already holds its keys above t: the
+    block `keys` (with their z) where `known` is set. Those are written first, then the
+    other segments add their tokens above t. The keys are all tokens with z > t, an exact
+    prefix of design order above the floor t, whatever pass 1 kept. The caller loads as many
+    as it needs: a block of LIMIT costs every block-wide step after it four times a block of
+    the second tier (bench_kernels.py --phases).
+
+    The segments are read twice, with no block-wide step inside either read: the first
+    counts each lane's tokens above t, one scan turns the counts into each lane's first
+    slot, and the second read (from L2: one or two segments of one row) writes each lane's
+    tokens from there. One read with a scan and a sum per block to place its tokens cost
+    about twice as long (bench_resolve_parts.py --read).
     """
     tl.debug_barrier()  # earlier reads of this scratch row before the stores below
     # (The candidates' block and the read's block differ in size below 2048 candidates, so
-    # the loop's values take names of their own: Triton types a name assigned before a
+    # the read's values take names of their own: Triton types a name assigned before a
     # loop and inside it as one loop-carried variable.)
     sel = known & (z > t)
     rank = tl.cumsum(sel.to(tl.int32), axis=0) - 1
     tl.store(scratch_row + rank, keys, mask=sel & (rank < LIMIT))
     written = tl.sum(sel.to(tl.int32), axis=0)
-    for c in range(0, n_chunks):
-        start = c * seg_len
-        end = tl.minimum(start + seg_len, vocab)
-        if tl.load(d_row + c, cache_modifier=".cg") <= t:
-            end = start  # complete above t: its candidates were written above
-        while (start < end) & (written <= LIMIT):
-            b_keys, b_z, _ = _row_keys(x_row, temp, end, start, BLOCK)  # ids >= end: -inf
-            b_sel = b_z > t  # z = -inf (and a NaN, mapped to -inf) is never selected
-            b_rank = written + tl.cumsum(b_sel.to(tl.int32), axis=0) - 1
-            tl.store(scratch_row + b_rank, b_keys, mask=b_sel & (b_rank < LIMIT))
-            written += tl.sum(b_sel.to(tl.int32), axis=0)
-            start += BLOCK
+    todo = d_c > t  # the segments to read (the padding's -inf never is)
+    n_todo = tl.sum(todo.to(tl.int32), axis=0)
+    lane = tl.arange(0, BLOCK)
+    per_lane = tl.zeros([BLOCK], tl.int32)
+    c = tl.full([], -1, tl.int32)
+    for _ in range(0, n_todo):
+        c, start, end = _next_segment(todo, ch, c, seg_len, vocab)
+        for b in range(start, end, BLOCK):
+            x = tl.load(x_row + b + lane, mask=b + lane < end, other=float("-inf"))
+            per_lane += (scale(x.to(tl.float32), temp) > t).to(tl.int32)  # NaN: not above
+    first = tl.cumsum(per_lane, axis=0) - per_lane
+    read = tl.sum(per_lane, axis=0)
+    if written + read <= LIMIT:
+        slot = scratch_row + written + first
+        c = tl.full([], -1, tl.int32)
+        for _ in range(0, n_todo):
+            c, start, end = _next_segment(todo, ch, c, seg_len, vocab)
+            for b in range(start, end, BLOCK):
+                x = tl.load(x_row + b + lane, mask=b + lane < end, other=float("-inf"))
+                b_z = scale(x.to(tl.float32), temp)
+                b_sel = b_z > t
+                tl.store(slot, pack_key(b_z, (b + lane).to(tl.int64)), mask=b_sel)
+                slot += b_sel.to(tl.int32)
     tl.debug_barrier()  # the scattered stores before the caller's block load
-    return written
+    return written + read
+
+
+@triton.jit
+def _next_segment(todo, ch, c, seg_len, vocab):
+    """The first segment after c that is to be read, and its token range."""
+    c = tl.min(tl.where(todo & (ch > c), ch, INT32_MAX), axis=0)
+    start = c * seg_len
+    return c, start, tl.minimum(start + seg_len, vocab)
 
 
 @triton.jit
