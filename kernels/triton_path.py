@@ -60,6 +60,16 @@ ROW_LANES = 8192
 # lost 6.6% of its top-p 0.95 Zipf rows to the rescue and bisection, 42x its floor
 # steady (bench_kernels.py grid, session 12).
 ROW_LANES_MIN = 4096
+# And a row keeps more than ROW_LANES_MIN while the launch stays under MID_PROGRAMS. At
+# V = 32000 and 128256 the halving from 16 to 8 segments a row (8192 to 4096 lanes) came at
+# B = 128 (1024 programs), and a resolve wave waits for its slowest row. On the H200 (fp32
+# top-p 0.95 Zipf rows, steady over the bench's four buffers, `--ab default,s2k` and
+# `default,l512s8k`): V = 32000 B = 128 40.4 us with 8 segments against 32.5 with 16 (2
+# rescued rows in 512 against none), B = 256 74.8 against 67.6; V = 128256 B = 128 84.3
+# against 64.5 (6 rescued rows against 2), B = 256 106.4 against 97.5. At B = 512 (8192
+# programs with 16) the longer shape won: 109.2 against 135.4 and 152.8 against 166.9. V =
+# 151936 halves from 19 segments to 10 (5120 lanes) and keeps its shape.
+MID_PROGRAMS = 4096
 # 16-bit logits take the same shape. A 16-bit shape (1024 lanes, 65536-token segments: 3 per
 # row at B=128, V=151936) streamed faster (pass 1 44.3 us against 60.4 in bf16 on the H200),
 # but its 3072 lanes per row, against 5120, put three of a row's top tokens in one lane about
@@ -197,6 +207,8 @@ def lanes_segment(vocab: int, lanes: int, batch: int, programs: int = LANE_PROGR
     while tiles < MAX_TILES:
         segments = cdiv(vocab, 2 * tiles * lanes)  # per row, after doubling
         if segments * lanes < ROW_LANES_MIN:
+            break
+        if segments * lanes <= ROW_LANES_MIN and batch * segments < MID_PROGRAMS:
             break
         if batch * segments < programs and segments < ROW_SEGMENTS:
             break
