@@ -570,6 +570,65 @@ def test_lanes_keeping_three_tokens_decide_without_the_rescue(interpreted: Inter
     assert two["tokens"] == three["tokens"]
 
 
+GATHER = """
+import json, torch
+from kernels.order import pack_keys, scaled_logits
+from tests.unit.kernels.triton_probes import gather_probe
+
+vocab, seg, temp = 1000, 256, 0.7  # 4 segments, the last one partial
+g = torch.Generator().manual_seed(3)
+x = 3 * torch.randn(vocab, generator=g)
+x[5], x[300], x[777], x[778] = float("nan"), float("-inf"), float("inf"), x[779]
+z = scaled_logits(x[None], torch.tensor([temp]))[0]
+keys = pack_keys(z, torch.arange(vocab))
+t = float(torch.sort(torch.nan_to_num(z, nan=-1e30), descending=True).values[60])
+above = (z > t).nonzero().flatten()
+want = sorted(keys[above].tolist())
+# Segments 0 and 2 are complete above t (floors at or below it): their keys above t come
+# from the candidates block. Segments 1 and 3 are read. The block also holds keys at or
+# below t marked known and keys above t of a read segment marked unknown: neither may be
+# written.
+floors = torch.tensor([t - 1.0, t + 0.5, t, t + 2.0])
+seg_of = torch.arange(vocab) // seg
+cands = torch.cat([above[(seg_of[above] == 0) | (seg_of[above] == 2)],
+                   torch.tensor([int((z <= t).nonzero()[0])]),
+                   above[seg_of[above] == 1][:3]])
+known = torch.ones(64, dtype=torch.int8)
+known[len(cands) - 3:] = 0
+block = torch.full((64,), -2**63, dtype=torch.int64)
+block[:len(cands)] = keys[cands]
+bz = torch.full((64,), float("-inf"))
+bz[:len(cands)] = z[cands]
+out = {"want": len(want)}
+for limit in (256, 16):
+    got = torch.zeros(1, dtype=torch.int32)
+    scratch = torch.full((512,), 7, dtype=torch.int64)
+    gather_probe[(1,)](x, torch.tensor([temp]), torch.tensor([t]), floors, block, bz, known,
+                       got, scratch, vocab, 4, seg,
+                       NCH=4, CB=64, LIMIT=limit, BLOCK=128)
+    n = int(got)
+    out[str(limit)] = {"count": n, "keys": sorted(scratch[:min(n, limit)].tolist()),
+                       "untouched": int((scratch[limit:] == 7).sum())}
+print(json.dumps({**out, "want_keys": want, "known_above": int(((z[cands] > t) & (known[:len(cands)] > 0)).sum())}))
+"""
+
+
+def test_gather_above_lists_every_token_above_its_floor(interpreted: Interpreted) -> None:
+    """The rescue's gather, alone: every token with z > t, each once, from the candidates of
+    the segments complete above t and from two reads of the others (NaN, -inf, +inf and tied
+    logits among them, a partial last segment, two blocks a segment). Past LIMIT it returns
+    the full count and writes nothing past LIMIT."""
+    out = interpreted(GATHER)
+    assert out["known_above"] > 0  # the candidates block supplied some of the keys
+    full = out["256"]
+    assert full["count"] == out["want"] == len(out["want_keys"]) > 16
+    assert full["keys"] == out["want_keys"]
+    short = out["16"]
+    assert short["count"] == out["want"]
+    assert short["untouched"] == 512 - 16
+    assert set(short["keys"]) <= set(out["want_keys"])
+
+
 @pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
 def test_one_bad_segment_decides_from_one_read_of_that_segment(
     lanes: int, interpreted: Interpreted
