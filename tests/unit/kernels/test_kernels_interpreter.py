@@ -571,9 +571,10 @@ def test_lanes_keeping_three_tokens_decide_without_the_rescue(interpreted: Inter
 
 
 GATHER = """
-import json, torch
+import json, sys, torch
 from kernels.order import pack_keys, scaled_logits
-from tests.unit.kernels.triton_probes import gather_probe
+sys.path.insert(0, "tests/unit/kernels")  # the probe module, by path (tests is no package)
+from triton_probes import gather_probe
 
 vocab, seg, temp = 1000, 256, 0.7  # 4 segments, the last one partial
 g = torch.Generator().manual_seed(3)
