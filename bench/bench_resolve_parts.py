@@ -40,6 +40,7 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench.bench_kernels import replay_time
+from kernels.order import key_ids
 from kernels.triton_common import EMPTY_KEY, pack_key, scale
 from kernels.triton_fallback import gather_above
 from kernels.workloads import peaked_logits
@@ -185,7 +186,7 @@ def read_parts(rows: int, warps_list, record) -> None:
 def check_gather(x: torch.Tensor, got: torch.Tensor, scratch: torch.Tensor) -> None:
     """The gathered keys are the 40 largest tokens of each row."""
     assert bool((got == 40).all()), f"gather_above counted {got.tolist()}, not 40 a row"
-    ids = 0xFFFFFFFF - (scratch[:, :40] & 0xFFFFFFFF)
+    ids = key_ids(scratch[:, :40])
     want = torch.topk(x, 40, dim=1).indices
     assert torch.equal(ids.sort(dim=1).values, want.sort(dim=1).values), "wrong tokens gathered"
 
