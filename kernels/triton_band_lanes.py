@@ -42,6 +42,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.triton_band import store_stats
 from kernels.triton_common import (
+    FLT_MAX,
     GREEDY_T,
     INT32_MAX,
     add3,
@@ -52,7 +53,6 @@ from kernels.triton_common import (
 )
 
 LOG2E = tl.constexpr(1.4426950408889634)
-FLT_MAX = tl.constexpr(3.4028234663852886e38)
 SHORT_TILES = tl.constexpr(8)  # segments of at most this many tiles are read unrolled
 
 

@@ -19,6 +19,7 @@ GREEDY_T = tl.constexpr(1e-6)
 # An empty candidate slot: below every real key.
 EMPTY_KEY = tl.constexpr(-(2**63))
 INT32_MAX = tl.constexpr(2**31 - 1)
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
@@ -76,19 +77,52 @@ def exact_z(x, t):
 
 
 @triton.jit
+def logit_floor(t, temp):
+    """(x_t, ok): for every float32 logit x, scale(x, temp) > t exactly when x >= x_t (NaN
+    neither), if ok. z = RN(x / T) is monotone in x, so the tokens above t are the logits
+    from one float up: x_t is found from RN(t * T) by a bisection over the 1024 floats
+    around it (clipped to -inf .. +inf), each step one exact division (a scalar: ten a row).
+    ok is False only when x_t lies further away, which takes a finite t near the float
+    range's ends (|t * T| overflowing) or a denormal t * T with T over about 1000, and then
+    no x_t is given."""
+    greedy = temp.to(tl.float64) < GREEDY_T
+    tt = tl.where(greedy, 1.0, temp)
+    y = tl.where(t == float("-inf"), -FLT_MAX, t) * tt
+    o = ordered32(tl.minimum(tl.maximum(y, -FLT_MAX), FLT_MAX))
+    lo = tl.maximum(o - 512, ordered32(tl.full([], float("-inf"), tl.float32)))  # no NaN
+    hi = tl.minimum(o + 512, ordered32(tl.full([], float("inf"), tl.float32)))
+    ok = (exact_z(from_ordered32(lo), tt) <= t) & (exact_z(from_ordered32(hi), tt) > t)
+    for _ in tl.static_range(10):  # keeps z(lo) <= t < z(hi); 1024 floats apart, then 1
+        mid = lo + ((hi - lo) >> 1)
+        up = exact_z(from_ordered32(mid), tt) > t
+        hi = tl.where(up, mid, hi)
+        lo = tl.where(up, lo, mid)
+    return from_ordered32(hi), ok
+
+
+@triton.jit
+def ordered32(z):
+    """float32 -> int32 in the same order (negative floats get their magnitude bits flipped)."""
+    bits = z.to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def from_ordered32(o):
+    """ordered32's inverse."""
+    return (o ^ ((o >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def pack_key(z, ids):
     """float32 z, int64 ids -> int64 keys ordered as design 3.3 (larger key first)."""
-    bits = z.to(tl.int32, bitcast=True)
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    return (ordered.to(tl.int64) << 32) | (MASK32 - ids)
+    return (ordered32(z).to(tl.int64) << 32) | (MASK32 - ids)
 
 
 @triton.jit
 def unpack_z(keys):
     """int64 keys -> float32 z (EMPTY_KEY decodes to NaN; callers mask it)."""
-    ordered = (keys >> 32).to(tl.int32)
-    bits = ordered ^ ((ordered >> 31) & 0x7FFFFFFF)
-    return bits.to(tl.float32, bitcast=True)
+    return from_ordered32((keys >> 32).to(tl.int32))
 
 
 @triton.jit

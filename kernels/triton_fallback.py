@@ -15,7 +15,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.triton_common import EMPTY_KEY, INT32_MAX, gumbel, pack_key, scale, unpack_z
+from kernels.triton_common import (
+    EMPTY_KEY,
+    INT32_MAX,
+    gumbel,
+    logit_floor,
+    pack_key,
+    scale,
+    unpack_z,
+)
 
 
 @triton.jit
@@ -147,6 +155,11 @@ def gather_above(
     written = tl.sum(sel.to(tl.int32), axis=0)
     todo = d_c > t  # the segments to read (the padding's -inf never is)
     n_todo = tl.sum(todo.to(tl.int32), axis=0)
+    # Both reads select by x >= x_t: the tokens with z > t, with no division (the second
+    # read still divides to pack the keys). Without an x_t (t at the float range's ends)
+    # nothing is read and the count is over LIMIT: the caller takes the bisection.
+    x_t, exact = logit_floor(t, temp)
+    n_todo = tl.where(exact, n_todo, 0)
     lane = tl.arange(0, BLOCK)
     per_lane = tl.zeros([BLOCK], tl.int32)
     c = tl.full([], -1, tl.int32)
@@ -154,9 +167,9 @@ def gather_above(
         c, start, end = _next_segment(todo, ch, c, seg_len, vocab)
         for b in range(start, end, BLOCK):
             x = tl.load(x_row + b + lane, mask=b + lane < end, other=float("-inf"))
-            per_lane += (scale(x.to(tl.float32), temp) > t).to(tl.int32)  # NaN: not above
+            per_lane += (x.to(tl.float32) >= x_t).to(tl.int32)  # NaN: not above
     first = tl.cumsum(per_lane, axis=0) - per_lane
-    read = tl.sum(per_lane, axis=0)
+    read = tl.where(exact, tl.sum(per_lane, axis=0), LIMIT + 1)
     if written + read <= LIMIT:
         slot = scratch_row + written + first
         c = tl.full([], -1, tl.int32)
@@ -164,9 +177,9 @@ def gather_above(
             c, start, end = _next_segment(todo, ch, c, seg_len, vocab)
             for b in range(start, end, BLOCK):
                 x = tl.load(x_row + b + lane, mask=b + lane < end, other=float("-inf"))
-                b_z = scale(x.to(tl.float32), temp)
-                b_sel = b_z > t
-                tl.store(slot, pack_key(b_z, (b + lane).to(tl.int64)), mask=b_sel)
+                x = x.to(tl.float32)
+                b_sel = x >= x_t
+                tl.store(slot, pack_key(scale(x, temp), (b + lane).to(tl.int64)), mask=b_sel)
                 slot += b_sel.to(tl.int32)
     tl.debug_barrier()  # the scattered stores before the caller's block load
     return written + read

@@ -570,6 +570,61 @@ def test_lanes_keeping_three_tokens_decide_without_the_rescue(interpreted: Inter
     assert two["tokens"] == three["tokens"]
 
 
+LOGIT_FLOOR = """
+import json, sys, torch
+from kernels.order import ordered_bits, scaled_logits
+sys.path.insert(0, "tests/unit/kernels")
+from triton_probes import floor_probe
+
+g = torch.Generator().manual_seed(5)
+fmax = torch.finfo(torch.float32).max
+tiny = torch.finfo(torch.float32).tiny
+ts = [0.0, -0.0, 1.0, -1.0, 1e-40, -1e-40, 3e38, -3e38, fmax, -fmax, float("-inf"), 1e-30,
+      -7.25, 123.456]
+ts += (20 * torch.randn(34, generator=g)).tolist()
+temps = [1.0, 0.7, 2.0, 1e-6, 1e-7, 0.0, 1e-5, 100.0]
+pairs = [(t, T) for t in ts for T in temps][:512]
+n = 512
+t = torch.tensor([p[0] for p in pairs] + [0.0] * (n - len(pairs)))
+temp = torch.tensor([p[1] for p in pairs] + [1.0] * (n - len(pairs)))
+x_t = torch.empty(n)
+ok = torch.empty(n, dtype=torch.int8)
+floor_probe[(1,)](t, temp, x_t, ok, N=n)
+# Every x within 64 floats of x_t, and of t * T, plus a spread of values and the specials.
+near = torch.arange(-64, 65, dtype=torch.int32)
+spread = torch.cat([300 * torch.randn(200, generator=g), torch.tensor(
+    [0.0, -0.0, tiny, -tiny, 1e-45, -1e-45, fmax, -fmax, float("inf"), float("-inf"),
+     float("nan")])])
+bad = []
+for i, (tv, T) in enumerate(pairs):
+    if not ok[i]:
+        continue
+    centre = torch.tensor([float(x_t[i]), max(min(tv * T, fmax), -fmax)])
+    o = ordered_bits(centre)[:, None] + near[None, :]
+    o = o[(o >= int(ordered_bits(torch.tensor([float("-inf")])))) &
+          (o <= int(ordered_bits(torch.tensor([float("inf")]))))]
+    x = torch.cat([ordered_bits(o.flatten()).view(torch.float32), spread])
+    z = scaled_logits(x[None], torch.tensor([T]))[0]
+    if not torch.equal(x >= x_t[i], z > tv):
+        bad.append([tv, T, float(x_t[i])])
+print(json.dumps({"pairs": len(pairs), "ok": int(ok[: len(pairs)].sum()), "bad": bad[:5],
+                  "n_bad": len(bad),
+                  "not_ok": [pairs[i] for i in range(len(pairs)) if not ok[i]][:8]}))
+"""
+
+
+def test_logit_floor_is_the_exact_logit_threshold(interpreted: Interpreted) -> None:
+    """logit_floor(t, T): x >= x_t exactly when RN(x / T) > t (greedy rows: x > t), checked
+    for every float within 64 of x_t and of t * T, and a spread of values with the specials
+    (+-0, denormals, +-FLT_MAX, +-inf, NaN), over 512 pairs of floors (-inf and the ends of
+    the float range among them) and temperatures (greedy ones too). Only t near the ends of
+    the range may come back without an x_t."""
+    out = interpreted(LOGIT_FLOOR)
+    assert out["n_bad"] == 0, out["bad"]
+    assert out["ok"] >= out["pairs"] - 40, out["not_ok"]
+    assert all(abs(t) > 1e37 for t, _ in out["not_ok"]), out["not_ok"]
+
+
 GATHER = """
 import json, sys, torch
 from kernels.order import pack_keys, scaled_logits

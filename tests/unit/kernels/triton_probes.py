@@ -6,6 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.triton_common import logit_floor
 from kernels.triton_fallback import gather_above
 
 
@@ -46,3 +47,12 @@ def gather_probe(
         BLOCK,
     )
     tl.store(out_ptr, got)
+
+
+@triton.jit
+def floor_probe(t_ptr, temp_ptr, x_t_ptr, ok_ptr, N: tl.constexpr):
+    """logit_floor over N (t, temperature) pairs."""
+    i = tl.arange(0, N)
+    x_t, ok = logit_floor(tl.load(t_ptr + i), tl.load(temp_ptr + i))
+    tl.store(x_t_ptr + i, x_t)
+    tl.store(ok_ptr + i, ok.to(tl.int8))
