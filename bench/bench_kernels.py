@@ -97,6 +97,13 @@ VARIANTS = {
     "s2k": {"chunk": 2048},
     "s4k": {"chunk": 4096},
     "s16k": {"chunk": 16384},
+    # 1024 lanes (4 a thread) in 5 segments of 30 tiles at V = 151936: 5120 lanes a row, as
+    # the default's 10 x 512, in 640 programs instead of 1280 (one wave at 5 an SM)
+    "l1024s30k": {"lanes": 1024, "chunk": 30720},
+    "l1024s30kn48": {"lanes": 1024, "chunk": 30720, "regs": 48},
+    "l1024s30kn56": {"lanes": 1024, "chunk": 30720, "regs": 56},
+    "l1024s32kn48": {"lanes": 1024, "chunk": 32768, "regs": 48},
+    "l1024s38kn48": {"lanes": 1024, "chunk": 38912, "regs": 48},  # 4 segments, 4096 lanes
 }
 
 
