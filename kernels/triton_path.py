@@ -66,10 +66,13 @@ ROW_LANES_MIN = 4096
 # top-p 0.95 Zipf rows, steady over the bench's four buffers, `--ab default,s2k` and
 # `default,l512s8k`): V = 32000 B = 128 40.4 us with 8 segments against 32.5 with 16 (2
 # rescued rows in 512 against none), B = 256 74.8 against 67.6; V = 128256 B = 128 84.3
-# against 64.5 (6 rescued rows against 2), B = 256 106.4 against 97.5. At B = 512 (8192
-# programs with 16) the longer shape won: 109.2 against 135.4 and 152.8 against 166.9. V =
-# 151936 halves from 19 segments to 10 (5120 lanes) and keeps its shape.
-MID_PROGRAMS = 4096
+# against 64.5 (6 rescued rows against 2), B = 256 106.4 against 97.5. From B = 384 (6144
+# programs with 16) the longer shape won: B = 384 79.3 against 86.0 and 126.4 against 150.3
+# (`--ab default,s4k` and `default,s16k`, one round, 4 and 5 rescued rows in 1536 with 8
+# segments against 0 and 13 with 16; session 15), B = 512 109.2 against 135.4 and 152.8
+# against 166.9. So the step comes at B = 384 (B = 257-383 untimed). V = 151936 halves
+# from 19 segments to 10 (5120 lanes) and keeps its shape.
+MID_PROGRAMS = 3072
 # 16-bit logits take the same shape. A 16-bit shape (1024 lanes, 65536-token segments: 3 per
 # row at B=128, V=151936) streamed faster (pass 1 44.3 us against 60.4 in bf16 on the H200),
 # but its 3072 lanes per row, against 5120, put three of a row's top tokens in one lane about

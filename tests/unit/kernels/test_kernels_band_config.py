@@ -58,13 +58,15 @@ def test_large_batches_keep_the_lanes_per_row(vocab: int, lanes_per_row: int) ->
 def test_rows_keep_more_than_the_lane_floor_below_mid_sized_launches(vocab: int) -> None:
     """A launch of fewer than MID_PROGRAMS programs keeps more than ROW_LANES_MIN lanes a row
     wherever its segments could have: at V = 32000 and 128256 that is 16 segments a row
-    from B = 128 to 384 instead of 8 (one rescued row holds a whole resolve wave)."""
+    from B = 128 to 383 instead of 8 (one rescued row holds a whole resolve wave); from
+    B = 384 the 8 segments were faster on the H200."""
     for batch in range(1, 1025):
         cfg = band_config(vocab, batch=batch)
         if cfg.chunk > cfg.lanes and batch * cfg.n_chunks < MID_PROGRAMS:
             assert cfg.n_chunks * cfg.lanes > ROW_LANES_MIN, (batch, cfg)
     if vocab in (32000, 128256):
-        assert [band_config(vocab, batch=b).n_chunks for b in (128, 384, 512)] == [16, 16, 8]
+        shapes = [band_config(vocab, batch=b).n_chunks for b in (128, 256, 383, 384, 512)]
+        assert shapes == [16, 16, 16, 8, 8]
     if vocab == 151936:
         assert band_config(vocab, batch=128).n_chunks == 10  # the target case keeps its shape
 
