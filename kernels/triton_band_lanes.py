@@ -46,6 +46,7 @@ from kernels.triton_common import (
     GREEDY_T,
     INT32_MAX,
     add3,
+    add6,
     exact_z,
     keep_quarter,
     pack_key,
@@ -187,7 +188,7 @@ def lanes_pass(
             _ge(t1, t2, t3, hi, KEEP),
         ),
         0,
-        _add6,
+        add6,
     )
     if n_lo > KC:
         # Invariant: more than KC at or above lo, n_hi at or above hi (at most KC, or ties
@@ -290,11 +291,6 @@ def _lt(t1, t2, t3, p, KEEP: tl.constexpr):
     if KEEP == 3:
         b = tl.maximum(b, tl.where(t3 < p, t3, float("-inf")))
     return b
-
-
-@triton.jit
-def _add6(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
-    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5
 
 
 @triton.jit

@@ -18,11 +18,13 @@ import triton.language as tl
 from kernels.triton_common import (
     EMPTY_KEY,
     INT32_MAX,
+    MASK32,
+    from_ordered32,
     gumbel,
     logit_floor,
+    ordered32,
     pack_key,
     scale,
-    unpack_z,
 )
 
 
@@ -30,85 +32,241 @@ from kernels.triton_common import (
 def _row_keys(x_row, temp, vocab, start, BLOCK: tl.constexpr):
     """Keys, z (NaN-free) and ids of one block of a row."""
     ids = start + tl.arange(0, BLOCK)
-    inside = ids < vocab
-    x = tl.load(x_row + ids, mask=inside, other=float("-inf")).to(tl.float32)
-    z = scale(x, temp)
-    z = tl.where(z != z, float("-inf"), z)
+    x = tl.load(x_row + ids, mask=ids < vocab, other=float("-inf"))
+    z = _z_of(x, temp)
     ids64 = ids.to(tl.int64)
     return pack_key(z, ids64), z, ids64
 
 
 @triton.jit
-def above(x_row, temp, vocab, t_key, z_max, BLOCK: tl.constexpr):
-    """(#tokens, sum exp(z - z_max)) over finite tokens with key > t_key."""
-    count = tl.full([], 0, tl.int64)
-    mass = tl.full([], 0.0, tl.float32)
+def _z_of(x, temp):
+    """z of raw logits, NaN taken as -inf (a NaN row never gets here: it is flagged)."""
+    z = scale(x.to(tl.float32), temp)
+    return tl.where(z != z, float("-inf"), z)
+
+
+@triton.jit
+def _load_block(x_row, vocab, start, BLOCK: tl.constexpr):
+    ids = start + tl.arange(0, BLOCK)
+    return tl.load(x_row + ids, mask=ids < vocab, other=float("-inf"))
+
+
+# The row reads below keep their sums per lane (no block-wide step inside the loop) and issue
+# the next block's load before the current block's work: one program reads the whole row, and a
+# loop that waits for each load in turn ran at a few GB/s.
+
+
+@triton.jit
+def _above3(x_row, temp, vocab, q1, q2, q3, z_max, BLOCK: tl.constexpr):
+    """For three thresholds q (ordered32 values of z): how many tokens have
+    ordered32(z) > q, and their sum exp(z - z_max), in one read of the row."""
+    c1 = tl.zeros([BLOCK], tl.int32)
+    c2 = tl.zeros([BLOCK], tl.int32)
+    c3 = tl.zeros([BLOCK], tl.int32)
+    m1 = tl.zeros([BLOCK], tl.float32)
+    m2 = tl.zeros([BLOCK], tl.float32)
+    m3 = tl.zeros([BLOCK], tl.float32)
+    x = _load_block(x_row, vocab, 0, BLOCK)
     for start in range(0, vocab, BLOCK):
-        keys, z, _ = _row_keys(x_row, temp, vocab, start, BLOCK)
-        sel = (z > float("-inf")) & (keys > t_key)
-        count += tl.sum(sel.to(tl.int64), axis=0)
-        mass += tl.sum(tl.where(sel, tl.exp(z - z_max), 0.0), axis=0)
-    return count, mass
+        x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
+        z = _z_of(x, temp)
+        o = ordered32(z)  # -inf (padding included) is below every threshold
+        e = tl.exp(z - z_max)
+        g1 = o > q1
+        g2 = o > q2
+        g3 = o > q3
+        c1 += g1.to(tl.int32)
+        c2 += g2.to(tl.int32)
+        c3 += g3.to(tl.int32)
+        m1 += tl.where(g1, e, 0.0)
+        m2 += tl.where(g2, e, 0.0)
+        m3 += tl.where(g3, e, 0.0)
+        x = x_next
+    # Separate sums, not one tuple reduction: once a read, and the interpreter (CI) runs a
+    # tuple reduction element by element.
+    return (
+        tl.sum(c1, axis=0),
+        tl.sum(c2, axis=0),
+        tl.sum(c3, axis=0),
+        tl.sum(m1, axis=0),
+        tl.sum(m2, axis=0),
+        tl.sum(m3, axis=0),
+    )
 
 
 @triton.jit
-def _midpoint(lo, hi):
-    # floor((lo + hi) / 2) without int64 overflow
-    return (lo >> 1) + (hi >> 1) + (lo & hi & 1)
+def _level_ids3(x_row, temp, vocab, level, q1, q2, q3, BLOCK: tl.constexpr):
+    """How many tokens with ordered32(z) == level have an id <= each of q1, q2, q3."""
+    c1 = tl.zeros([BLOCK], tl.int32)
+    c2 = tl.zeros([BLOCK], tl.int32)
+    c3 = tl.zeros([BLOCK], tl.int32)
+    lane = tl.arange(0, BLOCK)
+    x = _load_block(x_row, vocab, 0, BLOCK)
+    for start in range(0, vocab, BLOCK):
+        x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
+        on = ordered32(_z_of(x, temp)) == level
+        ids = start + lane
+        c1 += (on & (ids <= q1)).to(tl.int32)
+        c2 += (on & (ids <= q2)).to(tl.int32)
+        c3 += (on & (ids <= q3)).to(tl.int32)
+        x = x_next
+    return tl.sum(c1, axis=0), tl.sum(c2, axis=0), tl.sum(c3, axis=0)
 
 
 @triton.jit
-def first_kept_key(x_row, temp, vocab, lo, hi, k, z_norm, top_p, min_p, z_max, BLOCK: tl.constexpr):
-    """Smallest key t in (lo, hi] with keep(t); hi (the top token) when none is.
-
-    k: int64 (a value >= vocab means off); top_p: float32 (>= 1 off); min_p: float32.
-    """
-    for _ in range(64):
-        mid = _midpoint(lo, hi)
-        count, mass = above(x_row, temp, vocab, mid, z_max, BLOCK)
-        z_mid = unpack_z(mid)
-        keep = (count < k) & (z_mid > float("-inf"))
-        keep = keep & ((top_p >= 1.0) | (tl.math.div_rn(mass, z_norm) < top_p))
-        rel = tl.exp(z_mid.to(tl.float64) - z_max.to(tl.float64))
-        keep = keep & ((min_p <= 0.0) | (rel >= min_p.to(tl.float64)))
-        hi = tl.where(keep, mid, hi)
-        lo = tl.where(keep, lo, mid)
-    return hi
+def _kept(q, c, m, k, z_norm, top_p, min_p, z_max):
+    """Whether a token of z = from_ordered32(q) with c tokens of mass m (relative to z_max)
+    above it is kept. k: int64 (above vocab: off); top_p: float32 (>= 1 off); min_p (<= 0
+    off)."""
+    v = from_ordered32(q)
+    keep = (c < k) & (v > float("-inf"))
+    keep = keep & ((top_p >= 1.0) | (tl.math.div_rn(m, z_norm) < top_p))
+    rel = tl.exp(v.to(tl.float64) - z_max.to(tl.float64))
+    return keep & ((min_p <= 0.0) | (rel >= min_p.to(tl.float64)))
 
 
 @triton.jit
-def fallback_support(
-    x_row, temp, vocab, top_key, k, top_p, min_p, z_max, z_sum, BLOCK: tl.constexpr
+def _pick3(p1, p2, p3, a, a1, a2, a3, b):
+    """Along a threshold search whose predicate is false below the answer and true from it:
+    the value at the new upper end (first of q1, q2, q3 that holds, else the old one, a) and at
+    the new lower end (the last that does not hold, else the old one, b)."""
+    hi = tl.where(p1, a1, tl.where(p2, a2, tl.where(p3, a3, a)))
+    lo = tl.where(p1, b, tl.where(p2, a1, tl.where(p3, a2, a3)))
+    return hi, lo
+
+
+@triton.jit
+def cut_key(
+    x_row, temp, vocab, k, z_norm, top_p, min_p, z_max, NEED_KEY: tl.constexpr, BLOCK: tl.constexpr
 ):
-    """Cut key t*, |S| and sum_{S} exp(z - z_max) of one row, by bisection over the keys."""
-    lo = pack_key(tl.full([], float("-inf"), tl.float32), tl.full([], 0, tl.int64)) - 1
-    never = tl.full([], 2.0, tl.float32)
-    z_norm = z_sum
-    if k < vocab:  # top-k renormalises top-p: find the k-th key and the mass above it
-        t_k = first_kept_key(
-            x_row, temp, vocab, lo, top_key, k, z_sum, never, never * 0.0, z_max, BLOCK
+    """The kept prefix of design order: (t, n, mass) with the kept tokens exactly those with
+    key >= t, n of them, of mass sum exp(z - z_max) (float32). k: int64 (above vocab: off);
+    top_p: float32 of z_norm (>= 1: off); min_p (<= 0: off). t is not always
+    needed (n and mass are), and with NEED_KEY False it is left at the cut's z when the cut
+    splits a tie.
+
+    A token is kept when the tokens before it, c of mass m, leave c < k, m / z_norm < top_p,
+    and its own exp(z - z_max) >= min_p. First the cut's z: P(v), "a token of z = v with every
+    token of larger z before it is kept", is false below it and true from it, and is counted
+    at three thresholds a read (the row's z in ordered32 space, 2^32 values: 16 reads; none
+    when only min-p is on, since P then depends on v alone). Then inside that z's tokens (ids
+    ascending, the same mass each) the kept count J follows from the counts with no read; only
+    when J splits them does a search over the ids (three counts a read) find the J-th id."""
+    # The bracket (lo, hi] in ordered32 space, held as int64 (its span exceeds int32): P(lo)
+    # false, P(hi) true, each end's count and mass above it once counted (c < 0: not yet).
+    lo = ordered32(tl.full([], float("-inf"), tl.float32)).to(tl.int64)  # P(-inf) is false
+    hi = ordered32(z_max).to(tl.int64)  # nothing above the max: P holds (k >= 1, top_p > 0)
+    c_hi = tl.full([], 0, tl.int32)
+    m_hi = tl.full([], 0.0, tl.float32)
+    c_lo = tl.full([], -1, tl.int32)
+    m_lo = tl.full([], 0.0, tl.float32)
+    if (k > vocab) & (top_p >= 1.0):
+        # Only min-p (or nothing) cuts: P depends on v alone, so the search needs no read.
+        none = tl.full([], 0, tl.int32)
+        while hi - lo > 1:
+            mid = lo + (hi - lo) // 2
+            up = _kept(mid.to(tl.int32), none, m_hi, k, z_norm, top_p, min_p, z_max)
+            hi = tl.where(up, mid, hi)
+            lo = tl.where(up, lo, mid)
+        c_hi = tl.full([], -1, tl.int32)
+    while hi - lo > 1:
+        span = hi - lo
+        q1 = lo + span // 4
+        q2 = lo + span // 2
+        q3 = lo + span * 3 // 4
+        n1, n2, n3, s1, s2, s3 = _above3(
+            x_row, temp, vocab, q1.to(tl.int32), q2.to(tl.int32), q3.to(tl.int32), z_max, BLOCK
         )
-        _, z_norm = above(x_row, temp, vocab, t_k - 1, z_max, BLOCK)
-    t_cut = first_kept_key(x_row, temp, vocab, lo, top_key, k, z_norm, top_p, min_p, z_max, BLOCK)
-    n, mass = above(x_row, temp, vocab, t_cut - 1, z_max, BLOCK)
-    return t_cut, n, mass
+        p1 = _kept(q1.to(tl.int32), n1, s1, k, z_norm, top_p, min_p, z_max)
+        p2 = _kept(q2.to(tl.int32), n2, s2, k, z_norm, top_p, min_p, z_max)
+        p3 = _kept(q3.to(tl.int32), n3, s3, k, z_norm, top_p, min_p, z_max)
+        c_hi, c_lo = _pick3(p1, p2, p3, c_hi, n1, n2, n3, c_lo)
+        m_hi, m_lo = _pick3(p1, p2, p3, m_hi, s1, s2, s3, m_lo)
+        hi, lo = _pick3(p1, p2, p3, hi, q1, q2, q3, lo)
+    hi32 = hi.to(tl.int32)
+    if (c_lo < 0) | (c_hi < 0):  # an end of the bracket was never counted
+        c_lo, c_hi, _, m_lo, m_hi, _ = _above3(
+            x_row, temp, vocab, lo.to(tl.int32), hi32, hi32, z_max, BLOCK
+        )
+    # The cut's z is v = from_ordered32(hi): c_hi tokens lie above it, n_v at it.
+    n_v = c_lo - c_hi
+    e_v = tl.exp(from_ordered32(hi32) - z_max)
+    # The j-th token at v (from 0, ids ascending) is kept when c_hi + j < k and
+    # (m_hi + j e_v) / z_norm < top_p (min-p holds at v by P). The first j that fails the
+    # top-p test, by a search over j (no read): kept counts are monotone in j.
+    j_lo = tl.full([], 0, tl.int32)  # kept (P at v)
+    j_hi = n_v  # the first failing j lies in (j_lo, j_hi]; n_v when none fails
+    if top_p < 1.0:
+        while j_hi - j_lo > 1:
+            j = j_lo + (j_hi - j_lo) // 2
+            ok = tl.math.div_rn(m_hi + j.to(tl.float32) * e_v, z_norm) < top_p
+            j_lo = tl.where(ok, j, j_lo)
+            j_hi = tl.where(ok, j_hi, j)
+    n_keep = tl.minimum(tl.minimum(j_hi, n_v).to(tl.int64), k - c_hi.to(tl.int64)).to(tl.int32)
+    n_keep = tl.where(n_v > 0, tl.maximum(n_keep, 1), 0)
+    level = hi << 32
+    t = level  # every token at v kept: the lowest key at v (ids < 2^32)
+    if NEED_KEY:  # noqa: SIM102 (a constexpr test: Triton's `and` would not fold it)
+        if n_keep < n_v:
+            # The n_keep-th id at v: the smallest id q with n_keep tokens at v of id <= q.
+            i_lo = tl.full([], -1, tl.int32)  # count 0 < n_keep
+            i_hi = tl.full([], 0, tl.int32) + vocab - 1  # count n_v >= n_keep
+            while i_hi - i_lo > 1:
+                span = i_hi - i_lo
+                q1 = i_lo + tl.maximum(span // 4, 1)
+                q2 = tl.minimum(i_lo + tl.maximum(span // 2, 1), i_hi)
+                q3 = tl.minimum(i_lo + tl.maximum(span * 3 // 4, 1), i_hi)
+                a1, a2, a3 = _level_ids3(x_row, temp, vocab, hi32, q1, q2, q3, BLOCK)
+                i_hi, i_lo = _pick3(
+                    a1 >= n_keep, a2 >= n_keep, a3 >= n_keep, i_hi, q1, q2, q3, i_lo
+                )
+            t = level | (MASK32 - i_hi.to(tl.int64))
+    n = (c_hi + n_keep).to(tl.int64)
+    mass = m_hi + n_keep.to(tl.float32) * e_v
+    return t, n, mass
+
+
+@triton.jit
+def fallback_support(x_row, temp, vocab, k, top_p, min_p, z_max, z_sum, BLOCK: tl.constexpr):
+    """Cut key t*, |S| and sum_{S} exp(z - z_max) of one row: S = {key >= t*}.
+
+    k: int64 (above vocab: off). With top-k and top-p both on, top-p renormalises over the
+    top-k mass, found first."""
+    z_norm = z_sum
+    never = tl.full([], 2.0, tl.float32)
+    if (k < vocab) & (top_p < 1.0):
+        _, _, z_norm = cut_key(
+            x_row, temp, vocab, k, z_sum, never, never * 0.0, z_max, False, BLOCK
+        )
+    return cut_key(x_row, temp, vocab, k, z_norm, top_p, min_p, z_max, True, BLOCK)
+
+
+@triton.jit
+def _better(s0, k0, s1, k1):
+    """The larger Gumbel score, ties to the larger key (earlier in design order)."""
+    first = (s0 > s1) | ((s0 == s1) & (k0 > k1))
+    return tl.where(first, s0, s1), tl.where(first, k0, k1)
 
 
 @triton.jit
 def fallback_draw(x_row, temp, vocab, t_cut, k0, k1, BLOCK: tl.constexpr):
     """Gumbel-max over {key >= t_cut}: the winner's key (ties: earlier in design order)."""
-    best = tl.full([], float("-inf"), tl.float32)
-    best_key = tl.full([], EMPTY_KEY, tl.int64)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_key = tl.full([BLOCK], EMPTY_KEY, tl.int64)
+    lane = tl.arange(0, BLOCK)
+    x = _load_block(x_row, vocab, 0, BLOCK)
     for start in range(0, vocab, BLOCK):
-        keys, z, ids = _row_keys(x_row, temp, vocab, start, BLOCK)
+        x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
+        z = _z_of(x, temp)
+        ids = (start + lane).to(tl.int64)
+        keys = pack_key(z, ids)
         sel = (keys >= t_cut) & (z > float("-inf"))
         score = tl.where(sel, z + gumbel(k0, k1, ids), float("-inf"))
-        b_score = tl.max(score, axis=0)
-        b_key = tl.max(tl.where(sel & (score == b_score), keys, EMPTY_KEY), axis=0)
-        better = (b_score > best) | ((b_score == best) & (b_key > best_key))
-        best = tl.where(better, b_score, best)
-        best_key = tl.where(better, b_key, best_key)
-    return best_key
+        key = tl.where(sel, keys, EMPTY_KEY)
+        best, best_key = _better(score, key, best, best_key)
+        x = x_next
+    top = tl.max(best, axis=0)
+    return tl.max(tl.where(best == top, best_key, EMPTY_KEY), axis=0)
 
 
 @triton.jit
@@ -207,7 +365,15 @@ def fallback_gather(x_row, temp, vocab, t_cut, scratch_row, BLOCK: tl.constexpr)
 
 
 @triton.jit
-def position_of(x_row, temp, vocab, key, z_max, BLOCK: tl.constexpr):
+def position_of(x_row, temp, vocab, key, BLOCK: tl.constexpr):
     """Index of `key` in design order (number of finite keys above it)."""
-    count, _ = above(x_row, temp, vocab, key, z_max, BLOCK)
-    return count
+    count = tl.zeros([BLOCK], tl.int32)
+    lane = tl.arange(0, BLOCK)
+    x = _load_block(x_row, vocab, 0, BLOCK)
+    for start in range(0, vocab, BLOCK):
+        x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
+        z = _z_of(x, temp)
+        keys = pack_key(z, (start + lane).to(tl.int64))
+        count += ((keys > key) & (z > float("-inf"))).to(tl.int32)
+        x = x_next
+    return tl.sum(count, axis=0).to(tl.int64)

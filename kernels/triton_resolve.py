@@ -29,10 +29,10 @@ from kernels.triton_common import (
 from kernels.triton_decide import best_sorted, decide, draw, store_mask, support_goal
 from kernels.triton_emit import pack_row
 from kernels.triton_fallback import (
+    cut_key,
     fallback_draw,
     fallback_gather,
     fallback_support,
-    first_kept_key,
     gather_above,
     position_of,
 )
@@ -142,6 +142,9 @@ def resolve_row(
     k_on = (k > 0) & (k < vocab)
     p_on = top_p < 1.0
     m_on = min_p > 0.0
+    # Nothing truncates: S is every finite token, which the fallback finds in one read, so
+    # such a row skips the second tier and the rescue (neither can list the whole row).
+    whole = ~k_on & ~p_on & ~m_on & ~greedy
     k0, k1 = row_keys(seed, step)
     slot_row = slot_ptr + midx * cap
     scratch = scratch_ptr + row * (T1 + T2 + tl.maximum(CAP_BLOCK, RESCUE))
@@ -201,7 +204,7 @@ def resolve_row(
                 bounded,
             )
     else:
-        if floor > d_max:  # the first tier left listed candidates out: the second sees more
+        if (floor > d_max) & ~whole:  # the first tier left listed candidates out
             best2, floor2 = best_sorted(cands, scratch + T1, T2, NBISECT, T2, stamp, False)
             n, undecided, z2, ids2, mass2 = decide(
                 best2, floor2, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
@@ -218,7 +221,7 @@ def resolve_row(
         if TIMING:
             tl.store(stamp + 11, cycles(n))  # after the second tier (or its skip)
         x_row = x_ptr + row * stride_x
-        if undecided:
+        if undecided & ~whole:
             # The rescue: list every token above t, a segment floor d_c below d_max, then the
             # same decision with t as the floor. Why it works: the row floor d_max is the
             # largest d_c, and a single segment can push it deep into S (a pass-1 lane keeps
@@ -325,7 +328,7 @@ def resolve_row(
             fallback = tl.full([], 1, tl.int8)
             k_eff = tl.where(k_on, k, vocab + 1)
             t_cut, n, mass_s = fallback_support(
-                x_row, temp, vocab, top_key, k_eff, top_p, min_p, z_max, z_sum, FB_BLOCK
+                x_row, temp, vocab, k_eff, top_p, min_p, z_max, z_sum, FB_BLOCK
             )
             y_key = fallback_draw(x_row, temp, vocab, t_cut, k0, k1, FB_BLOCK)
             token = unpack_id(y_key)
@@ -333,21 +336,20 @@ def resolve_row(
             if midx >= 0:
                 over = n > max_mask
                 if (~over) | bounded:
-                    j = position_of(x_row, temp, vocab, y_key, z_max, FB_BLOCK)
+                    j = position_of(x_row, temp, vocab, y_key, FB_BLOCK)
                     t_emit = t_cut
                     if over:  # the first cap tokens: the cap-th key is the cut
                         off = tl.full([], 2.0, tl.float32)  # top-p and min-p off here
-                        t_emit = first_kept_key(
+                        t_emit, _, _ = cut_key(
                             x_row,
                             temp,
                             vocab,
-                            t_cut - 1,
-                            top_key,
                             cap.to(tl.int64),
                             z_sum,
                             off,
                             off * 0.0,
                             z_max,
+                            True,
                             FB_BLOCK,
                         )
                     gather = scratch + T1 + T2

@@ -289,6 +289,41 @@ def test_two_bad_segments_match_oracle() -> None:
     assert int(res.support_sizes.min()) > 10 and bool(res.fallback_rows.all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_whole_row_fallback_matches_oracle(dtype: torch.dtype) -> None:
+    """Rows only the whole-row fallback decides, at V = 151936: flat rows with top-p (bf16
+    ties at the cut), top-k past the band with top-p, min-p alone, and rows nothing
+    truncates (a general pool's plain sampling), in exact and bounded mode."""
+    vocab, rows = 151936, 48
+    g = torch.Generator().manual_seed(31)
+    x = torch.randn(rows, vocab, generator=g)
+    x[::6] = torch.round(x[::6] * 4) / 4  # a few levels of ties
+    settings = [  # temperature, top_k, top_p, min_p
+        (2.0, -1, 0.95, 0.0),
+        (1.0, 2000, 0.9, 0.0),
+        (2.0, -1, 1.0, 0.05),
+        (1.0, -1, 1.0, 0.0),
+        (0.7, 30000, 1.0, 0.0),
+        (1.0, -1, 0.5, 0.0),
+    ]
+    pick = torch.arange(rows) % len(settings)
+    col = list(zip(*settings, strict=True))
+    batch = {
+        "logits": x.to(dtype).cuda(),
+        "temperature": torch.tensor(col[0])[pick].cuda(),
+        "top_k": torch.tensor(col[1], dtype=torch.int32)[pick].cuda(),
+        "top_p": torch.tensor(col[2])[pick].cuda(),
+        "min_p": torch.tensor(col[3])[pick].cuda(),
+        "bounded": (torch.arange(rows) // len(settings)) % 2 == 0,
+        "seed": torch.arange(rows, dtype=torch.int64).cuda() * 13,
+        "step": torch.zeros(rows, dtype=torch.int64).cuda(),
+    }
+    batch["bounded"] = batch["bounded"].cuda()
+    want = torch.ones(rows, dtype=torch.bool)
+    res = run_checked(f"whole-row fallback {dtype}", batch, want, 4096, bounded=batch["bounded"])
+    assert int(res.fallback_rows.sum()) >= rows // 2
+
+
 def test_seeded_tokens_batch_invariant_and_match_cpu() -> None:
     vocab = 32000
     g = torch.Generator().manual_seed(9)

@@ -732,3 +732,81 @@ def test_rescue_reads_two_bad_segments_in_a_second_round(
     assert out["fallback"] == [True] * 4
     assert all(s > 17 for s in out["ref_sizes"]), out  # S reaches below both floors
     assert out["sizes"] == out["cpu_sizes"] and out["masks"] and out["tokens"]
+
+
+COUNT_READS = """
+import kernels.triton_fallback
+
+READS = []  # one entry per read of a row by the fallback's threshold searches
+for _name in ("_above3", "_level_ids3"):
+    def _counted(*args, _f=getattr(kernels.triton_fallback, _name), _n=_name):
+        READS.append(_n)
+        return _f(*args)
+    setattr(kernels.triton_fallback, _name, _counted)
+"""
+
+WHOLE_ROW = """
+# Rows that only the fallback decides (the band of 64-token chunks with 8 candidates each
+# lists too few), chosen so that its cut lands inside a run of tied z: top-k and top-p
+# splitting a tie, a dyadic top-p boundary exactly on a token, min-p alone, nothing at all.
+vocab = 300
+g = torch.Generator().manual_seed(11)
+x = torch.randn(9, vocab, generator=g)
+x[0] = 0.0                                   # all tied: top-k 100 keeps ids 0..99
+x[1] = torch.round(x[1] * 2) / 2             # a few levels of ties, top-p 0.5
+x[2, :256] = 0.0; x[2, 256:] = float("-inf")  # 256 tied: top-p 0.5 keeps exactly 128
+x[3, 7] = float("-inf")                      # nothing truncates: every finite token
+x[4, 7] = float("-inf")                      # nothing truncates, bounded: the best cap
+x[6] = torch.round(x[6] * 4) / 4             # ties, top-k 150 + top-p 0.9
+temp = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 1.0, 0.7, 1.3])
+k = torch.tensor([100, -1, -1, -1, -1, -1, 150, 40, -1], dtype=torch.int32)
+p = torch.tensor([1.0, 0.5, 0.5, 1.0, 1.0, 1.0, 0.9, 1.0, 0.97])
+mp = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.05, 0.0, 0.0, 0.0])
+want = torch.ones(9, dtype=torch.bool)
+bounded = torch.tensor([False, True, False, False, True, False, True, False, True])
+seed = torch.arange(9, dtype=torch.int64) * 7 + 1
+cap = 128
+inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=cap, seed=seed, bounded=bounded)
+cfg = band_config(vocab, chunk=64, kc=8, lanes=16)
+out = {}
+for r in range(9):  # one row a call, so each row's reads are counted alone
+    READS.clear()
+    one = check_inputs(x[r:r+1], temp[r:r+1], k[r:r+1], p[r:r+1], mp[r:r+1], want[r:r+1],
+                       max_mask_tokens=cap, seed=seed[r:r+1], bounded=bounded[r:r+1])
+    tri = sample_triton(one, cfg)
+    out[r] = {"reads": len(READS), "fallback": bool(tri.fallback_rows[0])}
+tri = sample_triton(inp, cfg)
+cpu = sample_torch(inp)
+ref = reference(x, temp, k, p, mp)
+rep = check_result(tri, ref, want, bounded, cap)
+print(json.dumps({"ok": rep.ok, "errors": rep.errors, "ambiguous": ref.ambiguous.tolist(),
+                  "rows": out, "sizes": tri.support_sizes.tolist(),
+                  "ref_sizes": ref.support_sizes.tolist(), "status": tri.mask_status.tolist(),
+                  "tokens": torch.equal(tri.tokens, cpu.tokens), "masks": tri.masks() == cpu.masks(),
+                  "logprob": bool(torch.allclose(tri.logprobs, cpu.logprobs, atol=1e-5))}))
+"""
+
+
+def test_fallback_cuts_inside_ties_and_reads_the_row_a_few_times(
+    interpreted: Interpreted,
+) -> None:
+    """The fallback (rows the band cannot decide) equals the oracle and the torch path where
+    its cut splits a run of tied z (top-k through a tie, top-p through ties, a dyadic top-p
+    boundary that lands exactly on a token), on min-p alone and on rows nothing truncates
+    (exact mode overflows the cap, bounded mode gets the best cap). Its cost is in reads of
+    the row: at most 16 for the cut's z (three thresholds a read over 2^32 values), a few
+    more to place a cut inside a tie, one when only min-p or nothing cuts (the old
+    bisection: 64 to 128)."""
+    out = interpreted(PRELUDE + COUNT_READS + WHOLE_ROW)
+    assert out["ok"], out["errors"]
+    assert not any(out["ambiguous"])
+    assert out["tokens"] and out["masks"] and out["logprob"]
+    assert out["ref_sizes"][0] == 100 and out["ref_sizes"][2] == 128
+    assert out["ref_sizes"][3] == 299 and out["status"][3] == 1  # exact mode: overflow
+    rows = out["rows"]
+    assert all(rows[str(r)]["fallback"] for r in range(9)), rows
+    reads = [rows[str(r)]["reads"] for r in range(9)]
+    assert reads[3] == reads[5] == 1, reads  # nothing or min-p alone: one read counts the cut
+    assert 16 < reads[4] <= 1 + 16 + 9, reads  # bounded: then the best cap, a search
+    assert reads[0] > 16, reads  # top-k 100 through 300 tied: the ids are searched
+    assert max(reads) <= 2 * 16 + 9, reads  # top-k + top-p: two z searches, one id search

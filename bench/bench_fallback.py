@@ -1,0 +1,159 @@
+"""Time kernels.sample on rows that only the whole-row fallback decides. Needs CUDA.
+
+  python bench/bench_fallback.py [--label NAME] [--batches 1,128] [--out DIR]
+  python bench/bench_fallback.py --plot BEFORE.json AFTER.json [--out DIR]
+
+Rows the band cannot decide (flat, high-temperature rows whose support runs to thousands of
+tokens; a top-k past the band; min-p alone on flat rows) and rows that nothing truncates
+(temperature sampling with top_k off, top_p 1, min_p 0: a general pool's plain traffic, no
+mask) are decided in resolve_kernel by reads of the whole row, one program a row. This
+script times those cases, V = 151936, against the sort-based path (baseline b of
+bench_kernels.py, eager: its nonzero syncs) on the same inputs. kernels.sample is timed as a
+CUDA graph of one call, replayed (median, us). Writes fallback_bench[_LABEL].json; --plot draws two runs side by
+side into fallback_bench.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: import from the repository root
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+VOCAB = 151936
+CAP = 4096
+ALPHA = 1.6  # the Zipf rows of bench_kernels.py
+# name: (logits, dtype, temperature, top_k, top_p, min_p, want_mask, bounded)
+CASES = {
+    "zipf_untruncated": ("zipf", torch.float32, 1.0, -1, 1.0, 0.0, False, False),
+    "flat_untruncated": ("flat", torch.float32, 1.0, -1, 1.0, 0.0, False, False),
+    "flat_p0.95": ("flat", torch.float32, 2.0, -1, 0.95, 0.0, True, False),
+    "flat_p0.95_bounded": ("flat", torch.float32, 2.0, -1, 0.95, 0.0, True, True),
+    "flat_k2000_p0.9": ("flat", torch.float32, 2.0, 2000, 0.9, 0.0, True, False),
+    "flat_minp0.05": ("flat", torch.float32, 2.0, -1, 1.0, 0.05, True, False),
+    "flat_bf16_p0.9": ("flat", torch.bfloat16, 1.0, -1, 0.9, 0.0, True, False),
+}
+
+
+def make_inputs(case: str, batch: int) -> dict:
+    from kernels.workloads import flat_logits, peaked_logits
+
+    kind, dtype, temp, k, p, mp, want, bounded = CASES[case]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = flat_logits(batch, VOCAB, g) if kind == "flat" else peaked_logits(batch, VOCAB, ALPHA, g)
+    dev = "cuda"
+    return {
+        "logits": x.to(dtype),
+        "temperature": torch.full((batch,), temp, device=dev),
+        "top_k": torch.full((batch,), k, dtype=torch.int32, device=dev),
+        "top_p": torch.full((batch,), p, device=dev),
+        "min_p": torch.full((batch,), mp, device=dev),
+        "want_mask": torch.full((batch,), want, dtype=torch.bool),
+        "seed": torch.arange(batch, dtype=torch.int64, device=dev),
+        "step": torch.zeros(batch, dtype=torch.int64, device=dev),
+        "bounded": torch.full((batch,), bounded, dtype=torch.bool, device=dev),
+    }
+
+
+def run(batches: list[int], rep_ms: int) -> list[dict]:
+    from bench.bench_kernels import bench, replay_time
+    from bench.kernel_baselines import sort_path
+    from kernels.inputs import check_inputs
+    from kernels.triton_path import mask_index, sample_triton
+
+    rows = []
+    for case in CASES:
+        for batch in batches:
+            b = make_inputs(case, batch)
+            inp = check_inputs(**b, max_mask_tokens=CAP)
+            index = mask_index(inp.want_mask, inp.logits.device)
+            res = sample_triton(inp, index=index)
+            us = replay_time(lambda inp=inp, index=index: sample_triton(inp, index=index), rep_ms)
+            args = [b[n] for n in ("logits", "temperature", "top_k", "top_p", "min_p")]
+            sort_us = bench(lambda args=args: sort_path(*args), rep_ms)  # eager: it syncs
+            row = {
+                "case": case,
+                "batch": batch,
+                "us": round(us, 1),
+                "sort_us": round(sort_us, 1),
+                "fallback": float(res.fallback_rows.float().mean()),
+                "support_median": int(res.support_sizes.median()),
+                "status": sorted({int(s) for s in res.mask_status.tolist()}),
+            }
+            rows.append(row)
+            print(
+                f"{case:>20} B={batch:<4} {row['us']:>10.1f} us  sort {row['sort_us']:>9.1f} us"
+                f"  fallback {row['fallback']:.0%}  |S| {row['support_median']}"
+                f"  status {row['status']}",
+                flush=True,
+            )
+    return rows
+
+
+def plot(before: dict, after: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [(r["case"], r["batch"]) for r in after["rows"]]
+    old = {(r["case"], r["batch"]): r["us"] for r in before["rows"]}
+    new = {(r["case"], r["batch"]): r for r in after["rows"]}
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    xs = range(len(keys))
+    w = 0.28
+    ax.bar([x - w for x in xs], [old.get(k, 0) for k in keys], w, label=before["label"])
+    ax.bar(xs, [new[k]["us"] for k in keys], w, label=after["label"])
+    ax.bar([x + w for x in xs], [new[k]["sort_us"] for k in keys], w, label="sort path")
+    ax.set_xticks(list(xs), [f"{c}\nB={b}" for c, b in keys], fontsize=7, rotation=30)
+    ax.set_yscale("log")
+    ax.set_ylabel("us per sample (graph replay, median)")
+    ax.set_title(f"Rows decided by the whole-row fallback, V = {VOCAB}, H200")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--label", default="")
+    ap.add_argument("--batches", default="1,128")
+    ap.add_argument("--rep-ms", type=int, default=100)
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--plot", nargs=2, metavar="JSON", help="two runs: before, after")
+    args = ap.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.plot:
+        before, after = (json.loads(pathlib.Path(p).read_text()) for p in args.plot)
+        plot(before, after, out / "fallback_bench.png")
+        old = {(r["case"], r["batch"]): r["us"] for r in before["rows"]}
+        print(f"{'case':>20} {'B':>4} {before['label']:>12} {after['label']:>12} {'sort':>10}")
+        for r in after["rows"]:
+            was = old.get((r["case"], r["batch"]), float("nan"))
+            print(
+                f"{r['case']:>20} {r['batch']:>4} {was:>12.1f} {r['us']:>12.1f} {r['sort_us']:>10.1f}"
+            )
+        return
+    if not torch.cuda.is_available():
+        sys.exit("bench_fallback.py needs CUDA")
+    rows = run([int(b) for b in args.batches.split(",")], args.rep_ms)
+    name = f"fallback_bench_{args.label}.json" if args.label else "fallback_bench.json"
+    doc = {
+        "label": args.label or "run",
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "vocab": VOCAB,
+        "cap": CAP,
+        "rows": rows,
+    }
+    (out / name).write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
