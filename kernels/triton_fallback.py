@@ -25,7 +25,10 @@ from kernels.triton_common import (
     ordered32,
     pack_key,
     scale,
+    unpack_z,
 )
+
+INT64_MAX = tl.constexpr(2**63 - 1)
 
 
 @triton.jit
@@ -137,7 +140,18 @@ def _pick3(p1, p2, p3, a, a1, a2, a3, b):
 
 @triton.jit
 def cut_key(
-    x_row, temp, vocab, k, z_norm, top_p, min_p, z_max, NEED_KEY: tl.constexpr, BLOCK: tl.constexpr
+    x_row,
+    temp,
+    vocab,
+    k,
+    z_norm,
+    top_p,
+    min_p,
+    z_max,
+    scratch_row,
+    NEED_KEY: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """The kept prefix of design order: (t, n, mass) with the kept tokens exactly those with
     key >= t, n of them, of mass sum exp(z - z_max) (float32). k: int64 (above vocab: off);
@@ -148,10 +162,13 @@ def cut_key(
     A token is kept when the tokens before it, c of mass m, leave c < k, m / z_norm < top_p,
     and its own exp(z - z_max) >= min_p. First the cut's z: P(v), "a token of z = v with every
     token of larger z before it is kept", is false below it and true from it, and is counted
-    at three thresholds a read (the row's z in ordered32 space, 2^32 values: 16 reads; none
-    when only min-p is on, since P then depends on v alone). Then inside that z's tokens (ids
-    ascending, the same mass each) the kept count J follows from the counts with no read; only
-    when J splits them does a search over the ids (three counts a read) find the J-th id."""
+    at three thresholds a read (the row's z in ordered32 space, 2^32 values: 16 reads at most;
+    none when only min-p is on, since P then depends on v alone), until at most G tokens lie
+    between the bracket's ends: one more read lists them in scratch_row (G slots), sorted
+    they give the cut directly. A bracket closed on one z with more than G tokens (a long
+    tie) is cut with no read: its tokens (ids ascending) have the same mass each, so the
+    kept count J follows from the counts, and only when J splits them does a search over
+    the ids (three counts a read) find the J-th id."""
     # The bracket (lo, hi] in ordered32 space, held as int64 (its span exceeds int32): P(lo)
     # false, P(hi) true, each end's count and mass above it once counted (c < 0: not yet).
     lo = ordered32(tl.full([], float("-inf"), tl.float32)).to(tl.int64)  # P(-inf) is false
@@ -169,7 +186,7 @@ def cut_key(
             hi = tl.where(up, mid, hi)
             lo = tl.where(up, lo, mid)
         c_hi = tl.full([], -1, tl.int32)
-    while hi - lo > 1:
+    while (hi - lo > 1) & ((c_lo < 0) | (c_lo - c_hi > G)):
         span = hi - lo
         q1 = lo + span // 4
         q2 = lo + span // 2
@@ -188,8 +205,65 @@ def cut_key(
         c_lo, c_hi, _, m_lo, m_hi, _ = _above3(
             x_row, temp, vocab, lo.to(tl.int32), hi32, hi32, z_max, BLOCK
         )
-    # The cut's z is v = from_ordered32(hi): c_hi tokens lie above it, n_v at it.
-    n_v = c_lo - c_hi
+    # At most G tokens between the ends: list them, sort them and cut there (one read);
+    # else the bracket is one z, and its tokens share their mass.
+    if hi - lo > 1:
+        t, n, mass = _cut_listed(
+            x_row,
+            temp,
+            vocab,
+            lo.to(tl.int32),
+            hi32,
+            c_lo - c_hi,
+            c_hi,
+            m_hi,
+            k,
+            z_norm,
+            top_p,
+            min_p,
+            z_max,
+            scratch_row,
+            G,
+            BLOCK,
+        )
+    else:
+        t, n, mass = _cut_in_level(
+            x_row,
+            temp,
+            vocab,
+            hi,
+            c_hi,
+            m_hi,
+            c_lo - c_hi,
+            k,
+            z_norm,
+            top_p,
+            z_max,
+            NEED_KEY,
+            BLOCK,
+        )
+    return t, n, mass
+
+
+@triton.jit
+def _cut_in_level(
+    x_row,
+    temp,
+    vocab,
+    hi,
+    c_hi,
+    m_hi,
+    n_v,
+    k,
+    z_norm,
+    top_p,
+    z_max,
+    NEED_KEY: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """cut_key's end when its bracket is one z, v = from_ordered32(hi), with c_hi tokens of
+    mass m_hi above it and n_v at it."""
+    hi32 = hi.to(tl.int32)
     e_v = tl.exp(from_ordered32(hi32) - z_max)
     # The j-th token at v (from 0, ids ascending) is kept when c_hi + j < k and
     # (m_hi + j e_v) / z_norm < top_p (min-p holds at v by P). The first j that fails the
@@ -227,7 +301,19 @@ def cut_key(
 
 
 @triton.jit
-def fallback_support(x_row, temp, vocab, k, top_p, min_p, z_max, z_sum, BLOCK: tl.constexpr):
+def fallback_support(
+    x_row,
+    temp,
+    vocab,
+    k,
+    top_p,
+    min_p,
+    z_max,
+    z_sum,
+    scratch_row,
+    G: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Cut key t*, |S| and sum_{S} exp(z - z_max) of one row: S = {key >= t*}.
 
     k: int64 (above vocab: off). With top-k and top-p both on, top-p renormalises over the
@@ -236,9 +322,9 @@ def fallback_support(x_row, temp, vocab, k, top_p, min_p, z_max, z_sum, BLOCK: t
     never = tl.full([], 2.0, tl.float32)
     if (k < vocab) & (top_p < 1.0):
         _, _, z_norm = cut_key(
-            x_row, temp, vocab, k, z_sum, never, never * 0.0, z_max, False, BLOCK
+            x_row, temp, vocab, k, z_sum, never, never * 0.0, z_max, scratch_row, False, G, BLOCK
         )
-    return cut_key(x_row, temp, vocab, k, z_norm, top_p, min_p, z_max, True, BLOCK)
+    return cut_key(x_row, temp, vocab, k, z_norm, top_p, min_p, z_max, scratch_row, True, G, BLOCK)
 
 
 @triton.jit
@@ -377,3 +463,62 @@ def position_of(x_row, temp, vocab, key, BLOCK: tl.constexpr):
         count += ((keys > key) & (z > float("-inf"))).to(tl.int32)
         x = x_next
     return tl.sum(count, axis=0).to(tl.int64)
+
+
+@triton.jit
+def _cut_listed(
+    x_row,
+    temp,
+    vocab,
+    lo,
+    hi,
+    n_between,
+    c_hi,
+    m_hi,
+    k,
+    z_norm,
+    top_p,
+    min_p,
+    z_max,
+    scratch_row,
+    G: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """cut_key's end when at most G tokens have lo < ordered32(z) <= hi: one read lists them
+    in scratch_row, a sort puts them in design order, and the kept prefix is counted there
+    (the tokens above hi, c_hi of mass m_hi, are all kept; none at or below lo is)."""
+    tl.debug_barrier()  # earlier reads of the scratch row before the stores below
+    lane = tl.arange(0, BLOCK)
+    written = tl.full([], 0, tl.int32)
+    x = _load_block(x_row, vocab, 0, BLOCK)
+    for start in range(0, vocab, BLOCK):
+        x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
+        z = _z_of(x, temp)
+        o = ordered32(z)
+        sel = (o > lo) & (o <= hi)
+        rank = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        keys = pack_key(z, (start + lane).to(tl.int64))
+        tl.store(scratch_row + written + rank, keys, mask=sel & (written + rank < G))
+        written += tl.sum(sel.to(tl.int32), axis=0)
+        x = x_next
+    tl.debug_barrier()  # the scattered stores before the block load
+    pos = tl.arange(0, G)
+    keys = tl.load(scratch_row + pos, mask=pos < n_between, other=EMPTY_KEY)
+    tl.debug_barrier()  # every thread's load before the scratch row is written again
+    keys = tl.sort(keys, 0, descending=True)
+    listed = keys != EMPTY_KEY
+    z = tl.where(listed, unpack_z(keys), float("-inf"))
+    e = tl.exp(z - z_max)
+    before = m_hi + (tl.cumsum(e, axis=0) - e)
+    # (tl.where, not a scalar test | a block: the interpreter's mask would not be boolean)
+    keep = listed & ((c_hi + pos).to(tl.int64) < k)
+    keep = keep & tl.where(top_p >= 1.0, listed, tl.math.div_rn(before, z_norm) < top_p)
+    rel = tl.exp(z.to(tl.float64) - z_max.to(tl.float64))
+    keep = keep & tl.where(min_p <= 0.0, listed, rel >= min_p.to(tl.float64))
+    # The kept tokens are a prefix: the first one that fails ends it.
+    n_keep = tl.min(tl.where(keep, G, pos), axis=0)
+    first = pos < n_keep
+    t = tl.min(tl.where(first, keys, INT64_MAX), axis=0)
+    t = tl.where(n_keep > 0, t, (hi.to(tl.int64) + 1) << 32)  # none: every key above hi
+    mass = m_hi + tl.sum(tl.where(first, e, 0.0), axis=0)
+    return t, (c_hi + n_keep).to(tl.int64), mass

@@ -327,8 +327,9 @@ def resolve_row(
         else:
             fallback = tl.full([], 1, tl.int8)
             k_eff = tl.where(k_on, k, vocab + 1)
+            listing = scratch + T1 + T2  # room for T2 keys and more
             t_cut, n, mass_s = fallback_support(
-                x_row, temp, vocab, k_eff, top_p, min_p, z_max, z_sum, FB_BLOCK
+                x_row, temp, vocab, k_eff, top_p, min_p, z_max, z_sum, listing, T2, FB_BLOCK
             )
             y_key = fallback_draw(x_row, temp, vocab, t_cut, k0, k1, FB_BLOCK)
             token = unpack_id(y_key)
@@ -349,7 +350,9 @@ def resolve_row(
                             off,
                             off * 0.0,
                             z_max,
+                            listing,
                             True,
+                            T2,
                             FB_BLOCK,
                         )
                     gather = scratch + T1 + T2

@@ -738,7 +738,7 @@ COUNT_READS = """
 import kernels.triton_fallback
 
 READS = []  # one entry per read of a row by the fallback's threshold searches
-for _name in ("_above3", "_level_ids3"):
+for _name in ("_above3", "_level_ids3", "_cut_listed"):
     def _counted(*args, _f=getattr(kernels.triton_fallback, _name), _n=_name):
         READS.append(_n)
         return _f(*args)
@@ -794,9 +794,10 @@ def test_fallback_cuts_inside_ties_and_reads_the_row_a_few_times(
     its cut splits a run of tied z (top-k through a tie, top-p through ties, a dyadic top-p
     boundary that lands exactly on a token), on min-p alone and on rows nothing truncates
     (exact mode overflows the cap, bounded mode gets the best cap). Its cost is in reads of
-    the row: at most 16 for the cut's z (three thresholds a read over 2^32 values), a few
-    more to place a cut inside a tie, one when only min-p or nothing cuts (the old
-    bisection: 64 to 128)."""
+    the row: at most 16 for the cut's z (three thresholds a read over 2^32 values), ending
+    early with one read that lists the tokens left between the bracket's ends once they fit
+    a tier, a few more to place a cut inside a long tie, one when only min-p or nothing
+    cuts (the old bisection: 64 to 128)."""
     out = interpreted(PRELUDE + COUNT_READS + WHOLE_ROW)
     assert out["ok"], out["errors"]
     assert not any(out["ambiguous"])
@@ -807,6 +808,7 @@ def test_fallback_cuts_inside_ties_and_reads_the_row_a_few_times(
     assert all(rows[str(r)]["fallback"] for r in range(9)), rows
     reads = [rows[str(r)]["reads"] for r in range(9)]
     assert reads[3] == reads[5] == 1, reads  # nothing or min-p alone: one read counts the cut
-    assert 16 < reads[4] <= 1 + 16 + 9, reads  # bounded: then the best cap, a search
+    assert 1 < reads[4] <= 1 + 16 + 9, reads  # bounded: then a search for the best cap
+    assert reads[1] < 10, reads  # few tokens per tie: the bracket is listed early
     assert reads[0] > 16, reads  # top-k 100 through 300 tied: the ids are searched
     assert max(reads) <= 2 * 16 + 9, reads  # top-k + top-p: two z searches, one id search
