@@ -2,6 +2,7 @@
 
   python bench/bench_fallback.py [--label NAME] [--batches 1,128] [--out DIR]
   python bench/bench_fallback.py --plot BEFORE.json AFTER.json [--out DIR]
+  python bench/bench_fallback.py --cpu [--label NAME]   (the CPU torch path, no CUDA)
 
 Rows the band cannot decide (flat, high-temperature rows whose support runs to thousands of
 tokens; a top-k past the band; min-p alone on flat rows) and rows that nothing truncates
@@ -10,7 +11,9 @@ mask) are decided in resolve_kernel by reads of the whole row, one program a row
 script times those cases, V = 151936, against the sort-based path (baseline b of
 bench_kernels.py, eager: its nonzero syncs) on the same inputs. kernels.sample is timed as a
 CUDA graph of one call, replayed (median, us). Writes fallback_bench[_LABEL].json; --plot draws two runs side by
-side into fallback_bench.png.
+side into fallback_bench.png. --cpu times the CPU path on rows nothing truncates, no mask
+(V = 49152 and 151936, one torch thread, median of 5 calls, ms) into
+fallback_bench_cpu[_LABEL].json.
 """
 
 from __future__ import annotations
@@ -95,6 +98,42 @@ def run(batches: list[int], rep_ms: int) -> list[dict]:
     return rows
 
 
+def run_cpu(repeats: int = 5) -> list[dict]:
+    """kernels.sample on the CPU, rows nothing truncates and no mask (the general pool's
+    plain sampling on a CPU worker): median ms of `repeats` calls."""
+    import statistics
+    import time
+
+    import kernels
+
+    torch.set_num_threads(1)
+    rows = []
+    for vocab in (49152, VOCAB):
+        for batch in (1, 8, 32):
+            g = torch.Generator().manual_seed(0)
+            x = 3 * torch.randn(batch, vocab, generator=g)
+            args = (
+                x,
+                torch.ones(batch),
+                torch.full((batch,), -1, dtype=torch.int32),
+                torch.ones(batch),
+                torch.zeros(batch),
+                torch.zeros(batch, dtype=torch.bool),
+            )
+            kw = {"max_mask_tokens": CAP, "seed": torch.arange(batch), "step": torch.zeros(batch)}
+            kw["step"] = kw["step"].to(torch.int64)
+            kernels.sample(*args, **kw)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                kernels.sample(*args, **kw)
+                times.append((time.perf_counter() - t0) * 1e3)
+            row = {"vocab": vocab, "batch": batch, "ms": round(statistics.median(times), 2)}
+            rows.append(row)
+            print(f"V={vocab:<7} B={batch:<3} {row['ms']:>9.2f} ms", flush=True)
+    return rows
+
+
 def plot(before: dict, after: dict, path: pathlib.Path) -> None:
     import matplotlib
 
@@ -126,6 +165,7 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--plot", nargs=2, metavar="JSON", help="two runs: before, after")
+    ap.add_argument("--cpu", action="store_true", help="the CPU path, rows nothing truncates")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,6 +179,11 @@ def main() -> None:
             print(
                 f"{r['case']:>20} {r['batch']:>4} {was:>12.1f} {r['us']:>12.1f} {r['sort_us']:>10.1f}"
             )
+        return
+    if args.cpu:
+        name = f"fallback_bench_cpu_{args.label}.json" if args.label else "fallback_bench_cpu.json"
+        doc = {"label": args.label or "run", "threads": 1, "rows": run_cpu()}
+        (out / name).write_text(json.dumps(doc, indent=1))
         return
     if not torch.cuda.is_available():
         sys.exit("bench_fallback.py needs CUDA")

@@ -91,6 +91,21 @@ def draw_from_prefix(
     return token, logprob, j
 
 
+def draw_whole(
+    z: torch.Tensor, z_max: torch.Tensor, z_sum: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gumbel-max over every finite token of each row (S untruncated): (|S|, token, logprob).
+    Ties of the score go to the earlier token in design order, as on the Triton path."""
+    ids = torch.arange(z.shape[1], device=z.device).expand_as(z)
+    finite = z > NEG_INF
+    score = torch.where(finite, z + gumbel(k0[:, None], k1[:, None], ids), NEG_INF)
+    best = score.amax(dim=1, keepdim=True)
+    keys = torch.where(finite & (score == best), pack_keys(z, ids), EMPTY_KEY)
+    token = key_ids(keys.amax(dim=1))
+    z_tok = z.gather(1, token[:, None]).squeeze(1)
+    return finite.sum(dim=1), token, z_tok - (z_max + torch.log(z_sum))
+
+
 def sample_torch(inp: SampleInputs) -> SampleResult:
     """kernels.sample for CPU tensors (any device works; the CUDA path is the Triton one)."""
     x = inp.logits.float()  # [B, V]
@@ -120,7 +135,16 @@ def sample_torch(inp: SampleInputs) -> SampleResult:
         g_rows = greedy.nonzero().squeeze(1)
         token[g_rows] = z[g_rows].argmax(dim=1)
         padded[g_rows, 0] = token[g_rows]
-    rows = (~greedy & ~nan_rows).nonzero().squeeze(1)
+    # Rows nothing truncates and that want no mask (a general pool's plain sampling): S is
+    # every finite token, so they need no prefix: one Gumbel-max over the row.
+    whole = ~greedy & ~nan_rows & (top_k == 0) & (inp.top_p >= 1.0) & (inp.min_p <= 0.0)
+    whole &= ~inp.want_mask.to(whole.device)
+    if bool(whole.any()):
+        w_rows = whole.nonzero().squeeze(1)
+        n[w_rows], token[w_rows], logprob[w_rows] = draw_whole(
+            z[w_rows], z_max[w_rows], z_sum[w_rows], k0[w_rows], k1[w_rows]
+        )
+    rows = (~greedy & ~nan_rows & ~whole).nonzero().squeeze(1)
     for tier, length in enumerate(_tiers(vocab)):
         if rows.numel() == 0:
             break

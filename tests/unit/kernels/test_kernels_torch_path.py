@@ -187,3 +187,38 @@ def test_single_row_and_result_dtypes() -> None:
     assert res.mask_status.dtype == torch.int8
     assert res.nan_rows.dtype == torch.bool and res.fallback_rows.dtype == torch.bool
     assert int(res.tokens[0]) in res.masks()[0]
+
+
+def test_untruncated_rows_without_a_mask_draw_as_the_tiers_do() -> None:
+    """Rows nothing truncates (top_k off or >= V, top_p 1, min_p 0) that want no mask take
+    one Gumbel-max over the row instead of the prefix tiers and their full sort: the same
+    token, log-prob and support size as the tiers give the same rows asking for a mask."""
+    vocab, b = 3000, 12
+    g = torch.Generator().manual_seed(9)
+    x = 3 * torch.randn(b, vocab, generator=g)
+    x[1, ::3] = float("-inf")
+    x[2] = torch.round(x[2])  # ties
+    x[3] = 0.0  # flat
+    args = (
+        x,
+        torch.tensor([1.0, 0.7, 1.3, 2.0] * 3),
+        torch.tensor([-1, 0, vocab, vocab + 9] * 3, dtype=torch.int32),
+        torch.ones(b),
+        torch.zeros(b),
+    )
+    kw = {"max_mask_tokens": 64, "seed": torch.arange(b) * 101, "step": torch.full((b,), 4)}
+    plain = kernels.sample(*args, torch.zeros(b, dtype=torch.bool), **kw)
+    masked = kernels.sample(
+        *args, torch.ones(b, dtype=torch.bool), **kw, bounded=torch.ones(b, dtype=torch.bool)
+    )
+    assert torch.equal(plain.tokens, masked.tokens)
+    assert torch.equal(plain.support_sizes, masked.support_sizes)
+    assert torch.allclose(plain.logprobs, masked.logprobs, atol=1e-5)
+    assert int(plain.support_sizes[1]) == vocab - 1000
+    assert int(masked.fallback_rows.sum()) == b and int(plain.fallback_rows.sum()) == 0
+    ref = reference(*args)
+    assert torch.equal(plain.support_sizes, ref.support_sizes)
+    z = x / args[1][:, None]
+    lse = torch.logsumexp(z.double(), dim=1)
+    want = z.double().gather(1, plain.tokens[:, None]).squeeze(1) - lse
+    assert torch.allclose(plain.logprobs.double(), want, atol=1e-5)
