@@ -1,11 +1,13 @@
-"""Exact support for the rows the band cannot decide (flat rows, long top-p tails).
+"""Exact support for the rows the band cannot decide (flat rows, long top-p tails), and for
+the rows nothing truncates.
 
 Called from the resolve kernel, one program per row. gather_above is the cheap step: it reads
 the segments pass 1 left incomplete (twice: count, then write) and lists every token above a
 lower floor than pass 1's (resolve_kernel's rescue).
-The fallback proper re-reads the row once per step of a bisection over the 64-bit order keys
-(64 passes, plus 64 more when top-k renormalises top-p), so it costs far more than the band
-path; the caller counts the rows that take it.
+The fallback proper (fallback_support, cut_key) reads the whole row several times: a search
+for the cut's z that counts three thresholds a read (at most 16 reads, usually 6-8 before
+the tokens left in its bracket fit a list it sorts; one read when only min-p or nothing
+cuts), then the draw; the caller counts the rows that take it.
 S = {key >= t*} where t* is the smallest key t whose token would be kept:
   top-k: #{key > t} < k;  top-p: mass{key > t} / Z_k < top_p;  min-p: exp(z(t) - M) >= min_p.
 """
