@@ -151,14 +151,14 @@ def cut_key(
     min_p,
     z_max,
     scratch_row,
-    NEED_KEY: tl.constexpr,
+    need_key,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """The kept prefix of design order: (t, n, mass) with the kept tokens exactly those with
     key >= t, n of them, of mass sum exp(z - z_max) (float32). k: int64 (above vocab: off);
     top_p: float32 of z_norm (>= 1: off); min_p (<= 0: off). t is not always
-    needed (n and mass are), and with NEED_KEY False it is left at the cut's z when the cut
+    needed (n and mass are), and with need_key False it is left at the cut's z when the cut
     splits a tie.
 
     A token is kept when the tokens before it, c of mass m, leave c < k, m / z_norm < top_p,
@@ -241,7 +241,7 @@ def cut_key(
             z_norm,
             top_p,
             z_max,
-            NEED_KEY,
+            need_key,
             BLOCK,
         )
     return t, n, mass
@@ -260,7 +260,7 @@ def _cut_in_level(
     z_norm,
     top_p,
     z_max,
-    NEED_KEY: tl.constexpr,
+    need_key,
     BLOCK: tl.constexpr,
 ):
     """cut_key's end when its bracket is one z, v = from_ordered32(hi), with c_hi tokens of
@@ -282,21 +282,18 @@ def _cut_in_level(
     n_keep = tl.where(n_v > 0, tl.maximum(n_keep, 1), 0)
     level = hi << 32
     t = level  # every token at v kept: the lowest key at v (ids < 2^32)
-    if NEED_KEY:  # noqa: SIM102 (a constexpr test: Triton's `and` would not fold it)
-        if n_keep < n_v:
-            # The n_keep-th id at v: the smallest id q with n_keep tokens at v of id <= q.
-            i_lo = tl.full([], -1, tl.int32)  # count 0 < n_keep
-            i_hi = tl.full([], 0, tl.int32) + vocab - 1  # count n_v >= n_keep
-            while i_hi - i_lo > 1:
-                span = i_hi - i_lo
-                q1 = i_lo + tl.maximum(span // 4, 1)
-                q2 = tl.minimum(i_lo + tl.maximum(span // 2, 1), i_hi)
-                q3 = tl.minimum(i_lo + tl.maximum(span * 3 // 4, 1), i_hi)
-                a1, a2, a3 = _level_ids3(x_row, temp, vocab, hi32, q1, q2, q3, BLOCK)
-                i_hi, i_lo = _pick3(
-                    a1 >= n_keep, a2 >= n_keep, a3 >= n_keep, i_hi, q1, q2, q3, i_lo
-                )
-            t = level | (MASK32 - i_hi.to(tl.int64))
+    if need_key & (n_keep < n_v):
+        # The n_keep-th id at v: the smallest id q with n_keep tokens at v of id <= q.
+        i_lo = tl.full([], -1, tl.int32)  # count 0 < n_keep
+        i_hi = tl.full([], 0, tl.int32) + vocab - 1  # count n_v >= n_keep
+        while i_hi - i_lo > 1:
+            span = i_hi - i_lo
+            q1 = i_lo + tl.maximum(span // 4, 1)
+            q2 = tl.minimum(i_lo + tl.maximum(span // 2, 1), i_hi)
+            q3 = tl.minimum(i_lo + tl.maximum(span * 3 // 4, 1), i_hi)
+            a1, a2, a3 = _level_ids3(x_row, temp, vocab, hi32, q1, q2, q3, BLOCK)
+            i_hi, i_lo = _pick3(a1 >= n_keep, a2 >= n_keep, a3 >= n_keep, i_hi, q1, q2, q3, i_lo)
+        t = level | (MASK32 - i_hi.to(tl.int64))
     n = (c_hi + n_keep).to(tl.int64)
     mass = m_hi + n_keep.to(tl.float32) * e_v
     return t, n, mass
@@ -312,21 +309,50 @@ def fallback_support(
     min_p,
     z_max,
     z_sum,
+    max_mask,
+    emit_cap,
     scratch_row,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Cut key t*, |S| and sum_{S} exp(z - z_max) of one row: S = {key >= t*}.
+    """(t*, |S|, sum_{S} exp(z - z_max), t_emit) of one row: S = {key >= t*}, and the mask
+    it emits is {key >= t_emit}: t* itself, or with emit_cap > 0 (bounded mode) and |S| over
+    max_mask, the best emit_cap keys.
 
     k: int64 (above vocab: off). With top-k and top-p both on, top-p renormalises over the
-    top-k mass, found first."""
-    z_norm = z_sum
+    top-k mass, found first. The up to three searches run in one loop, so cut_key's code is
+    laid out once (inlined three times, it grew resolve_kernel's code by half)."""
     never = tl.full([], 2.0, tl.float32)
-    if (k < vocab) & (top_p < 1.0):
-        _, _, z_norm = cut_key(
-            x_row, temp, vocab, k, z_sum, never, never * 0.0, z_max, scratch_row, False, G, BLOCK
+    z_norm = z_sum
+    t_cut = tl.full([], 0, tl.int64)
+    n = tl.full([], 0, tl.int64)
+    mass = tl.full([], 0.0, tl.float32)
+    t_emit = tl.full([], 0, tl.int64)
+    # 0: the top-k mass (top-k with top-p), 1: the cut, 2: the best emit_cap keys; 3: done
+    phase = tl.where((k < vocab) & (top_p < 1.0), 0, 1)
+    while phase < 3:
+        cut = phase == 1
+        t, c, m = cut_key(
+            x_row,
+            temp,
+            vocab,
+            tl.where(phase == 2, emit_cap.to(tl.int64), k),
+            z_norm,
+            tl.where(cut, top_p, never),
+            tl.where(cut, min_p, 0.0),
+            z_max,
+            scratch_row,
+            phase > 0,
+            G,
+            BLOCK,
         )
-    return cut_key(x_row, temp, vocab, k, z_norm, top_p, min_p, z_max, scratch_row, True, G, BLOCK)
+        z_norm = tl.where(phase == 0, m, z_norm)
+        t_cut = tl.where(cut, t, t_cut)
+        n = tl.where(cut, c, n)
+        mass = tl.where(cut, m, mass)
+        t_emit = tl.where(cut, t, tl.where(phase == 2, t, t_emit))
+        phase = tl.where(cut & (emit_cap > 0) & (c > max_mask), 2, tl.where(phase == 0, 1, 3))
+    return t_cut, n, mass, t_emit
 
 
 @triton.jit

@@ -29,7 +29,6 @@ from kernels.triton_common import (
 from kernels.triton_decide import best_sorted, decide, draw, store_mask, support_goal
 from kernels.triton_emit import pack_row
 from kernels.triton_fallback import (
-    cut_key,
     fallback_draw,
     fallback_gather,
     fallback_support,
@@ -327,9 +326,22 @@ def resolve_row(
         else:
             fallback = tl.full([], 1, tl.int8)
             k_eff = tl.where(k_on, k, vocab + 1)
-            listing = scratch + T1 + T2  # room for T2 keys and more
-            t_cut, n, mass_s = fallback_support(
-                x_row, temp, vocab, k_eff, top_p, min_p, z_max, z_sum, listing, T2, FB_BLOCK
+            # Bounded mode over the cap emits the best cap keys: the search finds their cut too.
+            emit_cap = tl.where((midx >= 0) & bounded, cap, 0)
+            t_cut, n, mass_s, t_emit = fallback_support(
+                x_row,
+                temp,
+                vocab,
+                k_eff,
+                top_p,
+                min_p,
+                z_max,
+                z_sum,
+                max_mask,
+                emit_cap,
+                scratch + T1 + T2,  # room for T2 keys and more
+                T2,
+                FB_BLOCK,
             )
             y_key = fallback_draw(x_row, temp, vocab, t_cut, k0, k1, FB_BLOCK)
             token = unpack_id(y_key)
@@ -338,23 +350,6 @@ def resolve_row(
                 over = n > max_mask
                 if (~over) | bounded:
                     j = position_of(x_row, temp, vocab, y_key, FB_BLOCK)
-                    t_emit = t_cut
-                    if over:  # the first cap tokens: the cap-th key is the cut
-                        off = tl.full([], 2.0, tl.float32)  # top-p and min-p off here
-                        t_emit, _, _ = cut_key(
-                            x_row,
-                            temp,
-                            vocab,
-                            cap.to(tl.int64),
-                            z_sum,
-                            off,
-                            off * 0.0,
-                            z_max,
-                            listing,
-                            True,
-                            T2,
-                            FB_BLOCK,
-                        )
                     gather = scratch + T1 + T2
                     got = fallback_gather(x_row, temp, vocab, t_emit, gather, FB_BLOCK)
                     tl.debug_barrier()  # the gather's scattered stores before the load
