@@ -120,8 +120,11 @@ def run_cpu(repeats: int = 5) -> list[dict]:
                 torch.zeros(batch),
                 torch.zeros(batch, dtype=torch.bool),
             )
-            kw = {"max_mask_tokens": CAP, "seed": torch.arange(batch), "step": torch.zeros(batch)}
-            kw["step"] = kw["step"].to(torch.int64)
+            kw = {
+                "max_mask_tokens": CAP,
+                "seed": torch.arange(batch),
+                "step": torch.zeros(batch, dtype=torch.int64),
+            }
             kernels.sample(*args, **kw)
             times = []
             for _ in range(repeats):
