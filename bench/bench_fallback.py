@@ -1,19 +1,20 @@
 """Time kernels.sample on rows that only the whole-row fallback decides. Needs CUDA.
 
   python bench/bench_fallback.py [--label NAME] [--batches 1,128] [--out DIR]
-  python bench/bench_fallback.py --plot BEFORE.json AFTER.json [--out DIR]
+  python bench/bench_fallback.py --plot BEFORE.json AFTER.json [--out DIR] [--png F --title T]
   python bench/bench_fallback.py --cpu [--label NAME]   (the CPU torch path, no CUDA)
 
 Rows the band cannot decide (flat, high-temperature rows whose support runs to thousands of
-tokens; a top-k past the band; min-p alone on flat rows) and rows that nothing truncates
-(temperature sampling with top_k off, top_p 1, min_p 0: a general pool's plain traffic, no
-mask) are decided in resolve_kernel by reads of the whole row, one program a row. This
-script times those cases, V = 151936, against the sort-based path (baseline b of
-bench_kernels.py, eager: its nonzero syncs) on the same inputs. kernels.sample is timed as a
-CUDA graph of one call, replayed (median, us). Writes fallback_bench[_LABEL].json; --plot draws two runs side by
-side into fallback_bench.png. --cpu times the CPU path on rows nothing truncates, no mask
-(V = 49152 and 151936, one torch thread, median of 5 calls, ms) into
-fallback_bench_cpu[_LABEL].json.
+tokens; a top-k past the band; min-p alone on flat rows) are decided in resolve_kernel by
+reads of the whole row, one program a row. Rows that nothing truncates (temperature sampling
+with top_k off, top_p 1, min_p 0: a general pool's plain traffic, no mask) took that path
+too; pass 1 now races them segment by segment. This script times those cases, the band's
+Zipf top-p 0.95 rows alone, without masks, and with one plain row among them, V = 151936,
+against the sort-based path (baseline b of bench_kernels.py, eager: its nonzero syncs) on
+the same inputs. kernels.sample is timed as a CUDA graph of one call, replayed (median, us).
+Writes fallback_bench[_LABEL].json; --plot draws two runs side by side into
+fallback_bench.png. --cpu times the CPU path on rows nothing truncates, no mask (V = 49152
+and 151936, one torch thread, median of 5 calls, ms) into fallback_bench_cpu[_LABEL].json.
 """
 
 from __future__ import annotations
@@ -40,7 +41,14 @@ CASES = {
     "flat_k2000_p0.9": ("flat", torch.float32, 2.0, 2000, 0.9, 0.0, True, False),
     "flat_minp0.05": ("flat", torch.float32, 2.0, -1, 1.0, 0.05, True, False),
     "flat_bf16_p0.9": ("flat", torch.bfloat16, 1.0, -1, 0.9, 0.0, True, False),
+    # The band's rows (the issue's target setting) with and without one plain row among them.
+    "zipf_p0.95": ("zipf", torch.float32, 1.0, -1, 0.95, 0.0, True, False),
+    "zipf_p0.95_one_plain": ("zipf", torch.float32, 1.0, -1, 0.95, 0.0, True, False),
+    # No mask asked: pass 1 is compiled with the race, which no row takes.
+    "zipf_p0.95_no_mask": ("zipf", torch.float32, 1.0, -1, 0.95, 0.0, False, False),
 }
+# Cases whose first row samples plainly (nothing truncates, no mask) among the others.
+ONE_PLAIN = {"zipf_p0.95_one_plain"}
 
 
 def make_inputs(case: str, batch: int) -> dict:
@@ -50,27 +58,32 @@ def make_inputs(case: str, batch: int) -> dict:
     g = torch.Generator(device="cuda").manual_seed(0)
     x = flat_logits(batch, VOCAB, g) if kind == "flat" else peaked_logits(batch, VOCAB, ALPHA, g)
     dev = "cuda"
+    top_p = torch.full((batch,), p, device=dev)
+    want_mask = torch.full((batch,), want, dtype=torch.bool)
+    if case in ONE_PLAIN:
+        top_p[0] = 1.0
+        want_mask[0] = False
     return {
         "logits": x.to(dtype),
         "temperature": torch.full((batch,), temp, device=dev),
         "top_k": torch.full((batch,), k, dtype=torch.int32, device=dev),
-        "top_p": torch.full((batch,), p, device=dev),
+        "top_p": top_p,
         "min_p": torch.full((batch,), mp, device=dev),
-        "want_mask": torch.full((batch,), want, dtype=torch.bool),
+        "want_mask": want_mask,
         "seed": torch.arange(batch, dtype=torch.int64, device=dev),
         "step": torch.zeros(batch, dtype=torch.int64, device=dev),
         "bounded": torch.full((batch,), bounded, dtype=torch.bool, device=dev),
     }
 
 
-def run(batches: list[int], rep_ms: int) -> list[dict]:
+def run(batches: list[int], rep_ms: int, cases: list[str]) -> list[dict]:
     from bench.bench_kernels import bench, replay_time
     from bench.kernel_baselines import sort_path
     from kernels.inputs import check_inputs
     from kernels.triton_path import mask_index, sample_triton
 
     rows = []
-    for case in CASES:
+    for case in cases:
         for batch in batches:
             b = make_inputs(case, batch)
             inp = check_inputs(**b, max_mask_tokens=CAP)
@@ -137,7 +150,7 @@ def run_cpu(repeats: int = 5) -> list[dict]:
     return rows
 
 
-def plot(before: dict, after: dict, path: pathlib.Path) -> None:
+def plot(before: dict, after: dict, path: pathlib.Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -155,7 +168,7 @@ def plot(before: dict, after: dict, path: pathlib.Path) -> None:
     ax.set_xticks(list(xs), [f"{c}\nB={b}" for c, b in keys], fontsize=7, rotation=30)
     ax.set_yscale("log")
     ax.set_ylabel("us per sample (graph replay, median)")
-    ax.set_title(f"Rows decided by the whole-row fallback, V = {VOCAB}, H200")
+    ax.set_title(f"{title}, V = {VOCAB}, H200")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -165,16 +178,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--label", default="")
     ap.add_argument("--batches", default="1,128")
+    ap.add_argument("--cases", default=",".join(CASES), help="cases to time")
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--plot", nargs=2, metavar="JSON", help="two runs: before, after")
+    ap.add_argument("--png", default="fallback_bench.png", help="--plot: the file to draw")
+    ap.add_argument("--title", default="Rows decided by the whole-row fallback", help="--plot")
     ap.add_argument("--cpu", action="store_true", help="the CPU path, rows nothing truncates")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.plot:
         before, after = (json.loads(pathlib.Path(p).read_text()) for p in args.plot)
-        plot(before, after, out / "fallback_bench.png")
+        plot(before, after, out / args.png, args.title)
         old = {(r["case"], r["batch"]): r["us"] for r in before["rows"]}
         print(f"{'case':>20} {'B':>4} {before['label']:>12} {after['label']:>12} {'sort':>10}")
         for r in after["rows"]:
@@ -190,7 +206,7 @@ def main() -> None:
         return
     if not torch.cuda.is_available():
         sys.exit("bench_fallback.py needs CUDA")
-    rows = run([int(b) for b in args.batches.split(",")], args.rep_ms)
+    rows = run([int(b) for b in args.batches.split(",")], args.rep_ms, args.cases.split(","))
     name = f"fallback_bench_{args.label}.json" if args.label else "fallback_bench.json"
     doc = {
         "label": args.label or "run",

@@ -82,6 +82,7 @@ VARIANTS = {
     "r2": {"resolve_warps": 2},
     "r4": {"resolve_warps": 4},
     "rr128": {"resolve_regs": 128},  # resolve_kernel capped at 128 registers: 2 programs an SM
+    "norace": {"race": False},  # rows nothing truncates read their row in resolve_kernel
     "emit": {"pack": False},  # emit_kernel packs the CSR at every batch size (a third launch)
     "p1024": {"programs": 1024},  # segments double while a launch keeps 1024 programs
     # Fewer candidate slots a segment: resolve's candidate block halves (B=1: 75 x 8 = 600

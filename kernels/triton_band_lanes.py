@@ -32,6 +32,10 @@ Outputs per segment c (resolve_kernel's contract; a segment is a "chunk" there):
   d_c = the largest z among the tokens not written.
 When more than KC lane tops tie at the segment max, KC of them are written, always including
 the lowest id (greedy rows take it), and d_c = m_c.
+
+With RACE (sample_triton sets it when a row of the launch asks for no mask), a row that
+nothing truncates also gets, per segment, the Gumbel race's winner (design 3.7) over the
+segment's finite tokens: g_c its z + g, its (z, id) key, and the count of finite tokens.
 """
 
 from __future__ import annotations
@@ -42,15 +46,23 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.triton_band import store_stats
 from kernels.triton_common import (
+    EMPTY_KEY,
     FLT_MAX,
     GREEDY_T,
     INT32_MAX,
     add3,
     add6,
     exact_z,
+    gumbel,
     keep_quarter,
     pack_key,
     quarters,
+    race_step,
+    race_winner,
+    row_keys,
+    unpack_id,
+    unpack_z,
+    untruncated,
 )
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -123,6 +135,9 @@ def lanes_pass(
     DELTA: tl.constexpr,
     NBISECT: tl.constexpr,
     KEEP: tl.constexpr,  # tokens a lane keeps: 2 or 3
+    race,  # (topk, topp, minp, seed, step, g, w) pointers when RACE (see band_lanes_kernel)
+    RACE: tl.constexpr,
+    HAS_STEP: tl.constexpr,
 ):
     """One segment of a row: pass 1's whole work for program (row, seg)."""
     start = seg * SEG
@@ -258,6 +273,60 @@ def lanes_pass(
     store_stats(
         cand_key_ptr, m_ptr, s_ptr, d_ptr, stat, KC, tl.minimum(n_band, KC), m, s_sum, d_seg, t
     )
+    if RACE:
+        # Loaded here (temperature again), not before the loop: values held across the
+        # loop and the cut above made the compiler spill there, which cost every row
+        # (B = 128: 45.9 us against 43.9 on the H200).
+        topk_ptr, topp_ptr, minp_ptr, seed_ptr, step_ptr, g_ptr, w_ptr = race
+        whole = untruncated(
+            tl.load(topk_ptr + row).to(tl.int64),
+            tl.load(topp_ptr + row),
+            tl.load(minp_ptr + row),
+            tl.load(temp_ptr + row),
+            vocab,
+        )
+        if whole:  # a row nothing truncates: its token is raced here
+            seed = tl.load(seed_ptr + row)
+            step = tl.full([], 0, tl.int64)
+            if HAS_STEP:
+                step = tl.load(step_ptr + row)
+            k0, k1 = row_keys(seed, step)
+            key, n = _race_segment(x_ptr + row * stride_x, end, t, start, k0, k1, W)
+            tl.store(g_ptr + stat, _race_score(key, k0, k1))
+            tl.store(w_ptr + stat, key)
+            tl.store(w_ptr + n_chunks * tl.num_programs(0) + stat, n)
+
+
+@triton.jit
+def _race_segment(x_row, end, t, start, k0, k1, W: tl.constexpr):
+    """The Gumbel race (design 3.7) over the segment's finite tokens, read again (from L2:
+    this program read them moments ago): the winner's (z, id) key and the count of finite
+    tokens. An untruncated row's support is every finite token, so the row's winner is the
+    best of its segments' winners, and resolve_kernel needs no read of the row."""
+    # (Addresses from the row's start, not the loop's pointers: those held past the loop
+    # spilled in the cut that every row runs.)
+    lanes = tl.arange(0, W)
+    best = tl.full([W], float("-inf"), tl.float32)
+    best_key = tl.full([W], EMPTY_KEY, tl.int64)
+    count = tl.zeros([W], tl.int32)
+    x = tl.load(x_row + start + lanes, mask=lanes < end, other=float("-inf"))
+    for it in range(0, (end + W - 1) // W):
+        nxt = (it + 1) * W
+        x_next = tl.load(x_row + (start + nxt) + lanes, mask=nxt + lanes < end, other=float("-inf"))
+        z = exact_z(x.to(tl.float32), t)
+        ids = (start + it * W + lanes).to(tl.int64)
+        live = z > float("-inf")
+        best, best_key = race_step(z, ids, live, k0, k1, best, best_key)
+        count += live.to(tl.int32)
+        x = x_next
+    return race_winner(best, best_key), tl.sum(count, axis=0).to(tl.int64)
+
+
+@triton.jit
+def _race_score(key, k0, k1):
+    """The winner's score z + g (-inf for a segment with no finite token)."""
+    z = tl.where(key == EMPTY_KEY, float("-inf"), unpack_z(key))
+    return z + gumbel(k0, k1, unpack_id(key))
 
 
 @triton.jit
@@ -328,6 +397,15 @@ def band_lanes_kernel(
     mask_sizes_ptr=None,  # [B] int64, set to -1 for resolve_kernel's pack_row when CLEAR
     CLEAR: tl.constexpr = False,
     PDL: tl.constexpr = False,  # programmatic dependent launch on both sides (sm_90+)
+    topk_ptr=None,  # RACE: the rows' parameters ([B] int32, float32, float32, int64 x2)
+    topp_ptr=None,
+    minp_ptr=None,
+    seed_ptr=None,
+    step_ptr=None,
+    g_ptr=None,  # RACE: [B, n_chunks] float32 the winner's z + g (rows nothing truncates)
+    w_ptr=None,  # RACE: [2, B, n_chunks] int64 the winner's (z, id) key, finite tokens
+    RACE: tl.constexpr = False,
+    HAS_STEP: tl.constexpr = False,
 ):
     if PDL:
         # Launched as a dependent of the kernel before (launch_pdl): wait for it to finish and
@@ -355,4 +433,7 @@ def band_lanes_kernel(
         DELTA,
         NBISECT,
         KEEP,
+        (topk_ptr, topp_ptr, minp_ptr, seed_ptr, step_ptr, g_ptr, w_ptr),
+        RACE,
+        HAS_STEP,
     )

@@ -63,6 +63,34 @@ def gumbel(k0, k1, ids):
 
 
 @triton.jit
+def race_step(z, ids, sel, k0, k1, best, best_key):
+    """One block of a Gumbel-max race (design 3.7) into per-lane (score, key): the selected
+    finite tokens run with score z + g, and a lane keeps the larger score, ties to the larger
+    (z, id) key, which is the earlier in design order. int64 ids."""
+    sel = sel & (z > float("-inf"))
+    score = tl.where(sel, z + gumbel(k0, k1, ids), float("-inf"))
+    key = tl.where(sel, pack_key(z, ids), EMPTY_KEY)
+    first = (score > best) | ((score == best) & (key > best_key))
+    return tl.where(first, score, best), tl.where(first, key, best_key)
+
+
+@triton.jit
+def race_winner(best, best_key):
+    """The winner's key over race_step's lanes (or over races run apart: the same rule)."""
+    top = tl.max(best, axis=0)
+    return tl.max(tl.where(best == top, best_key, EMPTY_KEY), axis=0)
+
+
+@triton.jit
+def untruncated(k, top_p, min_p, temp, vocab):
+    """Nothing truncates the row (top-k off or >= V, top-p 1, min-p 0) and it is not greedy:
+    its support is every finite token."""
+    k_on = (k > 0) & (k < vocab)
+    greedy = temp.to(tl.float64) < GREEDY_T
+    return ~k_on & ~(top_p < 1.0) & ~(min_p > 0.0) & ~greedy
+
+
+@triton.jit
 def scale(x, temp):
     """z = x / T (IEEE round-to-nearest), x unscaled on greedy rows, -0.0 folded to +0.0."""
     greedy = temp.to(tl.float64) < GREEDY_T

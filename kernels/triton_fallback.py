@@ -22,10 +22,11 @@ from kernels.triton_common import (
     INT32_MAX,
     MASK32,
     from_ordered32,
-    gumbel,
     logit_floor,
     ordered32,
     pack_key,
+    race_step,
+    race_winner,
     scale,
     unpack_z,
 )
@@ -357,13 +358,6 @@ def fallback_support(
 
 
 @triton.jit
-def _better(s0, k0, s1, k1):
-    """The larger Gumbel score, ties to the larger key (earlier in design order)."""
-    first = (s0 > s1) | ((s0 == s1) & (k0 > k1))
-    return tl.where(first, s0, s1), tl.where(first, k0, k1)
-
-
-@triton.jit
 def fallback_draw(x_row, temp, vocab, t_cut, k0, k1, BLOCK: tl.constexpr):
     """Gumbel-max over {key >= t_cut}: the winner's key (ties: earlier in design order)."""
     best = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -374,14 +368,9 @@ def fallback_draw(x_row, temp, vocab, t_cut, k0, k1, BLOCK: tl.constexpr):
         x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
         z = _z_of(x, temp)
         ids = (start + lane).to(tl.int64)
-        keys = pack_key(z, ids)
-        sel = (keys >= t_cut) & (z > float("-inf"))
-        score = tl.where(sel, z + gumbel(k0, k1, ids), float("-inf"))
-        key = tl.where(sel, keys, EMPTY_KEY)
-        best, best_key = _better(score, key, best, best_key)
+        best, best_key = race_step(z, ids, pack_key(z, ids) >= t_cut, k0, k1, best, best_key)
         x = x_next
-    top = tl.max(best, axis=0)
-    return tl.max(tl.where(best == top, best_key, EMPTY_KEY), axis=0)
+    return race_winner(best, best_key)
 
 
 @triton.jit

@@ -97,6 +97,9 @@ def band_resolve_kernel(
         DELTA,
         BAND_BISECT,
         KEEP,
+        None,
+        False,
+        False,
     )
     tl.debug_barrier()  # every thread's stores of this segment before the release
     arrived = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu")
@@ -151,4 +154,5 @@ def band_resolve_kernel(
             times_ptr,
             TIMING,
             EARLY,
+            (m_ptr, cand_key_ptr, 0),  # no race: typed stand-ins that raced = 0 never reads
         )

@@ -129,6 +129,7 @@ class BandConfig:
     pack: bool = True  # split path, up to one row an SM: resolve packs the CSR (no emit launch)
     resolve_regs: int = 0  # resolve_kernel's registers per thread; 0: the compiler's
     early: bool = True  # the first tier's pick stops once it holds the support (best_sorted)
+    race: bool = True  # pass 1 races the rows nothing truncates (lanes, not fused)
 
     @property
     def ncand(self) -> int:
@@ -151,6 +152,7 @@ def band_config(
     pack: bool = True,
     programs: int = LANE_PROGRAMS,
     early: bool = True,
+    race: bool = True,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
@@ -195,6 +197,7 @@ def band_config(
         resolve_regs=resolve_regs,
         pack=pack,
         early=early,
+        race=race,
     )
 
 
@@ -285,11 +288,13 @@ def launch_band(
     nbisect: int = NBISECT,
     pdl: bool = False,
     mask_sizes: torch.Tensor | None = None,
+    race: dict | None = None,
 ) -> None:
     """Pass 1: one program per segment (band_lanes_kernel) or per chunk (band_kernel). pdl
     (band_lanes_kernel only): a programmatic dependent launch of the kernel before, and the
     primary of the next (resolve_kernel). mask_sizes (band_lanes_kernel only): [B] int64,
-    set to -1 for resolve_kernel's packing."""
+    set to -1 for resolve_kernel's packing. race (band_lanes_kernel only): the keyword
+    arguments of its Gumbel race over the rows nothing truncates (see sample_triton)."""
     batch, vocab = x.shape
     common = (x, temperature, cand_key, m_c, s_c, d_c, x.stride(0), vocab, cfg.n_chunks)
     consts = {"KC": cfg.kc, "DELTA": DELTA, "NBISECT": nbisect}
@@ -303,6 +308,7 @@ def launch_band(
             mask_sizes_ptr=mask_sizes,
             CLEAR=mask_sizes is not None,
             PDL=pdl,
+            **(race or {}),
             num_warps=cfg.warps,
             **({"maxnreg": cfg.regs} if cfg.regs else {}),
             **({"launch_pdl": True} if pdl else {}),
@@ -433,6 +439,32 @@ def sample_triton(
         "EARLY": cfg.early,
     }
     stats = (cand_key, m_c, s_c, d_c)
+    # Rows nothing truncates (plain temperature sampling) draw from the whole row: pass 1 runs
+    # their Gumbel race segment by segment (g: each winner's z + g; w: its (z, id) key, then
+    # the segment's count of finite tokens), and resolve takes the best segment winner, with
+    # no read of the row in one program. Only rows that ask for no mask are raced (a plain
+    # row's mask is the whole row, which resolve reads in any case), so a launch whose rows
+    # all ask for masks (a mask pool's batches) compiles pass 1 without the race: its check
+    # at the end of every segment, taken or not, cost every row 5% on the H200 (B = 128,
+    # V = 151936 fp32: 46.3 us steady against 43.9; B = 1: 13.5 against 13.2). resolve_kernel
+    # takes `raced` at run time and stand-ins for the buffers when there is no race.
+    raced = cfg.race and bool(cfg.lanes) and not cfg.fused and n_rows < batch
+    race_g, race_w = m_c, cand_key
+    race = None
+    if raced:
+        race_g = torch.empty(batch, cfg.n_chunks, device=dev)
+        race_w = torch.empty(2, batch, cfg.n_chunks, dtype=torch.int64, device=dev)
+        race = {
+            "topk_ptr": inp.top_k,
+            "topp_ptr": inp.top_p,
+            "minp_ptr": inp.min_p,
+            "seed_ptr": seed,
+            "step_ptr": step,
+            "g_ptr": race_g,
+            "w_ptr": race_w,
+            "RACE": True,
+            "HAS_STEP": inp.step is not None,
+        }
     # Programmatic dependent launch (sm_90+): resolve and emit launch while the kernel before
     # them finishes and wait for it on the device, so no launch gap separates the passes.
     pdl = cfg.pdl and pdl_capable(dev)
@@ -459,7 +491,7 @@ def sample_triton(
             num_warps=BAND_WARPS,
         )
     else:
-        launch_band(x, inp.temperature, *stats, cfg, pdl=pdl, mask_sizes=mask_sizes)
+        launch_band(x, inp.temperature, *stats, cfg, pdl=pdl, mask_sizes=mask_sizes, race=race)
         resolve_kernel[(batch,)](
             *stats,
             x,
@@ -474,6 +506,9 @@ def sample_triton(
             cfg.chunk,
             **resolve_meta,
             PDL=pdl,
+            g_ptr=race_g,
+            w_ptr=race_w,
+            raced=int(raced),
             num_warps=cfg.resolve_warps or (8 if cand_block >= 2048 else 4),
             **({"maxnreg": cfg.resolve_regs} if cfg.resolve_regs else {}),
             **({"launch_pdl": True} if pdl else {}),

@@ -22,9 +22,11 @@ from kernels.triton_common import (
     cycles,
     max1_add1,
     max3,
+    race_winner,
     row_keys,
     unpack_id,
     unpack_z,
+    untruncated,
 )
 from kernels.triton_decide import best_sorted, decide, draw, store_mask, support_goal
 from kernels.triton_emit import pack_row
@@ -96,11 +98,15 @@ def resolve_row(
     times_ptr,  # [B, PHASES] int64 cycle stamps of the row's phases, written when TIMING
     TIMING: tl.constexpr,
     EARLY: tl.constexpr,  # the first tier's pick stops once it holds the support
+    race,  # (g, w, raced): pass 1's race outputs (band_lanes_kernel), read when raced != 0
 ):
     """One row's whole pass 2. Pass 1's outputs are read through L2 (".cg"): in the fused
     launch (triton_fused.py) other programs wrote them moments ago. With TIMING, the row
-    stamps the SM's cycle counter at PHASES points (bench_kernels.py --phases)."""
+    stamps the SM's cycle counter at PHASES points (bench_kernels.py --phases). When pass 1
+    raced, a row nothing truncates that asks for no mask takes its token from pass 1's
+    race, with no read of the row."""
     stamp = times_ptr + row * PHASES
+    g_ptr, w_ptr, raced = race
     if TIMING:
         tl.store(stamp, cycles(row))
     # Every global load first: their latencies overlap instead of queueing behind each
@@ -141,9 +147,10 @@ def resolve_row(
     k_on = (k > 0) & (k < vocab)
     p_on = top_p < 1.0
     m_on = min_p > 0.0
-    # Nothing truncates: S is every finite token, which the fallback finds in one read, so
-    # such a row skips the second tier and the rescue (neither can list the whole row).
-    whole = ~k_on & ~p_on & ~m_on & ~greedy
+    # Nothing truncates: S is every finite token, which pass 1's race draws from (no mask
+    # asked) or the fallback finds in one read, so such a row skips the second tier and the
+    # rescue (neither can list the whole row).
+    whole = untruncated(k, top_p, min_p, temp, vocab)
     k0, k1 = row_keys(seed, step)
     slot_row = slot_ptr + midx * cap
     scratch = scratch_ptr + row * (T1 + T2 + tl.maximum(CAP_BLOCK, RESCUE))
@@ -323,6 +330,20 @@ def resolve_row(
                     cap,
                     bounded,
                 )
+        elif (raced != 0) & whole & (midx < 0):
+            # Pass 1 raced every segment: the row's winner is the best segment winner (the
+            # same rule as one race over the row), and pass 1's sums give the log-prob.
+            # (Row pointers plus ch, not `stat`: holding that block this long spilled.)
+            g_row = g_ptr + row * n_chunks
+            w_row = w_ptr + row * n_chunks
+            y_key = race_winner(
+                tl.load(g_row + ch, mask=in_ch, other=float("-inf")),
+                tl.load(w_row + ch, mask=in_ch, other=EMPTY_KEY),
+            )
+            token = unpack_id(y_key)
+            logprob = unpack_z(y_key) - (z_max + tl.log(z_sum))
+            n_c = tl.load(w_row + n_chunks * tl.num_programs(0) + ch, mask=in_ch, other=0)
+            n = tl.sum(n_c, axis=0).to(n.dtype)
         else:
             fallback = tl.full([], 1, tl.int8)
             k_eff = tl.where(k_on, k, vocab + 1)
@@ -393,7 +414,7 @@ def resolve_row(
         tl.store(stamp + 10, cycles(emitted))
 
 
-@triton.jit(do_not_specialize=["pack"])  # one compile serves every value
+@triton.jit(do_not_specialize=["pack", "raced"])  # one compile serves every value
 def resolve_kernel(
     cand_key_ptr,  # [B, ncand] int64 pass-1 candidates as (z, id) keys
     m_ptr,
@@ -444,6 +465,9 @@ def resolve_kernel(
     TIMING: tl.constexpr,
     EARLY: tl.constexpr,  # the first tier's pick stops once it holds the support
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch after pass 1
+    g_ptr=None,  # pass 1's race (band_lanes_kernel's g_ptr, w_ptr), read when raced != 0
+    w_ptr=None,
+    raced=0,  # a run-time value: one compile serves launches with and without the race
 ):
     if PDL:
         # Launched early (while pass 1's last programs run): wait until pass 1 has finished
@@ -499,4 +523,5 @@ def resolve_kernel(
         times_ptr,
         TIMING,
         EARLY,
+        (g_ptr, w_ptr, raced),
     )

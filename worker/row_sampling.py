@@ -66,10 +66,11 @@ def warm_up_sampler(
 
     Calls are keyed (seed and step given) as RowSampler's always are, so the sampler's
     unseeded variant is never compiled. SMALL_BATCHES run sample_fn with and without masks.
-    Then `kernels.sample` (the baseline sends its mask-free batches there too) runs once,
-    every row asking for a mask, at each size of `warm_up_batches(vocab_size, max_batch)`: its
-    pass 1 has a config per batch range, and its resolve kernel specialises on that config's
-    chunk count.
+    Then `kernels.sample` (the baseline sends its mask-free batches there too) runs twice at
+    each size of `warm_up_batches(vocab_size, max_batch)`, every row asking for a mask and no
+    row asking: its pass 1 has a config per batch range, compiled with the race of rows
+    nothing truncates only for launches with a row that asks for no mask (a general pool's
+    batches), and its resolve kernel specialises on that config's chunk count.
     """
     for b in SMALL_BATCHES:
         for want in (True, False):
@@ -77,7 +78,8 @@ def warm_up_sampler(
     covered = SMALL_BATCHES if sample_fn is kernels.sample else ()
     for b in warm_up_batches(vocab_size, max_batch):
         if b not in covered:
-            _warm_call(kernels.sample, b, vocab_size, device, max_mask_tokens, True)
+            for want in (True, False):
+                _warm_call(kernels.sample, b, vocab_size, device, max_mask_tokens, want)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

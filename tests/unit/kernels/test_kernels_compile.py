@@ -15,6 +15,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
+from kernels.triton_common import MUL_A  # noqa: E402
 from kernels.triton_fused import band_resolve_kernel  # noqa: E402
 from kernels.triton_path import (  # noqa: E402
     DELTA,
@@ -58,7 +59,11 @@ POINTERS = {
     "mask_sizes_ptr": "*i64",
     "scratch_ptr": "*i64",
     "times_ptr": "*i64",
+    "g_ptr": "*fp32",
+    "w_ptr": "*i64",
 }
+# band_lanes_kernel's race arguments (None when it does not race)
+RACE_POINTERS = ("topk_ptr", "topp_ptr", "minp_ptr", "seed_ptr", "step_ptr", "g_ptr", "w_ptr")
 
 
 def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> None:
@@ -91,14 +96,17 @@ def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> 
     assert "atom" in ptx and ".acq_rel" in ptx  # the arrival counter
 
 
-@pytest.mark.parametrize("keep", [2, 3])
+@pytest.mark.parametrize(("keep", "race"), [(2, False), (3, False), (2, True)])
 def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
-    keep: int, sm90_compile: Any
+    keep: int, race: bool, sm90_compile: Any
 ) -> None:
     """band_lanes_kernel at B = 128's shape for V = 151936, with the register limit it
     launches with (three-token lanes too). Its end of segment keeps the lane tops in the
     loop's layout: no 64-bit value (a candidate's key) goes through shared memory, where
-    the layout conversions of the earlier code sent the keys, slots and masks."""
+    the layout conversions of the earlier code sent the keys, slots and masks. With the race
+    of rows nothing truncates (as sample_triton launches it when a row asks for no mask),
+    that race's winner is the one 64-bit value reduced through shared memory, once a segment
+    and only on those rows."""
     from kernels.triton_band_lanes import band_lanes_kernel
 
     cfg = band_config(151936, batch=128, keep=keep)
@@ -111,7 +119,11 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
         "KEEP": keep,
         "CLEAR": True,
         "PDL": True,
+        "RACE": race,
+        "HAS_STEP": True,
     }
+    if not race:
+        const.update(dict.fromkeys(RACE_POINTERS))
     types = {p: POINTERS.get(p, "i32") for p in band_lanes_kernel.arg_names}
     assert cfg.regs == 40
     ptx = sm90_compile(band_lanes_kernel, types, const, maxnreg=cfg.regs).asm["ptx"]
@@ -119,8 +131,10 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
     assert ".maxnreg 40" in ptx
     assert "griddepcontrol.launch_dependents" in ptx  # resolve_kernel may launch early
     assert "griddepcontrol.wait" in ptx  # launched early itself, after the kernel before
-    stores = [line for line in ptx.splitlines() if "st.shared" in line]
-    assert stores and not [line for line in stores if "b64" in line]
+    assert (str(MUL_A.value) in ptx) == race  # the race's keyed noise (a hash multiplier)
+    if not race:
+        stores = [line for line in ptx.splitlines() if "st.shared" in line]
+        assert stores and not [line for line in stores if "b64" in line]
 
 
 @pytest.mark.parametrize(("vocab", "batch"), [(1000, 64), (111, 512)])

@@ -812,3 +812,75 @@ def test_fallback_cuts_inside_ties_and_reads_the_row_a_few_times(
     assert reads[1] < 10, reads  # few tokens per tie: the bracket is listed early
     assert reads[0] > 16, reads  # top-k 100 through 300 tied: the ids are searched
     assert max(reads) <= 2 * 16 + 9, reads  # top-k + top-p: two z searches, one id search
+
+
+PLAIN_ROWS = """
+import kernels.triton_resolve
+
+WHOLE_READS = []  # rows that drew by reading the whole row in resolve_kernel
+_draw = kernels.triton_resolve.fallback_draw
+def _counted(*args):
+    WHOLE_READS.append(1)
+    return _draw(*args)
+kernels.triton_resolve.fallback_draw = _counted
+
+# Rows nothing truncates (top-k off, at V or past it; top-p 1; min-p 0), most asking for no
+# mask, among rows that truncate, a greedy row and a NaN row; five 64-token segments a row.
+vocab = 300
+g = torch.Generator().manual_seed(5)
+B = 10
+x = torch.randn(B, vocab, generator=g) * 2
+x[1] = torch.round(x[1] * 2) / 2       # ties: the race's tie rule (earlier in design order)
+x[2, :40] = float("-inf")               # -inf tokens are never drawn nor counted
+x[3] = 0.0                              # every token tied
+x[8, 17] = float("nan")                 # flagged, never sampled
+temp = torch.tensor([1.0, 1.0, 0.7, 1.0, 1.5, 1.0, 0.0, 1.0, 1.0, 2.0])
+k = torch.tensor([-1, -1, vocab, -1, -1, 20, -1, vocab + 4, -1, -1], dtype=torch.int32)
+p = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.9, 1.0, 1.0, 1.0, 1.0])
+mp = torch.zeros(B)
+want = torch.tensor([False, False, False, False, True, True, False, False, False, False])
+seed = torch.arange(B, dtype=torch.int64) * 3 + 1
+step = torch.full((B,), 4, dtype=torch.int64)
+cap = 128
+inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=cap, seed=seed, step=step)
+cfg = band_config(vocab, chunk=64, kc=8, lanes=16)
+tri = sample_triton(inp, cfg)
+reads = len(WHOLE_READS)
+cpu = sample_torch(inp)
+ref = reference(x, temp, k, p, mp)
+rep = check_result(tri, ref, want, None, cap)
+alone = []
+for r in (0, 3, 9):
+    one = check_inputs(x[r:r+1], temp[r:r+1], k[r:r+1], p[r:r+1], mp[r:r+1], want[r:r+1],
+                       max_mask_tokens=cap, seed=seed[r:r+1], step=step[r:r+1])
+    alone.append(int(sample_triton(one, cfg).tokens[0]) == int(tri.tokens[r]))
+half = check_inputs(x.to(torch.bfloat16), temp, k, p, mp, want, max_mask_tokens=cap, seed=seed,
+                    step=step)
+tri16, cpu16 = sample_triton(half, cfg), sample_torch(half)
+print(json.dumps({"ok": rep.ok, "errors": rep.errors, "reads": reads, "alone": alone,
+                  "tokens": tri.tokens.tolist(), "cpu_tokens": cpu.tokens.tolist(),
+                  "logprob_err": float((tri.logprobs - cpu.logprobs).nan_to_num().abs().max()),
+                  "sizes": tri.support_sizes.tolist(), "cpu_sizes": cpu.support_sizes.tolist(),
+                  "fallback": tri.fallback_rows.tolist(), "nan": tri.nan_rows.tolist(),
+                  "bf16_tokens": torch.equal(tri16.tokens, cpu16.tokens)}))
+"""
+
+
+def test_plain_rows_draw_in_pass_one(interpreted: Interpreted) -> None:
+    """Rows nothing truncates that ask for no mask (plain temperature sampling) take their
+    token from pass 1's race, segment by segment, and resolve_kernel reads none of their row:
+    the torch path's tokens (ties, -inf tokens and a row of one value included, fp32 and
+    bf16), the same token alone, log-probs within 1e-5, every finite token counted in the
+    support, no fallback. A row nothing truncates that asks for a mask still reads its row
+    (its mask is the row in design order), and a NaN row is flagged."""
+    out = interpreted(PRELUDE + PLAIN_ROWS)
+    assert out["ok"], out["errors"]
+    plain = [0, 1, 2, 3, 7, 9]
+    assert [out["tokens"][r] for r in plain] == [out["cpu_tokens"][r] for r in plain], out
+    assert all(out["alone"]) and out["bf16_tokens"], out
+    assert out["logprob_err"] < 1e-5
+    assert [out["sizes"][r] for r in plain] == [300, 300, 260, 300, 300, 300]
+    assert out["sizes"] == out["cpu_sizes"]
+    assert not any(out["fallback"][r] for r in plain), out["fallback"]
+    assert out["reads"] == 1  # row 4 only: nothing truncates it, and it asks for a mask
+    assert out["nan"][8] and not any(out["nan"][:8])
