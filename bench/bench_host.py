@@ -3,9 +3,11 @@ sampler in a CUDA graph pays on its CPU every step, next to the GPU time of the 
 
   python bench/bench_host.py [--batches 1,8,128] [--vocab 151936] [--calls 300]
                              [--label NAME] [--name STEM] [--out DIR] [--plot-only A.json,B.json]
+                             [--want all|none]
 
 Per batch size (fp32 Zipf rows, top-p 0.95, every row asking for a mask, seeds and steps
-given as the worker gives them): the host microseconds of the whole call and of its parts
+given as the worker gives them; --want none: no row asks, so pass 1 carries the race of rows
+nothing truncates): the host microseconds of the whole call and of its parts
 (argument checks, the mask index, the config, sample_triton with a precomputed index),
 medians over --calls calls timed with perf_counter (launches are asynchronous, so this is the
 CPU's time, not the GPU's); the same call queued behind ~1 ms of GPU work ('busy': about the
@@ -99,14 +101,16 @@ def busy_host_us(fn, calls: int, sleep_cycles: int = BUSY_CYCLES) -> float:
     return statistics.median(times) * 1e6
 
 
-def run_batch(batch: int, vocab: int, calls: int, label: str) -> dict:
+def run_batch(batch: int, vocab: int, calls: int, label: str, want: str = "all") -> dict:
     b = make_inputs(batch, vocab, torch.float32, "p0.95", False, seed=0)
+    if want == "none":  # no row asks for a mask: pass 1 is launched with the race compiled in
+        b = {**b, "want_mask": torch.zeros(batch, dtype=torch.bool)}
     args = _args(b)
     inp = check_inputs(**args, max_mask_tokens=CAP)
     index = mask_index(inp.want_mask, inp.logits.device)
     kernels.sample(**args, max_mask_tokens=CAP)  # compile
     torch.cuda.synchronize()
-    row = {"B": batch, "V": vocab, "label": label}
+    row = {"B": batch, "V": vocab, "label": label, "want": want}
     row["sample_host_us"] = host_us(lambda: kernels.sample(**args, max_mask_tokens=CAP), calls)
     row["busy_host_us"] = busy_host_us(lambda: kernels.sample(**args, max_mask_tokens=CAP), 30)
     row["check_inputs_us"] = host_us(lambda: check_inputs(**args, max_mask_tokens=CAP), calls)
@@ -148,6 +152,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--name", default="host_bench", help="results file stem")
     ap.add_argument("--label", default="", help="names the checkout in the rows and plot")
+    ap.add_argument("--want", choices=("all", "none"), default="all", help="rows asking for a mask")
     ap.add_argument("--plot-only", metavar="JSON,...", help="redraw the PNG from results files")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
@@ -162,7 +167,7 @@ def main() -> None:
         f"{'config':>7} {'triton':>8} {'gpu':>7}"
     )
     for batch in [int(x) for x in args.batches.split(",") if x]:
-        row = run_batch(batch, args.vocab, args.calls, args.label)
+        row = run_batch(batch, args.vocab, args.calls, args.label, args.want)
         rows.append(row)
         print(
             f"{batch:>5} {args.label:>8} {row['sample_host_us']:>8.1f} {row['busy_host_us']:>8.1f} "

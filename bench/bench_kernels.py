@@ -98,6 +98,12 @@ VARIANTS = {
     "s2k": {"chunk": 2048},
     "s4k": {"chunk": 4096},
     "s16k": {"chunk": 16384},
+    # Segments of any whole number of tiles, for launches that fill whole waves: at B = 128
+    # and V = 151936 (792 programs resident at 6 an SM) 10 segments a row make 1.62 waves,
+    # 11 (27 tiles) 1.78, 12 (25 tiles) 1.94, 18 (17 tiles) 2.91
+    "s13824": {"chunk": 13824},
+    "s12800": {"chunk": 12800},
+    "s8704": {"chunk": 8704},
     # 1024 lanes (4 a thread) in 5 segments of 30 tiles at V = 151936: 5120 lanes a row, as
     # the default's 10 x 512, in 640 programs instead of 1280 (one wave at 5 an SM)
     "l1024s30k": {"lanes": 1024, "chunk": 30720},
