@@ -111,6 +111,16 @@ VARIANTS = {
     "l1024s30kn56": {"lanes": 1024, "chunk": 30720, "regs": 56},
     "l1024s32kn48": {"lanes": 1024, "chunk": 32768, "regs": 48},
     "l1024s38kn48": {"lanes": 1024, "chunk": 38912, "regs": 48},  # 4 segments, 4096 lanes
+    # Lanes that let a band token go read their column again at the end of the segment (three
+    # tokens of a row's band in one lane then need no rescue), at the default shape and with
+    # fewer, longer segments: 6 (25600 tokens) and 5 (32768) a row at V = 151936
+    "rr0": {"reread": 0},  # no reread at any batch size (the default before session 19)
+    "rr16": {"reread": 16},
+    "rr": {"reread": True},
+    "rr48": {"reread": True, "regs": 48},
+    "rrs25k": {"reread": True, "chunk": 25600},
+    "rrs32k": {"reread": True, "chunk": 32768},
+    "rrs32kn48": {"reread": True, "chunk": 32768, "regs": 48},
 }
 
 

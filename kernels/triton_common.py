@@ -207,6 +207,11 @@ def add3(a0, a1, a2, b0, b1, b2):
 
 
 @triton.jit
+def add5(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4
+
+
+@triton.jit
 def add6(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
     return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5
 

@@ -97,6 +97,8 @@ def band_resolve_kernel(
         DELTA,
         BAND_BISECT,
         KEEP,
+        0,
+        0,
         None,
         False,
         False,

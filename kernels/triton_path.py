@@ -109,6 +109,18 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# A lane keeps its two largest tokens; three of a row's support in one lane put the band floor
+# inside the support, and resolve rescues the row by reading a segment again, which holds
+# the whole launch (about 0.3% of Zipf rows at V = 151936, so most launches of 256 rows and
+# more meet one). From REREAD_BATCH rows pass 1 prevents it: a lane that let a band token go,
+# below fewer than REREAD_BELOW of the segment's tops, reads its column again at the end of
+# the segment. On the H200 (fp32, top-p 0.95, steady, session 19): B = 256 105.2 -> 87.4 us,
+# B = 512 166.1 -> 159.0, no rescued row left; B = 128, whose benchmark buffers hold no
+# rescued row, 43.9 -> 49.3, so it stays off there.
+REREAD_BATCH = 256
+REREAD_BELOW = 32
+
+
 def next_pow2(n: int) -> int:
     """Host-side smallest power of two >= n (n >= 1), like triton.next_power_of_2."""
     return 1 << (n - 1).bit_length()
@@ -124,6 +136,9 @@ class BandConfig:
     fused: bool = False  # one launch: the last segment of a row resolves it (lanes only)
     warps: int = BAND_WARPS  # pass 1's warps (lanes only; the fused launch keeps BAND_WARPS)
     keep: int = 2  # tokens a pass-1 lane keeps, 2 or 3 (lanes only)
+    # keep 2: lanes that let a band token go read their column again when fewer than this
+    # many tops lie above it (0: never)
+    reread: int = 0
     regs: int = 0  # pass 1's registers per thread (lanes only, not fused); 0: the compiler's
     pdl: bool = True  # programmatic dependent launches between the split path's kernels (sm_90+)
     pack: bool = True  # split path, up to one row an SM: resolve packs the CSR (no emit launch)
@@ -146,6 +161,7 @@ def band_config(
     fused: bool = False,
     warps: int = 0,
     keep: int = 2,
+    reread: int | bool | None = None,
     regs: int | None = None,
     pdl: bool = True,
     resolve_regs: int = 0,
@@ -179,6 +195,12 @@ def band_config(
         raise ValueError("fused needs the lanes pass 1 (lanes > 0)")
     if keep not in (2, 3):
         raise ValueError(f"keep must be 2 or 3 (tokens a pass-1 lane keeps), got {keep}")
+    if reread is None:
+        reread = REREAD_BELOW if batch >= REREAD_BATCH and keep == 2 and lanes and not fused else 0
+    elif reread is True:
+        reread = REREAD_BELOW
+    if reread and (keep != 2 or not lanes or fused):
+        raise ValueError("reread needs the two-token lanes pass 1 of the split launch")
     lanes = min(lanes, chunk)
     warps = warps or BAND_WARPS
     if regs is None:
@@ -192,6 +214,7 @@ def band_config(
         fused=fused,
         warps=warps,
         keep=keep,
+        reread=int(reread),
         regs=regs,
         pdl=pdl,
         resolve_regs=resolve_regs,
@@ -305,6 +328,8 @@ def launch_band(
             W=cfg.lanes,
             **consts,
             KEEP=cfg.keep,
+            REREAD=int(cfg.reread > 0),
+            REREAD_BELOW=cfg.reread or REREAD_BELOW,
             mask_sizes_ptr=mask_sizes,
             CLEAR=mask_sizes is not None,
             PDL=pdl,

@@ -37,6 +37,8 @@ PASS1 = {
     "l1024s32kw16": {"lanes": 1024, "chunk": 32768, "warps": 16},
     "k3": {"keep": 3},  # lanes keep three tokens
     "l512s32kk3": {"lanes": 512, "chunk": 32768, "keep": 3},
+    "reread": {"reread": True},  # two-token lanes read their column again when they collide
+    "reread_s32k": {"lanes": 512, "chunk": 32768, "reread": True},
     # B = 1's fused launch shape over every row of the batch: thousands of programs meet at
     # the row counters at once, the hardest case for the arrival ordering.
     "fused_s2k": {"fused": True, "chunk": 2048},

@@ -28,12 +28,13 @@ from kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
 FUSED = True  # lanes pass 1: resolve in the same launch (band_resolve_kernel) or after it
 KEEP = 2  # tokens a pass-1 lane keeps
+REREAD = False  # two-token lanes with three tokens in the band read their column again
 
 def both(logits, temp, k, p, mp, want, cap, seed=None, step=None, bounded=None, lanes=0):
     inp = check_inputs(logits, temp, k, p, mp, want, max_mask_tokens=cap, seed=seed,
                        step=step, bounded=bounded)
     cfg = band_config(logits.shape[1], chunk=64, kc=8, lanes=lanes, fused=bool(lanes) and FUSED,
-                      keep=KEEP)
+                      keep=KEEP, reread=REREAD)
     return sample_triton(inp, cfg), sample_torch(inp)
 """
 
@@ -436,16 +437,22 @@ def test_csr_with_zero_one_and_several_mask_rows(interpreted: Interpreted) -> No
 # 4 lanes make 16-tile segments, read by its loop (the path of large batches).
 LANE_MODES = pytest.mark.parametrize(
     ("lanes", "fused", "keep"),
-    [(0, False, 2), (16, True, 2), (4, False, 2), (16, False, 3)],
-    ids=["bisect", "fused", "lanes_loop", "lanes_keep3"],
+    [(0, False, 2), (16, True, 2), (4, False, 2), (16, False, 3), (4, False, "reread")],
+    ids=["bisect", "fused", "lanes_loop", "lanes_keep3", "lanes_reread"],
 )
+
+
+def lane_mode(lanes: int, fused: bool, keep: int | str) -> str:
+    """The interpreted script's pass-1 settings for a LANE_MODES case."""
+    reread = keep == "reread"
+    return f"LANES = {lanes}\nFUSED = {fused}\nKEEP = {2 if reread else keep}\nREREAD = {reread}\n"
 
 
 @LANE_MODES
 def test_interpreted_grid_matches_oracle_and_torch_path(
-    lanes: int, fused: bool, keep: int, interpreted: Interpreted
+    lanes: int, fused: bool, keep: int | str, interpreted: Interpreted
 ) -> None:
-    out = interpreted(PRELUDE + f"LANES = {lanes}\nFUSED = {fused}\nKEEP = {keep}\n" + GRID)
+    out = interpreted(PRELUDE + lane_mode(lanes, fused, keep) + GRID)
     assert out["ok"], out["errors"]
     assert out["rows"] == 24
     assert out["fallback"] > 0  # the shrunken band sends some rows down the bisection path
@@ -459,26 +466,29 @@ def test_lanes_pass_one_keeps_the_band_contract(interpreted: Interpreted) -> Non
     largest z left out, and more than KC ties at a segment max keep the lowest id among
     those written. The lane count changes which lane tops compete, so the two may write
     different (equally valid) candidates. 64 lanes: a segment of one tile, the last one
-    partial (60 tokens), so its reads are all masked. keep=3: lanes keep three tokens."""
+    partial (60 tokens), so its reads are all masked. keep=3: lanes keep three tokens;
+    reread: two-token lanes that let a band token go read their column again."""
     tried = [
         ("w16", {"lanes": 16}),
         ("w4", {"lanes": 4}),
         ("w64", {"lanes": 64}),
         ("w16k3", {"lanes": 16, "keep": 3}),
         ("w4k3", {"lanes": 4, "keep": 3}),
+        ("w16r", {"lanes": 16, "reread": True}),
+        ("w4r", {"lanes": 4, "reread": True}),
     ]
     out = interpreted(PRELUDE + f"TRIED = {tried!r}\n" + CONTRACT)
-    assert out["stats_equal"] == [True] * 5
-    assert out["contract"] == [True] * 5
-    assert out["ties"] == [True] * 5
+    assert out["stats_equal"] == [True] * 7
+    assert out["contract"] == [True] * 7
+    assert out["ties"] == [True] * 7
     assert min(out["written"]) > 0
 
 
 @LANE_MODES
 def test_interpreted_edge_rows_match_torch_path(
-    lanes: int, fused: bool, keep: int, interpreted: Interpreted
+    lanes: int, fused: bool, keep: int | str, interpreted: Interpreted
 ) -> None:
-    out = interpreted(PRELUDE + f"LANES = {lanes}\nFUSED = {fused}\nKEEP = {keep}\n" + EDGES)
+    out = interpreted(PRELUDE + lane_mode(lanes, fused, keep) + EDGES)
     for name in ("tokens", "support_sizes", "nan_rows", "mask_status", "mask_offsets", "masks"):
         tri, cpu = out[name]
         assert tri == cpu, (name, tri, cpu)
@@ -533,7 +543,8 @@ THREE_IN_A_LANE = """
 # Three of S's tokens in lane 0 of segment 0 (ids 0, 16 and 32: the 1st, 4th and 7th
 # largest), the rest of S one per later segment, so no segment holds more than KC = 8 of S.
 # A lane that keeps two tokens lets id 32 go and the row floor lands inside S (the rescue
-# decides); a lane that keeps three lists them all, and the band decides alone.
+# decides); a lane that keeps three lists them all, and the band decides alone, and so does
+# a two-token lane that reads its column again once it has let a band token go.
 vocab = 1024
 g = torch.Generator().manual_seed(5)
 b = 4
@@ -548,26 +559,28 @@ want = torch.ones(b, dtype=torch.bool)
 inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=64, seed=torch.arange(b) + 1)
 ref = reference(x, temp, k, p, mp)
 out = {}
-for keep in (2, 3):
-    tri = sample_triton(inp, band_config(vocab, chunk=64, kc=8, lanes=16, keep=keep))
+for keep, reread in ((2, False), (3, False), (2, True)):
+    tri = sample_triton(inp, band_config(vocab, chunk=64, kc=8, lanes=16, keep=keep,
+                                         reread=reread))
     rep = check_result(tri, ref, want, None, 64)
-    out[keep] = {"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
+    out["reread" if reread else keep] = {"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
                  "tokens": tri.tokens.tolist()}
 print(json.dumps(out))
 """
 
 
 def test_lanes_keeping_three_tokens_decide_without_the_rescue(interpreted: Interpreted) -> None:
-    """band_config(keep=3): three of S's tokens in one lane no longer push the band floor
-    into S, so rows the two-token lanes send to the rescue decide from the band, equal to
-    the oracle, with the same seeded tokens."""
+    """band_config(keep=3), or reread: three of S's tokens in one lane no longer push the
+    band floor into S, so rows the two-token lanes send to the rescue decide from the band,
+    equal to the oracle, with the same seeded tokens."""
     out = interpreted(PRELUDE + THREE_IN_A_LANE)
-    two, three = out["2"], out["3"]
-    assert two["ok"], two["errors"]
-    assert three["ok"], three["errors"]
+    two, three, reread = out["2"], out["3"], out["reread"]
+    for case in (two, three, reread):
+        assert case["ok"], case["errors"]
     assert two["fallback"] == [True] * 4
     assert three["fallback"] == [False] * 4
-    assert two["tokens"] == three["tokens"]
+    assert reread["fallback"] == [False] * 4
+    assert two["tokens"] == three["tokens"] == reread["tokens"]
 
 
 LOGIT_FLOOR = """

@@ -1,0 +1,110 @@
+"""How often pass 1's end-of-segment reread runs, and which rows it keeps from the rescue: a
+CPU count on Zipf rows (the kernel benchmark's generator), no kernels.
+
+A pass-1 lane keeps its two largest tokens and d, the largest it let go. A segment whose
+d_lanes (the max of d) lies within DELTA of its max sets its band floor there, and a row
+whose support reaches below the highest such floor takes the rescue in resolve. With
+reread, a segment whose floor has fewer than `below` lane tops above it reads its collided
+lanes again, and their floor drops to their fourth token. For each segment shape and
+threshold this prints the share of segments that read again and the rows left to the
+rescue (the KC slot limit is modelled; float64, T = 1, top-p 0.95).
+
+    python bench/reread_probe.py [--rows 1024] [--shapes 16384:128,25600:256,32768:256]
+
+Writes reread_probe.json under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: import from the repository root
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from kernels.workloads import peaked_logits
+
+VOCAB, LANES, DELTA, TOP_P = 151936, 512, 12.0, 0.95
+THRESHOLDS = (0, 8, 16, 32, 64, 1 << 30)  # 0: no reread; 1 << 30: every collided segment
+
+
+def support_floor(z: torch.Tensor) -> torch.Tensor:
+    """The z of each row's last support token (top-p, design order)."""
+    ps, order = z.softmax(-1).sort(dim=-1, descending=True, stable=True)
+    n = ((ps.cumsum(-1) - ps) < TOP_P).sum(-1)
+    return z.gather(1, order).gather(1, (n - 1).unsqueeze(1)).squeeze(1)
+
+
+def probe(z: torch.Tensor, seg: int, kc: int) -> dict[int, tuple[int, float]]:
+    """Per threshold: (rows left to the rescue, share of segments read again)."""
+    rows = z.shape[0]
+    nseg = -(-VOCAB // seg)
+    pad = torch.full((rows, nseg * seg - VOCAB), float("-inf"), dtype=z.dtype)
+    lanes = torch.cat([z, pad], 1).view(rows, nseg, seg // LANES, LANES)
+    t1, t2, d3, d4 = lanes.topk(4, dim=2).values.unbind(2)
+    tops = torch.cat([t1, t2], -1)
+    lo0 = t1.amax(-1) - DELTA
+    kth = tops.topk(kc + 1, -1).values[..., kc]  # the largest top left out past KC slots
+    neg = torch.tensor(float("-inf"), dtype=z.dtype)
+
+    def floor(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        d_lanes = d.amax(-1)
+        lo = torch.maximum(lo0, d_lanes)
+        n_lo = (tops >= lo.unsqueeze(-1)).sum(-1)
+        left = torch.where(tops < lo.unsqueeze(-1), tops, neg).amax(-1)
+        d_c = torch.maximum(d_lanes, torch.where(n_lo > kc, kth, left))
+        return d_c, n_lo, d_lanes
+
+    zlast = support_floor(z)
+    _, n_lo, d_lanes = floor(d3)
+    out = {}
+    for below in THRESHOLDS:
+        again = (d_lanes >= lo0) & (n_lo < below)
+        collided = d3 >= lo0.unsqueeze(-1)
+        d_c2 = floor(torch.where(again.unsqueeze(-1) & collided, d4, d3))[0]
+        out[below] = (int((d_c2.amax(-1) >= zlast).sum()), float(again.double().mean()))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1024)
+    ap.add_argument("--shapes", default="16384:128,25600:256,32768:256", help="segment:KC,...")
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args()
+    results = []
+    print(f"{'segment':>8} {'KC':>4} {'below':>10} {'rescued rows':>13} {'segments read':>14}")
+    for shape in args.shapes.split(","):
+        seg, kc = (int(v) for v in shape.split(":"))
+        totals = {b: [0, 0.0] for b in THRESHOLDS}
+        batches = 4
+        for seed in range(batches):
+            g = torch.Generator().manual_seed(seed)
+            z = peaked_logits(args.rows // batches, VOCAB, 1.6, g).double()
+            for below, (rescued, share) in probe(z, seg, kc).items():
+                totals[below][0] += rescued
+                totals[below][1] += share / batches
+        for below, (rescued, share) in totals.items():
+            label = "off" if below == 0 else ("all" if below >= 1 << 30 else str(below))
+            print(f"{seg:>8} {kc:>4} {label:>10} {rescued:>13} {share:>13.2%}")
+            results.append(
+                {
+                    "segment": seg,
+                    "kc": kc,
+                    "below": label,
+                    "rows": args.rows,
+                    "rescued_rows": rescued,
+                    "segments_read_again": share,
+                }
+            )
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "reread_probe.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
