@@ -11,6 +11,8 @@ from kernels.triton_path import (
     CAND_TARGET,
     MAX_TILES,
     MID_PROGRAMS,
+    REREAD_BATCH,
+    REREAD_BELOW,
     ROW_LANES_MIN,
     band_config,
     cdiv,
@@ -102,6 +104,22 @@ def test_lanes_keep_two_or_three_tokens() -> None:
     assert band_config(151936, batch=128, keep=3).keep == 3
     with pytest.raises(ValueError, match="keep"):
         band_config(151936, keep=4)
+
+
+def test_collided_lanes_read_again_from_256_rows() -> None:
+    """Pass 1's reread is on from REREAD_BATCH rows (where most launches met a rescued row)
+    and off below, and only with two-token lanes of the split launch."""
+    assert [band_config(151936, batch=b).reread for b in (1, 128, 255)] == [0, 0, 0]
+    assert band_config(151936, batch=REREAD_BATCH).reread == REREAD_BELOW
+    assert band_config(32000, batch=512).reread == REREAD_BELOW
+    assert band_config(151936, batch=512, keep=3).reread == 0
+    assert band_config(151936, batch=512, lanes=0).reread == 0
+    assert band_config(151936, batch=1, reread=True).reread == REREAD_BELOW
+    assert band_config(151936, batch=512, reread=16).reread == 16
+    assert band_config(151936, batch=512, reread=False).reread == 0
+    for bad in ({"keep": 3}, {"lanes": 0}, {"fused": True}):
+        with pytest.raises(ValueError, match="reread"):
+            band_config(151936, batch=1, reread=True, **bad)
 
 
 def test_host_helpers_match_triton() -> None:

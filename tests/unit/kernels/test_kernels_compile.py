@@ -96,12 +96,15 @@ def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> 
     assert "atom" in ptx and ".acq_rel" in ptx  # the arrival counter
 
 
-@pytest.mark.parametrize(("keep", "race"), [(2, False), (3, False), (2, True)])
+@pytest.mark.parametrize(
+    ("keep", "race", "reread"), [(2, False, 0), (3, False, 0), (2, True, 0), (2, False, 32)]
+)
 def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
-    keep: int, race: bool, sm90_compile: Any
+    keep: int, race: bool, reread: int, sm90_compile: Any
 ) -> None:
     """band_lanes_kernel at B = 128's shape for V = 151936, with the register limit it
-    launches with (three-token lanes too). Its end of segment keeps the lane tops in the
+    launches with (three-token lanes too, and two-token lanes that read collided columns
+    again, B = 256's default). Its end of segment keeps the lane tops in the
     loop's layout: no 64-bit value (a candidate's key) goes through shared memory, where
     the layout conversions of the earlier code sent the keys, slots and masks. With the race
     of rows nothing truncates (as sample_triton launches it when a row asks for no mask),
@@ -109,7 +112,7 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
     and only on those rows."""
     from kernels.triton_band_lanes import band_lanes_kernel
 
-    cfg = band_config(151936, batch=128, keep=keep)
+    cfg = band_config(151936, batch=128, keep=keep, reread=reread)
     const = {
         "SEG": cfg.chunk,
         "W": cfg.lanes,
@@ -121,6 +124,8 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
         "PDL": True,
         "RACE": race,
         "HAS_STEP": True,
+        "REREAD": int(reread > 0),
+        "REREAD_BELOW": reread or 32,
     }
     if not race:
         const.update(dict.fromkeys(RACE_POINTERS))
