@@ -197,18 +197,8 @@ def lanes_pass(
     lo = tl.maximum(tl.maximum(m - DELTA * t, d_lanes), -FLT_MAX)
     hi = m
     q1, q2, q3 = quarters(lo, hi)
-    s_sum, n_lo, c1, c2, c3, n_hi = tl.reduce(
-        (
-            s_lanes,
-            _ge(t1, t2, t3, lo, TOPS),
-            _ge(t1, t2, t3, q1, TOPS),
-            _ge(t1, t2, t3, q2, TOPS),
-            _ge(t1, t2, t3, q3, TOPS),
-            _ge(t1, t2, t3, hi, TOPS),
-        ),
-        0,
-        add6,
-    )
+    g_lo, g1, g2, g3, g_hi = _ge5(t1, t2, t3, (lo, q1, q2, q3, hi), TOPS)
+    s_sum, n_lo, c1, c2, c3, n_hi = tl.reduce((s_lanes, g_lo, g1, g2, g3, g_hi), 0, add6)
     if REREAD:
         # A lane that let go a token within DELTA of the segment max held three or more of
         # the band, and that token is the floor d_lanes. When fewer than REREAD_BELOW tops
@@ -229,15 +219,7 @@ def lanes_pass(
             lo = tl.maximum(lo0, d_lanes)
             q1, q2, q3 = quarters(lo, hi)
             n_lo, c1, c2, c3, n_hi = tl.reduce(
-                (
-                    _ge(t1, t2, t3, lo, TOPS),
-                    _ge(t1, t2, t3, q1, TOPS),
-                    _ge(t1, t2, t3, q2, TOPS),
-                    _ge(t1, t2, t3, q3, TOPS),
-                    _ge(t1, t2, t3, hi, TOPS),
-                ),
-                0,
-                add5,
+                _ge5(t1, t2, t3, (lo, q1, q2, q3, hi), TOPS), 0, add5
             )
     if n_lo > KC:
         # Invariant: more than KC at or above lo, n_hi at or above hi (at most KC, or ties
@@ -407,6 +389,19 @@ def _ge(t1, t2, t3, p, KEEP: tl.constexpr):
     if KEEP == 3:
         n += (t3 >= p).to(tl.int32)
     return n
+
+
+@triton.jit
+def _ge5(t1, t2, t3, at, KEEP: tl.constexpr):
+    """_ge at each of the five thresholds at = (lo, q1, q2, q3, hi)."""
+    lo, q1, q2, q3, hi = at
+    return (
+        _ge(t1, t2, t3, lo, KEEP),
+        _ge(t1, t2, t3, q1, KEEP),
+        _ge(t1, t2, t3, q2, KEEP),
+        _ge(t1, t2, t3, q3, KEEP),
+        _ge(t1, t2, t3, hi, KEEP),
+    )
 
 
 @triton.jit
