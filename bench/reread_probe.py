@@ -1,5 +1,6 @@
 """How often pass 1's end-of-segment reread runs, and which rows it keeps from the rescue: a
-CPU count on Zipf rows (the kernel benchmark's generator), no kernels.
+CPU count on Zipf rows (the kernel benchmark's generator) and Gaussian rows (a random-weight
+model's logits, whose top-p supports reach hundreds of tokens), no kernels.
 
 A pass-1 lane keeps its two largest tokens and d, the largest it let go. A segment whose
 d_lanes (the max of d) lies within DELTA of its max sets its band floor there, and a row
@@ -10,8 +11,9 @@ threshold this prints the share of segments that read again and the rows left to
 rescue (the KC slot limit is modelled; float64, T = 1, top-p 0.95).
 
     python bench/reread_probe.py [--rows 1024] [--shapes 16384:128,25600:256,32768:256]
+                                 [--kinds zipf,gauss]
 
-Writes reread_probe.json under --out.
+Writes reread_probe.json and reread_probe.png under --out.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: import from the repository root
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from kernels.workloads import peaked_logits
+from bench.lane_collisions import rows_of
 
 VOCAB, LANES, DELTA, TOP_P = 151936, 512, 12.0, 0.95
 THRESHOLDS = (0, 8, 16, 32, 64, 1 << 30)  # 0: no reread; 1 << 30: every collided segment
@@ -74,36 +76,66 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1024)
     ap.add_argument("--shapes", default="16384:128,25600:256,32768:256", help="segment:KC,...")
+    ap.add_argument("--kinds", default="zipf,gauss")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     results = []
-    print(f"{'segment':>8} {'KC':>4} {'below':>10} {'rescued rows':>13} {'segments read':>14}")
-    for shape in args.shapes.split(","):
-        seg, kc = (int(v) for v in shape.split(":"))
-        totals = {b: [0, 0.0] for b in THRESHOLDS}
-        batches = 4
-        for seed in range(batches):
-            g = torch.Generator().manual_seed(seed)
-            z = peaked_logits(args.rows // batches, VOCAB, 1.6, g).double()
-            for below, (rescued, share) in probe(z, seg, kc).items():
-                totals[below][0] += rescued
-                totals[below][1] += share / batches
-        for below, (rescued, share) in totals.items():
-            label = "off" if below == 0 else ("all" if below >= 1 << 30 else str(below))
-            print(f"{seg:>8} {kc:>4} {label:>10} {rescued:>13} {share:>13.2%}")
-            results.append(
-                {
-                    "segment": seg,
-                    "kc": kc,
-                    "below": label,
-                    "rows": args.rows,
-                    "rescued_rows": rescued,
-                    "segments_read_again": share,
-                }
-            )
+    print(
+        f"{'rows':>6} {'segment':>8} {'KC':>4} {'below':>6} {'rescued rows':>13} {'read again':>11}"
+    )
+    for kind in args.kinds.split(","):
+        for shape in args.shapes.split(","):
+            seg, kc = (int(v) for v in shape.split(":"))
+            totals = {b: [0, 0.0] for b in THRESHOLDS}
+            batches = 4
+            for seed in range(batches):
+                z = rows_of(kind, args.rows // batches, VOCAB, seed).double()
+                for below, (rescued, share) in probe(z, seg, kc).items():
+                    totals[below][0] += rescued
+                    totals[below][1] += share / batches
+            for below, (rescued, share) in totals.items():
+                label = "off" if below == 0 else ("all" if below >= 1 << 30 else str(below))
+                print(f"{kind:>6} {seg:>8} {kc:>4} {label:>6} {rescued:>13} {share:>10.2%}")
+                results.append(
+                    {
+                        "kind": kind,
+                        "segment": seg,
+                        "kc": kc,
+                        "below": label,
+                        "rows": args.rows,
+                        "rescued_rows": rescued,
+                        "segments_read_again": share,
+                    }
+                )
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "reread_probe.json").write_text(json.dumps(results, indent=1))
+    plot(results, out / "reread_probe.png")
+
+
+def plot(results: list[dict], path: pathlib.Path) -> None:
+    """Rows left to the rescue against the share of segments read again, a line a shape."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = sorted({r["kind"] for r in results})
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4), squeeze=False)
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        for seg in sorted({r["segment"] for r in results}):
+            pts = [r for r in results if r["kind"] == kind and r["segment"] == seg]
+            xs = [100 * r["segments_read_again"] for r in pts]
+            ax.plot(xs, [r["rescued_rows"] for r in pts], "o-", label=f"{seg}-token segments")
+            for r, x in zip(pts, xs, strict=True):
+                ax.annotate(r["below"], (x, r["rescued_rows"]), fontsize=7)
+        ax.set_xscale("symlog", linthresh=0.1)
+        ax.set_xlabel("segments read again (%)")
+        ax.set_ylabel(f"rows left to the rescue (of {pts[0]['rows']})")
+        ax.set_title(f"{kind} rows, top-p {TOP_P}: threshold 'below' on each point")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
