@@ -116,6 +116,7 @@ VARIANTS = {
     # fewer, longer segments: 6 (25600 tokens) and 5 (32768) a row at V = 151936
     "rr0": {"reread": 0},  # no reread at any batch size (the default before session 19)
     "rr16": {"reread": 16},
+    "rr64": {"reread": 64},  # wide supports (bench/reread_probe.py's Gaussian rows)
     "rr": {"reread": True},
     "rr48": {"reread": True, "regs": 48},
     "rrs25k": {"reread": True, "chunk": 25600},
