@@ -583,6 +583,46 @@ def test_lanes_keeping_three_tokens_decide_without_the_rescue(interpreted: Inter
     assert two["tokens"] == three["tokens"] == reread["tokens"]
 
 
+MANY_COLLIDED = """
+# Every lane of segment 0 holds three tokens within DELTA of its max, and lane 9 holds three
+# of S (ids 9, 25 and 41), the rest of S lying in later segments. A reread has to pick lane 9
+# among sixteen collided lanes (more than a segment reads again) to drop the floor out of S.
+vocab = 1024
+g = torch.Generator().manual_seed(11)
+b = 3
+x = torch.randn(b, vocab, generator=g) * 0.5
+for lane in range(16):
+    x[:, torch.tensor([lane, 16 + lane, 32 + lane])] = 4.0 + 0.01 * lane
+x[:, torch.tensor([9, 25, 41, 100, 200, 300])] = torch.tensor([10.0, 9.8, 9.6, 9.9, 9.7, 9.5])
+temp = torch.ones(b)
+k = torch.tensor([-1, 20, -1], dtype=torch.int32)
+p = torch.tensor([0.9, 0.95, 0.8])
+mp = torch.zeros(b)
+want = torch.ones(b, dtype=torch.bool)
+inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=64, seed=torch.arange(b) + 3)
+ref = reference(x, temp, k, p, mp)
+out = {}
+for reread in (False, True):
+    tri = sample_triton(inp, band_config(vocab, chunk=64, kc=8, lanes=16, reread=reread))
+    rep = check_result(tri, ref, want, None, 64)
+    out[str(reread)] = {"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
+                        "tokens": tri.tokens.tolist()}
+print(json.dumps(out))
+"""
+
+
+def test_reread_picks_the_collided_lanes_that_matter(interpreted: Interpreted) -> None:
+    """With more collided lanes than a segment reads again, the reread takes the ones that
+    let the largest tokens go: the rows decide from the band, equal to the oracle."""
+    out = interpreted(PRELUDE + MANY_COLLIDED)
+    plain, reread = out["False"], out["True"]
+    assert plain["ok"], plain["errors"]
+    assert reread["ok"], reread["errors"]
+    assert plain["fallback"] == [True] * 3
+    assert reread["fallback"] == [False] * 3
+    assert plain["tokens"] == reread["tokens"]
+
+
 LOGIT_FLOOR = """
 import json, sys, torch
 from kernels.order import ordered_bits, scaled_logits
