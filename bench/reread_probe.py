@@ -32,6 +32,7 @@ from bench.lane_collisions import rows_of
 
 VOCAB, LANES, DELTA, TOP_P = 151936, 512, 12.0, 0.95
 THRESHOLDS = (0, 8, 16, 32, 64, 1 << 30)  # 0: no reread; 1 << 30: every collided segment
+MANY = 8  # collided lanes: a segment that reads again with more must choose among them
 
 
 def support_floor(z: torch.Tensor) -> torch.Tensor:
@@ -41,8 +42,9 @@ def support_floor(z: torch.Tensor) -> torch.Tensor:
     return z.gather(1, order).gather(1, (n - 1).unsqueeze(1)).squeeze(1)
 
 
-def probe(z: torch.Tensor, seg: int, kc: int) -> dict[int, tuple[int, float]]:
-    """Per threshold: (rows left to the rescue, share of segments read again)."""
+def probe(z: torch.Tensor, seg: int, kc: int) -> dict[int, tuple[int, float, int, int]]:
+    """Per threshold: (rows left to the rescue, share of segments read again, segments read
+    again, those of them with more than MANY collided lanes)."""
     rows = z.shape[0]
     nseg = -(-VOCAB // seg)
     pad = torch.full((rows, nseg * seg - VOCAB), float("-inf"), dtype=z.dtype)
@@ -68,7 +70,13 @@ def probe(z: torch.Tensor, seg: int, kc: int) -> dict[int, tuple[int, float]]:
         again = (d_lanes >= lo0) & (n_lo < below)
         collided = d3 >= lo0.unsqueeze(-1)
         d_c2 = floor(torch.where(again.unsqueeze(-1) & collided, d4, d3))[0]
-        out[below] = (int((d_c2.amax(-1) >= zlast).sum()), float(again.double().mean()))
+        many = int((again & (collided.sum(-1) > MANY)).sum())
+        out[below] = (
+            int((d_c2.amax(-1) >= zlast).sum()),
+            float(again.double().mean()),
+            int(again.sum()),
+            many,
+        )
     return out
 
 
@@ -81,21 +89,27 @@ def main() -> None:
     args = ap.parse_args()
     results = []
     print(
-        f"{'rows':>6} {'segment':>8} {'KC':>4} {'below':>6} {'rescued rows':>13} {'read again':>11}"
+        f"{'rows':>6} {'segment':>8} {'KC':>4} {'below':>6} {'rescued rows':>13} "
+        f"{'read again':>11} {f'of them > {MANY} lanes':>17}"
     )
     for kind in args.kinds.split(","):
         for shape in args.shapes.split(","):
             seg, kc = (int(v) for v in shape.split(":"))
-            totals = {b: [0, 0.0] for b in THRESHOLDS}
+            totals = {b: [0, 0.0, 0, 0] for b in THRESHOLDS}
             batches = 4
             for seed in range(batches):
                 z = rows_of(kind, args.rows // batches, VOCAB, seed).double()
-                for below, (rescued, share) in probe(z, seg, kc).items():
+                for below, (rescued, share, again, many) in probe(z, seg, kc).items():
                     totals[below][0] += rescued
                     totals[below][1] += share / batches
-            for below, (rescued, share) in totals.items():
+                    totals[below][2] += again
+                    totals[below][3] += many
+            for below, (rescued, share, again, many) in totals.items():
                 label = "off" if below == 0 else ("all" if below >= 1 << 30 else str(below))
-                print(f"{kind:>6} {seg:>8} {kc:>4} {label:>6} {rescued:>13} {share:>10.2%}")
+                print(
+                    f"{kind:>6} {seg:>8} {kc:>4} {label:>6} {rescued:>13} {share:>10.2%} "
+                    f"{f'{many} of {again}':>17}"
+                )
                 results.append(
                     {
                         "kind": kind,
@@ -105,6 +119,8 @@ def main() -> None:
                         "rows": args.rows,
                         "rescued_rows": rescued,
                         "segments_read_again": share,
+                        "segments_read_again_n": again,
+                        f"of_them_over_{MANY}_collided_lanes": many,
                     }
                 )
     out = pathlib.Path(args.out)
