@@ -563,8 +563,9 @@ for keep, reread in ((2, False), (3, False), (2, True)):
     tri = sample_triton(inp, band_config(vocab, chunk=64, kc=8, lanes=16, keep=keep,
                                          reread=reread))
     rep = check_result(tri, ref, want, None, 64)
-    out["reread" if reread else keep] = {"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
-                 "tokens": tri.tokens.tolist()}
+    out["reread" if reread else keep] = {"ok": rep.ok, "errors": rep.errors,
+                                         "fallback": tri.fallback_rows.tolist(),
+                                         "tokens": tri.tokens.tolist()}
 print(json.dumps(out))
 """
 
