@@ -138,6 +138,8 @@ def lanes_pass(
     KEEP: tl.constexpr,  # tokens a lane keeps: 2 or 3
     REREAD: tl.constexpr,  # 1 (KEEP 2): a lane with three tokens in the band reads its column again
     REREAD_BELOW: tl.constexpr,  # REREAD: a floor with fewer tops above it is read again
+    REREAD_LANES: tl.constexpr,  # REREAD: collided lanes read again at most (2x <= KC)
+    REREAD_TILES: tl.constexpr,  # REREAD: tiles a segment, rounded up to a power of two
     race,  # (topk, topp, minp, seed, step, g, w) pointers when RACE (see band_lanes_kernel)
     RACE: tl.constexpr,
     HAS_STEP: tl.constexpr,
@@ -189,7 +191,6 @@ def lanes_pass(
     # in the band (6 halvings in all); the largest top left out; one scan to place the
     # written tops. The tops stay in the loop's layout: no step moves them between threads.
     m, d_lanes = tl.reduce((t1, d), 0, _max2)
-    TOPS: tl.constexpr = KEEP + REREAD  # tops a lane holds at the cut
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # an all -inf segment sums to 0, not NaN
     # NaN propagates into s, and so does +inf (its lane rescale is inf - inf).
     s_lanes = s * tl.exp2((t1 - m_safe) * c)
@@ -197,30 +198,115 @@ def lanes_pass(
     lo = tl.maximum(tl.maximum(m - DELTA * t, d_lanes), -FLT_MAX)
     hi = m
     q1, q2, q3 = quarters(lo, hi)
-    g_lo, g1, g2, g3, g_hi = _ge5(t1, t2, t3, (lo, q1, q2, q3, hi), TOPS)
+    g_lo, g1, g2, g3, g_hi = _ge5(t1, t2, t3, (lo, q1, q2, q3, hi), KEEP)
     s_sum, n_lo, c1, c2, c3, n_hi = tl.reduce((s_lanes, g_lo, g1, g2, g3, g_hi), 0, add6)
+    stat = row * n_chunks + seg
+    tops = (t1, i1, t2, i2, t3, i3)
+    counts = (lo, hi, q1, q2, q3, n_lo, c1, c2, c3, n_hi)
+    seg_stats = (m, s_sum, d_lanes, t, start, stat)
+    outs = (cand_key_ptr, m_ptr, s_ptr, d_ptr)
     if REREAD:
         # A lane that let go a token within DELTA of the segment max held three or more of
         # the band, and that token is the floor d_lanes. When fewer than REREAD_BELOW tops
         # lie above it (the segment's best tokens, where a row's support lies), such lanes
-        # read their column again (from L2: this program read it moments ago) for their
-        # third token, and what they let go becomes the largest after it: the floor drops
-        # and the row needs no rescue in resolve. Deeper floors cost nothing here. A CPU
-        # count on 1024 Zipf rows (top-p 0.95) at B = 128's shape: 1.7% of segments read
-        # again and no row is left to the rescue, against 8 rows without; with 6 or 5
-        # segments a row, 1.9% and 1.6%, against 15 and 17 rows (REREAD_BELOW 16 instead of
-        # 32: 0.2-0.3% of segments, 0, 5 and 9 rows).
+        # read their columns again (from L2: this program read them moments ago), all in
+        # one read, for the tile of their third token (d itself) and the largest token
+        # after it: the floor drops and the row needs no rescue in resolve. Only then does
+        # the end of segment count and write three tops a lane; the common path keeps two.
+        # A CPU count on 1024 Zipf rows (top-p 0.95, bench/reread_probe.py) at B = 128's
+        # shape: 1.7% of segments read again and no row is left to the rescue, against 8
+        # rows without; with 6 or 5 segments a row, 1.9% and 1.6%, against 15 and 17 rows.
         lo0 = tl.maximum(m - DELTA * t, -FLT_MAX)
         if (d_lanes >= lo0) & (n_lo < REREAD_BELOW):
-            col = d >= lo0
-            t3, i3, d3 = _reread(x_ptr + row * stride_x + start, end, i1, i2, col, W)
-            d = tl.where(col, d3, d)
+            i3, d4 = _reread(
+                x_ptr + row * stride_x + start,
+                end,
+                (i1, i2, d, d >= lo0),
+                cand_key_ptr + stat * KC,
+                REREAD_TILES,
+                W,
+                REREAD_LANES,
+            )
+            again = i3 >= 0
+            t3 = tl.where(again, d, float("-inf"))  # the third token is what the lane let go
+            d = tl.where(again, d4, d)
             d_lanes = tl.max(d, axis=0)
             lo = tl.maximum(lo0, d_lanes)
             q1, q2, q3 = quarters(lo, hi)
-            n_lo, c1, c2, c3, n_hi = tl.reduce(
-                _ge5(t1, t2, t3, (lo, q1, q2, q3, hi), TOPS), 0, add5
-            )
+            n_lo, c1, c2, c3, n_hi = tl.reduce(_ge5(t1, t2, t3, (lo, q1, q2, q3, hi), 3), 0, add5)
+            counts = (lo, hi, q1, q2, q3, n_lo, c1, c2, c3, n_hi)
+            seg_stats = (m, s_sum, d_lanes, t, start, stat)
+            _cut_and_write((t1, i1, t2, i2, t3, i3), counts, seg_stats, outs, KC, NBISECT, 3, W)
+        else:
+            _cut_and_write(tops, counts, seg_stats, outs, KC, NBISECT, KEEP, W)
+    else:
+        _cut_and_write(tops, counts, seg_stats, outs, KC, NBISECT, KEEP, W)
+    if RACE:
+        # Loaded here (temperature again), not before the loop: values held across the
+        # loop and the cut above made the compiler spill there, which cost every row
+        # (B = 128: 45.9 us against 43.9 on the H200).
+        topk_ptr, topp_ptr, minp_ptr, seed_ptr, step_ptr, g_ptr, w_ptr = race
+        whole = untruncated(
+            tl.load(topk_ptr + row).to(tl.int64),
+            tl.load(topp_ptr + row),
+            tl.load(minp_ptr + row),
+            tl.load(temp_ptr + row),
+            vocab,
+        )
+        if whole:  # a row nothing truncates: its token is raced here
+            seed = tl.load(seed_ptr + row)
+            step = tl.full([], 0, tl.int64)
+            if HAS_STEP:
+                step = tl.load(step_ptr + row)
+            k0, k1 = row_keys(seed, step)
+            key, n = _race_segment(x_ptr + row * stride_x, end, t, start, k0, k1, W)
+            tl.store(g_ptr + stat, _race_score(key, k0, k1))
+            tl.store(w_ptr + stat, key)
+            tl.store(w_ptr + n_chunks * tl.num_programs(0) + stat, n)
+
+
+@triton.jit
+def _race_segment(x_row, end, t, start, k0, k1, W: tl.constexpr):
+    """The Gumbel race (design 3.7) over the segment's finite tokens, read again (from L2:
+    this program read them moments ago): the winner's (z, id) key and the count of finite
+    tokens. An untruncated row's support is every finite token, so the row's winner is the
+    best of its segments' winners, and resolve_kernel needs no read of the row."""
+    # (Addresses from the row's start, not the loop's pointers: those held past the loop
+    # spilled in the cut that every row runs.)
+    lanes = tl.arange(0, W)
+    best = tl.full([W], float("-inf"), tl.float32)
+    best_key = tl.full([W], EMPTY_KEY, tl.int64)
+    count = tl.zeros([W], tl.int32)
+    x = tl.load(x_row + start + lanes, mask=lanes < end, other=float("-inf"))
+    for it in range(0, (end + W - 1) // W):
+        nxt = (it + 1) * W
+        x_next = tl.load(x_row + (start + nxt) + lanes, mask=nxt + lanes < end, other=float("-inf"))
+        z = exact_z(x.to(tl.float32), t)
+        ids = (start + it * W + lanes).to(tl.int64)
+        live = z > float("-inf")
+        best, best_key = race_step(z, ids, live, k0, k1, best, best_key)
+        count += live.to(tl.int32)
+        x = x_next
+    return race_winner(best, best_key), tl.sum(count, axis=0).to(tl.int64)
+
+
+@triton.jit
+def _cut_and_write(
+    tops,  # (t1, i1, t2, i2, t3, i3): the lanes' tops, t3 -inf unless TOPS == 3
+    counts,  # (lo, hi, q1, q2, q3, n_lo, c1, c2, c3, n_hi) of the first count reduction
+    seg_stats,  # (m, s_sum, d_lanes, t, start, stat)
+    outs,  # (cand_key_ptr, m_ptr, s_ptr, d_ptr)
+    KC: tl.constexpr,
+    NBISECT: tl.constexpr,
+    TOPS: tl.constexpr,
+    W: tl.constexpr,
+):
+    """The segment's cut (the count search past KC), its written tops and statistics."""
+    t1, i1, t2, i2, t3, i3 = tops
+    lo, hi, q1, q2, q3, n_lo, c1, c2, c3, n_hi = counts
+    m, s_sum, d_lanes, t, start, stat = seg_stats
+    cand_key_ptr, m_ptr, s_ptr, d_ptr = outs
+    lanes = tl.arange(0, W)
     if n_lo > KC:
         # Invariant: more than KC at or above lo, n_hi at or above hi (at most KC, or ties
         # at the max). Each step keeps the quarter that crosses KC.
@@ -280,7 +366,6 @@ def lanes_pass(
         left = m
     d_seg = tl.maximum(d_lanes, left)
 
-    stat = row * n_chunks + seg
     base = cand_key_ptr + stat * KC
     _store_tops(base, t1, id1, r1, w1, t, W)
     _store_tops(base, t2, id2, r2, w2, t, W)
@@ -289,75 +374,47 @@ def lanes_pass(
     store_stats(
         cand_key_ptr, m_ptr, s_ptr, d_ptr, stat, KC, tl.minimum(n_band, KC), m, s_sum, d_seg, t
     )
-    if RACE:
-        # Loaded here (temperature again), not before the loop: values held across the
-        # loop and the cut above made the compiler spill there, which cost every row
-        # (B = 128: 45.9 us against 43.9 on the H200).
-        topk_ptr, topp_ptr, minp_ptr, seed_ptr, step_ptr, g_ptr, w_ptr = race
-        whole = untruncated(
-            tl.load(topk_ptr + row).to(tl.int64),
-            tl.load(topp_ptr + row),
-            tl.load(minp_ptr + row),
-            tl.load(temp_ptr + row),
-            vocab,
-        )
-        if whole:  # a row nothing truncates: its token is raced here
-            seed = tl.load(seed_ptr + row)
-            step = tl.full([], 0, tl.int64)
-            if HAS_STEP:
-                step = tl.load(step_ptr + row)
-            k0, k1 = row_keys(seed, step)
-            key, n = _race_segment(x_ptr + row * stride_x, end, t, start, k0, k1, W)
-            tl.store(g_ptr + stat, _race_score(key, k0, k1))
-            tl.store(w_ptr + stat, key)
-            tl.store(w_ptr + n_chunks * tl.num_programs(0) + stat, n)
 
 
 @triton.jit
-def _race_segment(x_row, end, t, start, k0, k1, W: tl.constexpr):
-    """The Gumbel race (design 3.7) over the segment's finite tokens, read again (from L2:
-    this program read them moments ago): the winner's (z, id) key and the count of finite
-    tokens. An untruncated row's support is every finite token, so the row's winner is the
-    best of its segments' winners, and resolve_kernel needs no read of the row."""
-    # (Addresses from the row's start, not the loop's pointers: those held past the loop
-    # spilled in the cut that every row runs.)
+def _reread(
+    x_seg, end, lanes_state, scratch, TILES: tl.constexpr, W: tl.constexpr, NC: tl.constexpr
+):
+    """The collided lanes (lanes_state = (i1, i2, d, col): col where d, the largest token a
+    lane let go, lies in the band) read again, all at once: the first NC of them in lane
+    order, each column one row of an [NC, TILES] block. For each, the tile of its third
+    token (d itself: the first tile past its two tops that holds d) and the largest token
+    after it. Returns, per lane, (i3, d4); (-1, d) for the lanes not read. scratch: 2 NC
+    int64 slots this program owns until it writes its candidates (its candidate slots)."""
+    i1, i2, d, col = lanes_state
     lanes = tl.arange(0, W)
-    best = tl.full([W], float("-inf"), tl.float32)
-    best_key = tl.full([W], EMPTY_KEY, tl.int64)
-    count = tl.zeros([W], tl.int32)
-    x = tl.load(x_row + start + lanes, mask=lanes < end, other=float("-inf"))
-    for it in range(0, (end + W - 1) // W):
-        nxt = (it + 1) * W
-        x_next = tl.load(x_row + (start + nxt) + lanes, mask=nxt + lanes < end, other=float("-inf"))
-        z = exact_z(x.to(tl.float32), t)
-        ids = (start + it * W + lanes).to(tl.int64)
-        live = z > float("-inf")
-        best, best_key = race_step(z, ids, live, k0, k1, best, best_key)
-        count += live.to(tl.int32)
-        x = x_next
-    return race_winner(best, best_key), tl.sum(count, axis=0).to(tl.int64)
-
-
-@triton.jit
-def _reread(x_seg, end, i1, i2, col, W: tl.constexpr):
-    """The collided lanes' (col) columns read again, their two tops (tiles i1, i2) left out:
-    the third token (value, tile) and the largest after it, -inf for the other lanes. Each
-    iteration issues the next tile's read first, as pass 1's loop does."""
-    lanes = tl.arange(0, W)
-    t3 = tl.full([W], float("-inf"), tl.float32)
-    i3 = tl.full([W], -1, tl.int32)
-    d3 = t3
-    x = tl.load(x_seg + lanes, mask=col & (lanes < end), other=float("-inf"))
-    for it in range(0, (end + W - 1) // W):
-        nxt = (it + 1) * W
-        x_next = tl.load(x_seg + nxt + lanes, mask=col & (nxt + lanes < end), other=float("-inf"))
-        x = tl.where((i1 == it) | (i2 == it), float("-inf"), x.to(tl.float32))
-        gt = x > t3
-        d3 = tl.maximum(d3, tl.where(gt, t3, x))
-        t3 = tl.where(gt, x, t3)
-        i3 = tl.where(gt, it, i3)
-        x = x_next
-    return t3, i3, d3
+    rank = tl.cumsum(col.to(tl.int32), axis=0) - 1
+    n_col = tl.max(rank, axis=0) + 1
+    info = lanes.to(tl.int64) | (i1.to(tl.int64) << 16) | (i2.to(tl.int64) << 32)
+    tl.store(scratch + rank, info, mask=col & (rank < NC))
+    tl.debug_barrier()  # the lanes' stores before the block's load
+    j = tl.arange(0, NC)
+    info_j = tl.load(scratch + j, mask=j < n_col, other=0)
+    lane_j = (info_j & 0xFFFF).to(tl.int32)
+    i1_j = ((info_j >> 16) & 0xFFFF).to(tl.int32)
+    i2_j = ((info_j >> 32) & 0xFFFF).to(tl.int32)
+    tiles = tl.arange(0, TILES)
+    pos = tiles[None, :] * W + lane_j[:, None]
+    live = (j < n_col)[:, None] & (pos < end)
+    x = tl.load(x_seg + pos, mask=live, other=float("-inf")).to(tl.float32)
+    tops = (tiles[None, :] == i1_j[:, None]) | (tiles[None, :] == i2_j[:, None])
+    x = tl.where(tops, float("-inf"), x)
+    t3_j = tl.max(x, axis=1)
+    i3_j = tl.min(tl.where(x == t3_j[:, None], tiles[None, :], TILES), axis=1)
+    d4_j = tl.max(tl.where(tiles[None, :] == i3_j[:, None], float("-inf"), x), axis=1)
+    bits = d4_j.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+    tl.store(scratch + NC + j, bits | (i3_j.to(tl.int64) << 32), mask=j < n_col)
+    tl.debug_barrier()  # the block's stores before the lanes' loads
+    got = col & (rank < NC)
+    back = tl.load(scratch + NC + rank, mask=got, other=0)
+    i3 = tl.where(got, (back >> 32).to(tl.int32), -1)
+    d4 = tl.where(got, (back & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), d)
+    return i3, d4
 
 
 @triton.jit
@@ -459,6 +516,8 @@ def band_lanes_kernel(
     HAS_STEP: tl.constexpr = False,
     REREAD: tl.constexpr = 0,
     REREAD_BELOW: tl.constexpr = 32,
+    REREAD_LANES: tl.constexpr = 8,
+    REREAD_TILES: tl.constexpr = 32,
 ):
     if PDL:
         # Launched as a dependent of the kernel before (launch_pdl): wait for it to finish and
@@ -488,6 +547,8 @@ def band_lanes_kernel(
         KEEP,
         REREAD,
         REREAD_BELOW,
+        REREAD_LANES,
+        REREAD_TILES,
         (topk_ptr, topp_ptr, minp_ptr, seed_ptr, step_ptr, g_ptr, w_ptr),
         RACE,
         HAS_STEP,

@@ -99,6 +99,8 @@ def band_resolve_kernel(
         KEEP,
         0,
         0,
+        0,
+        1,
         None,
         False,
         False,

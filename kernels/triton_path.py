@@ -119,6 +119,7 @@ def cdiv(a: int, b: int) -> int:
 # rescued row, 43.9 -> 49.3, so it stays off there.
 REREAD_BATCH = 256
 REREAD_BELOW = 32
+REREAD_LANES = 8  # collided lanes a segment reads again at most (one [8, tiles] block)
 
 
 def next_pow2(n: int) -> int:
@@ -330,6 +331,8 @@ def launch_band(
             KEEP=cfg.keep,
             REREAD=int(cfg.reread > 0),
             REREAD_BELOW=cfg.reread or REREAD_BELOW,
+            REREAD_LANES=min(REREAD_LANES, cfg.kc // 2),
+            REREAD_TILES=next_pow2(cdiv(cfg.chunk, cfg.lanes)),
             mask_sizes_ptr=mask_sizes,
             CLEAR=mask_sizes is not None,
             PDL=pdl,

@@ -126,6 +126,8 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
         "HAS_STEP": True,
         "REREAD": int(reread > 0),
         "REREAD_BELOW": reread or 32,
+        "REREAD_LANES": 8,
+        "REREAD_TILES": cfg.chunk // cfg.lanes,
     }
     if not race:
         const.update(dict.fromkeys(RACE_POINTERS))
