@@ -138,7 +138,7 @@ def lanes_pass(
     KEEP: tl.constexpr,  # tokens a lane keeps: 2 or 3
     REREAD: tl.constexpr,  # 1 (KEEP 2): a lane with three tokens in the band reads its column again
     REREAD_BELOW: tl.constexpr,  # REREAD: a floor with fewer tops above it is read again
-    REREAD_LANES: tl.constexpr,  # REREAD: collided lanes read again at most (2x <= KC)
+    REREAD_LANES: tl.constexpr,  # REREAD: collided lanes read again at most (3x <= 2 KC)
     REREAD_TILES: tl.constexpr,  # REREAD: tiles a segment, rounded up to a power of two
     race,  # (topk, topp, minp, seed, step, g, w) pointers when RACE (see band_lanes_kernel)
     RACE: tl.constexpr,
@@ -384,37 +384,35 @@ def _reread(
     lane let go, lies in the band) read again, all at once: the first NC of them in lane
     order, each column one row of an [NC, TILES] block. For each, the tile of its third
     token (d itself: the first tile past its two tops that holds d) and the largest token
-    after it. Returns, per lane, (i3, d4); (-1, d) for the lanes not read. scratch: 2 NC
-    int64 slots this program owns until it writes its candidates (its candidate slots)."""
+    after it. Returns, per lane, (i3, d4); (-1, d) for the lanes not read. scratch: the
+    program's candidate slots (int64, at least NC // 2 * 3 of them), free until it writes
+    its candidates; used as int32 words, so no 64-bit value changes layout."""
     i1, i2, d, col = lanes_state
+    words = scratch.to(tl.pointer_type(tl.int32))
     lanes = tl.arange(0, W)
     rank = tl.cumsum(col.to(tl.int32), axis=0) - 1
     n_col = tl.max(rank, axis=0) + 1
-    info = lanes.to(tl.int64) | (i1.to(tl.int64) << 16) | (i2.to(tl.int64) << 32)
-    tl.store(scratch + rank, info, mask=col & (rank < NC))
+    tl.store(words + rank, lanes | (i1 << 12) | (i2 << 22), mask=col & (rank < NC))
     tl.debug_barrier()  # the lanes' stores before the block's load
     j = tl.arange(0, NC)
-    info_j = tl.load(scratch + j, mask=j < n_col, other=0)
-    lane_j = (info_j & 0xFFFF).to(tl.int32)
-    i1_j = ((info_j >> 16) & 0xFFFF).to(tl.int32)
-    i2_j = ((info_j >> 32) & 0xFFFF).to(tl.int32)
+    info = tl.load(words + j, mask=j < n_col, other=0)
     tiles = tl.arange(0, TILES)
-    pos = tiles[None, :] * W + lane_j[:, None]
+    pos = tiles[None, :] * W + (info & 0xFFF)[:, None]
     live = (j < n_col)[:, None] & (pos < end)
     x = tl.load(x_seg + pos, mask=live, other=float("-inf")).to(tl.float32)
-    tops = (tiles[None, :] == i1_j[:, None]) | (tiles[None, :] == i2_j[:, None])
-    x = tl.where(tops, float("-inf"), x)
+    top1 = tiles[None, :] == ((info >> 12) & 0x3FF)[:, None]
+    top2 = tiles[None, :] == ((info >> 22) & 0x3FF)[:, None]
+    x = tl.where(top1 | top2, float("-inf"), x)
     t3_j = tl.max(x, axis=1)
     i3_j = tl.min(tl.where(x == t3_j[:, None], tiles[None, :], TILES), axis=1)
     d4_j = tl.max(tl.where(tiles[None, :] == i3_j[:, None], float("-inf"), x), axis=1)
-    bits = d4_j.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-    tl.store(scratch + NC + j, bits | (i3_j.to(tl.int64) << 32), mask=j < n_col)
+    tl.store(words + NC + j, d4_j.to(tl.int32, bitcast=True), mask=j < n_col)
+    tl.store(words + 2 * NC + j, i3_j, mask=j < n_col)
     tl.debug_barrier()  # the block's stores before the lanes' loads
     got = col & (rank < NC)
-    back = tl.load(scratch + NC + rank, mask=got, other=0)
-    i3 = tl.where(got, (back >> 32).to(tl.int32), -1)
-    d4 = tl.where(got, (back & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), d)
-    return i3, d4
+    d4 = tl.load(words + NC + rank, mask=got, other=0).to(tl.float32, bitcast=True)
+    i3 = tl.load(words + 2 * NC + rank, mask=got, other=-1)
+    return i3, tl.where(got, d4, d)
 
 
 @triton.jit

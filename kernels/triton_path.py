@@ -331,7 +331,7 @@ def launch_band(
             KEEP=cfg.keep,
             REREAD=int(cfg.reread > 0),
             REREAD_BELOW=cfg.reread or REREAD_BELOW,
-            REREAD_LANES=min(REREAD_LANES, cfg.kc // 2),
+            REREAD_LANES=min(REREAD_LANES, next_pow2(cfg.kc * 2 // 3 + 1) // 2),
             REREAD_TILES=next_pow2(cdiv(cfg.chunk, cfg.lanes)),
             mask_sizes_ptr=mask_sizes,
             CLEAR=mask_sizes is not None,

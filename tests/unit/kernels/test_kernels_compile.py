@@ -126,7 +126,7 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
         "HAS_STEP": True,
         "REREAD": int(reread > 0),
         "REREAD_BELOW": reread or 32,
-        "REREAD_LANES": 8,
+        "REREAD_LANES": 8 if reread else 1,
         "REREAD_TILES": cfg.chunk // cfg.lanes,
     }
     if not race:
