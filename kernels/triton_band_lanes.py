@@ -218,10 +218,27 @@ def lanes_pass(
         # rows without; with 6 or 5 segments a row, 1.9% and 1.6%, against 15 and 17 rows.
         lo0 = tl.maximum(m - DELTA * t, -FLT_MAX)
         if (d_lanes >= lo0) & (n_lo < REREAD_BELOW):
+            # Most such segments hold more than REREAD_LANES collided lanes; the ones that
+            # matter are those that let the largest tokens go, so a quartering search over d
+            # keeps at most REREAD_LANES of them (a CPU count: the same rows leave the rescue
+            # as when every collided lane reads again, at 4 lanes as at 16).
+            col = d >= lo0
+            if tl.sum(col.to(tl.int32), axis=0) > REREAD_LANES:
+                d_lo = lo0
+                d_hi = d_lanes
+                for _ in tl.static_range(3):
+                    p1, p2, p3 = quarters(d_lo, d_hi)
+                    n1, n2, n3 = tl.reduce(
+                        ((d >= p1).to(tl.int32), (d >= p2).to(tl.int32), (d >= p3).to(tl.int32)),
+                        0,
+                        add3,
+                    )
+                    d_lo, d_hi = keep_quarter(d_lo, d_hi, p1, p2, p3, n1, n2, n3, REREAD_LANES)
+                col = d >= d_hi
             i3, d4 = _reread(
                 x_ptr + row * stride_x + start,
                 end,
-                (i1, i2, d, d >= lo0),
+                (i1, i2, d, col),
                 cand_key_ptr + stat * KC,
                 REREAD_TILES,
                 W,
