@@ -115,7 +115,9 @@ VARIANTS = {
     # tokens of a row's band in one lane then need no rescue), at the default shape and with
     # fewer, longer segments: 6 (25600 tokens) and 5 (32768) a row at V = 151936
     "rr0": {"reread": 0},  # no reread at any batch size (the default before session 19)
+    "rr8": {"reread": 8},
     "rr16": {"reread": 16},
+    "rr32": {"reread": 32},  # the default threshold in session 19
     "rr64": {"reread": 64},  # wide supports (bench/reread_probe.py's Gaussian rows)
     "rr": {"reread": True},
     "rr48": {"reread": True, "regs": 48},

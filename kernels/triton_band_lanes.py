@@ -213,9 +213,10 @@ def lanes_pass(
         # one read, for the tile of their third token (d itself) and the largest token
         # after it: the floor drops and the row needs no rescue in resolve. Only then does
         # the end of segment count and write three tops a lane; the common path keeps two.
-        # A CPU count on 1024 Zipf rows (top-p 0.95, bench/reread_probe.py) at B = 128's
-        # shape: 1.7% of segments read again and no row is left to the rescue, against 8
-        # rows without; with 6 or 5 segments a row, 1.9% and 1.6%, against 15 and 17 rows.
+        # A CPU count on 1024 Zipf rows (top-p 0.95, bench/reread_probe.py) at the shape of
+        # B >= 128 (10 segments a row): with REREAD_BELOW 16, 0.19% of segments read again
+        # and no row is left to the rescue, against 8 rows without (32: 1.7% of segments, also
+        # none left; the H200 runs 16 faster, see triton_path.REREAD_BELOW).
         lo0 = tl.maximum(m - DELTA * t, -FLT_MAX)
         if (d_lanes >= lo0) & (n_lo < REREAD_BELOW):
             # Most such segments hold more than REREAD_LANES collided lanes; the ones that
@@ -530,7 +531,7 @@ def band_lanes_kernel(
     RACE: tl.constexpr = False,
     HAS_STEP: tl.constexpr = False,
     REREAD: tl.constexpr = 0,
-    REREAD_BELOW: tl.constexpr = 32,
+    REREAD_BELOW: tl.constexpr = 16,
     REREAD_LANES: tl.constexpr = 8,
     REREAD_TILES: tl.constexpr = 32,
 ):

@@ -114,11 +114,12 @@ def cdiv(a: int, b: int) -> int:
 # the whole launch (about 0.3% of Zipf rows at V = 151936, so most launches of 256 rows and
 # more meet one). From REREAD_BATCH rows pass 1 prevents it: a lane that let a band token go,
 # below fewer than REREAD_BELOW of the segment's tops, reads its column again at the end of
-# the segment. On the H200 (fp32, top-p 0.95, steady, session 19): B = 256 105.2 -> 87.4 us,
-# B = 512 166.1 -> 159.0, no rescued row left; B = 128, whose benchmark buffers hold no
-# rescued row, 43.9 -> 49.3, so it stays off there.
+# the segment. On the H200 (fp32, top-p 0.95, steady): B = 256 105.2 -> 80.8 us, B = 512
+# 165.5 -> 145.9, no rescued row left (32 tops instead of 16: 82.5 and 149.0, 8: rows left
+# to the rescue again, 98.9 and 157.7). B = 128, whose benchmark buffers hold no rescued
+# row, 43.9 -> 46.2 (pass 1 alone 32.6 -> 33.9), so it stays off there.
 REREAD_BATCH = 256
-REREAD_BELOW = 32
+REREAD_BELOW = 16
 REREAD_LANES = 8  # collided lanes a segment reads again at most (one [8, tiles] block)
 
 
@@ -150,6 +151,18 @@ class BandConfig:
     @property
     def ncand(self) -> int:
         return self.n_chunks * self.kc
+
+
+def reread_constants(cfg: BandConfig) -> dict[str, int]:
+    """band_lanes_kernel's REREAD constexprs for a config: the collided lanes a segment reads
+    again (at most REREAD_LANES, and few enough that their three words a lane fit the
+    segment's KC candidate slots) and its tiles, rounded up to a power of two."""
+    return {
+        "REREAD": int(cfg.reread > 0),
+        "REREAD_BELOW": cfg.reread or REREAD_BELOW,
+        "REREAD_LANES": min(REREAD_LANES, next_pow2(cfg.kc * 2 // 3 + 1) // 2),
+        "REREAD_TILES": next_pow2(cdiv(cfg.chunk, cfg.lanes)),
+    }
 
 
 def band_config(
@@ -329,10 +342,7 @@ def launch_band(
             W=cfg.lanes,
             **consts,
             KEEP=cfg.keep,
-            REREAD=int(cfg.reread > 0),
-            REREAD_BELOW=cfg.reread or REREAD_BELOW,
-            REREAD_LANES=min(REREAD_LANES, next_pow2(cfg.kc * 2 // 3 + 1) // 2),
-            REREAD_TILES=next_pow2(cdiv(cfg.chunk, cfg.lanes)),
+            **reread_constants(cfg),
             mask_sizes_ptr=mask_sizes,
             CLEAR=mask_sizes is not None,
             PDL=pdl,

@@ -3,6 +3,8 @@ sampler meets, and few enough per vocabulary that a worker can compile them all 
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 pytest.importorskip("triton")  # the worker extra installs it; a gateway-only checkout has none
@@ -13,12 +15,14 @@ from kernels.triton_path import (
     MID_PROGRAMS,
     REREAD_BATCH,
     REREAD_BELOW,
+    REREAD_LANES,
     ROW_LANES_MIN,
     band_config,
     cdiv,
     default_config,
     max_chunks,
     next_pow2,
+    reread_constants,
 )
 
 VOCABS = [111, 1000, 32000, 128256, 151936, 262144]
@@ -115,11 +119,24 @@ def test_collided_lanes_read_again_from_256_rows() -> None:
     assert band_config(151936, batch=512, keep=3).reread == 0
     assert band_config(151936, batch=512, lanes=0).reread == 0
     assert band_config(151936, batch=1, reread=True).reread == REREAD_BELOW
-    assert band_config(151936, batch=512, reread=16).reread == 16
+    assert band_config(151936, batch=512, reread=32).reread == 32
     assert band_config(151936, batch=512, reread=False).reread == 0
     for bad in ({"keep": 3}, {"lanes": 0}, {"fused": True}):
         with pytest.raises(ValueError, match="reread"):
             band_config(151936, batch=1, reread=True, **bad)
+
+
+def test_reread_block_fits_the_candidate_slots() -> None:
+    """The reread's lane block: its words (three int32 a lane) fit the segment's KC int64
+    candidate slots, and its tiles (a power of two) cover the segment."""
+    for vocab, batch in itertools.product((1000, 32000, 151936, 262144), (1, 128, 256, 4096)):
+        cfg = band_config(vocab, batch=batch, reread=True)
+        c = reread_constants(cfg)
+        assert c["REREAD"] == 1 and c["REREAD_BELOW"] == REREAD_BELOW
+        assert 1 <= c["REREAD_LANES"] <= REREAD_LANES and 3 * c["REREAD_LANES"] <= 2 * cfg.kc
+        tiles = c["REREAD_TILES"]
+        assert is_pow2(tiles) and tiles * cfg.lanes >= cfg.chunk
+    assert reread_constants(band_config(151936, batch=1))["REREAD"] == 0
 
 
 def test_host_helpers_match_triton() -> None:

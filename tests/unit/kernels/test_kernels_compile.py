@@ -27,6 +27,7 @@ from kernels.triton_path import (  # noqa: E402
     TIERS,
     band_config,
     max_chunks,
+    reread_constants,
 )
 from kernels.triton_resolve import PHASES  # noqa: E402
 
@@ -97,7 +98,7 @@ def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> 
 
 
 @pytest.mark.parametrize(
-    ("keep", "race", "reread"), [(2, False, 0), (3, False, 0), (2, True, 0), (2, False, 32)]
+    ("keep", "race", "reread"), [(2, False, 0), (3, False, 0), (2, True, 0), (2, False, 16)]
 )
 def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
     keep: int, race: bool, reread: int, sm90_compile: Any
@@ -124,10 +125,7 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
         "PDL": True,
         "RACE": race,
         "HAS_STEP": True,
-        "REREAD": int(reread > 0),
-        "REREAD_BELOW": reread or 32,
-        "REREAD_LANES": 8 if reread else 1,
-        "REREAD_TILES": cfg.chunk // cfg.lanes,
+        **reread_constants(cfg),
     }
     if not race:
         const.update(dict.fromkeys(RACE_POINTERS))
