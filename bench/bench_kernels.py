@@ -123,6 +123,9 @@ VARIANTS = {
     "rr48": {"reread": True, "regs": 48},
     "rrs25k": {"reread": True, "chunk": 25600},
     "rrs32k": {"reread": True, "chunk": 32768},
+    "rrs32k16": {"reread": 16, "chunk": 32768},
+    "rrs32k32": {"reread": 32, "chunk": 32768},
+    "rrs32k32np": {"reread": 32, "chunk": 32768, "pdl": False},
     "rrs32kn48": {"reread": True, "chunk": 32768, "regs": 48},
 }
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, smid
 
 from kernels.triton_band import store_stats
 from kernels.triton_common import (
@@ -53,7 +53,9 @@ from kernels.triton_common import (
     add3,
     add5,
     add6,
+    cycles,
     exact_z,
+    global_ns,
     gumbel,
     keep_quarter,
     pack_key,
@@ -144,7 +146,8 @@ def lanes_pass(
     RACE: tl.constexpr,
     HAS_STEP: tl.constexpr,
 ):
-    """One segment of a row: pass 1's whole work for program (row, seg)."""
+    """One segment of a row: pass 1's whole work for program (row, seg). Returns 1 where the
+    segment read collided lanes again (REREAD), else 0."""
     start = seg * SEG
     temp = tl.load(temp_ptr + row)
     t = tl.where(temp.to(tl.float64) < GREEDY_T, 1.0, temp)  # greedy rows: z = x
@@ -205,6 +208,7 @@ def lanes_pass(
     counts = (lo, hi, q1, q2, q3, n_lo, c1, c2, c3, n_hi)
     seg_stats = (m, s_sum, d_lanes, t, start, stat)
     outs = (cand_key_ptr, m_ptr, s_ptr, d_ptr)
+    read_again = tl.full([], 0, tl.int32)  # returned: 1 where the segment read lanes again
     if REREAD:
         # A lane that let go a token within DELTA of the segment max held three or more of
         # the band, and that token is the floor d_lanes. When fewer than REREAD_BELOW tops
@@ -255,6 +259,7 @@ def lanes_pass(
             counts = (lo, hi, q1, q2, q3, n_lo, c1, c2, c3, n_hi)
             seg_stats = (m, s_sum, d_lanes, t, start, stat)
             _cut_and_write((t1, i1, t2, i2, t3, i3), counts, seg_stats, outs, KC, NBISECT, 3, W)
+            read_again = tl.full([], 1, tl.int32)
         else:
             _cut_and_write(tops, counts, seg_stats, outs, KC, NBISECT, KEEP, W)
     else:
@@ -281,6 +286,7 @@ def lanes_pass(
             tl.store(g_ptr + stat, _race_score(key, k0, k1))
             tl.store(w_ptr + stat, key)
             tl.store(w_ptr + n_chunks * tl.num_programs(0) + stat, n)
+    return read_again
 
 
 @triton.jit
@@ -404,13 +410,16 @@ def _reread(
     token (d itself: the first tile past its two tops that holds d) and the largest token
     after it. Returns, per lane, (i3, d4); (-1, d) for the lanes not read. scratch: the
     program's candidate slots (int64, at least NC // 2 * 3 of them), free until it writes
-    its candidates; used as int32 words, so no 64-bit value changes layout."""
+    its candidates; used as int32 words, so no 64-bit value changes layout (exchanging them
+    through [NC, W] block reductions instead made a segment that reads again 13-15 us
+    slower on the H200: branch reread-exchange)."""
     i1, i2, d, col = lanes_state
     words = scratch.to(tl.pointer_type(tl.int32))
     lanes = tl.arange(0, W)
     rank = tl.cumsum(col.to(tl.int32), axis=0) - 1
     n_col = tl.max(rank, axis=0) + 1
-    tl.store(words + rank, lanes | (i1 << 12) | (i2 << 22), mask=col & (rank < NC))
+    got = col & (rank < NC)
+    tl.store(words + rank, lanes | (i1 << 12) | (i2 << 22), mask=got)
     tl.debug_barrier()  # the lanes' stores before the block's load
     j = tl.arange(0, NC)
     info = tl.load(words + j, mask=j < n_col, other=0)
@@ -427,7 +436,6 @@ def _reread(
     tl.store(words + NC + j, d4_j.to(tl.int32, bitcast=True), mask=j < n_col)
     tl.store(words + 2 * NC + j, i3_j, mask=j < n_col)
     tl.debug_barrier()  # the block's stores before the lanes' loads
-    got = col & (rank < NC)
     d4 = tl.load(words + NC + rank, mask=got, other=0).to(tl.float32, bitcast=True)
     i3 = tl.load(words + 2 * NC + rank, mask=got, other=-1)
     return i3, tl.where(got, d4, d)
@@ -534,6 +542,8 @@ def band_lanes_kernel(
     REREAD_BELOW: tl.constexpr = 16,
     REREAD_LANES: tl.constexpr = 8,
     REREAD_TILES: tl.constexpr = 32,
+    times_ptr=None,  # TIMES: [B * n_chunks, 6] int64 per program (row-major), see below
+    TIMES: tl.constexpr = False,
 ):
     if PDL:
         # Launched as a dependent of the kernel before (launch_pdl): wait for it to finish and
@@ -543,7 +553,10 @@ def band_lanes_kernel(
         gdc_launch_dependents()
     if CLEAR:  # the row's first segment
         tl.store(mask_sizes_ptr + tl.program_id(0), -1, mask=tl.program_id(1) == 0)
-    lanes_pass(
+    if TIMES:
+        ns0 = global_ns(n_chunks.to(tl.int64))
+        clk0 = cycles(ns0)
+    again = lanes_pass(
         tl.program_id(0).to(tl.int64),
         tl.program_id(1),
         x_ptr,
@@ -569,3 +582,17 @@ def band_lanes_kernel(
         RACE,
         HAS_STEP,
     )
+    if TIMES:
+        # The program's timeline (bench/pass1_timeline.py): the global timer (ns) and the
+        # SM's cycle counter at its start (after the PDL wait) and once every warp is done,
+        # its SM, and whether it read lanes again.
+        tl.debug_barrier()
+        clk1 = cycles(again.to(tl.int64))
+        ns1 = global_ns(clk1)
+        out = times_ptr + (tl.program_id(0).to(tl.int64) * n_chunks + tl.program_id(1)) * 6
+        tl.store(out, ns0)
+        tl.store(out + 1, ns1)
+        tl.store(out + 2, clk0)
+        tl.store(out + 3, clk1)
+        tl.store(out + 4, smid().to(tl.int64))
+        tl.store(out + 5, again.to(tl.int64))

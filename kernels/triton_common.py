@@ -33,6 +33,15 @@ def cycles(after):
 
 
 @triton.jit
+def global_ns(after):
+    """The GPU's global timer (%globaltimer, ns, one clock for every SM), read once `after`
+    exists (as cycles): program timelines for the benchmark, CUDA only."""
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l,l", [after], dtype=tl.int64, is_pure=False, pack=1
+    )
+
+
+@triton.jit
 def mix32(x):
     """Bijective 32-bit finaliser on int64 values in [0, 2**32)."""
     x = x ^ (x >> 16)

@@ -326,12 +326,16 @@ def launch_band(
     pdl: bool = False,
     mask_sizes: torch.Tensor | None = None,
     race: dict | None = None,
+    times: torch.Tensor | None = None,
 ) -> None:
     """Pass 1: one program per segment (band_lanes_kernel) or per chunk (band_kernel). pdl
     (band_lanes_kernel only): a programmatic dependent launch of the kernel before, and the
     primary of the next (resolve_kernel). mask_sizes (band_lanes_kernel only): [B] int64,
     set to -1 for resolve_kernel's packing. race (band_lanes_kernel only): the keyword
-    arguments of its Gumbel race over the rows nothing truncates (see sample_triton)."""
+    arguments of its Gumbel race over the rows nothing truncates (see sample_triton).
+    times (band_lanes_kernel only, CUDA): [B * n_chunks, 6] int64, each program's start and
+    end on the global timer (ns) and its SM's cycle counter, its SM and whether it read
+    lanes again (bench/pass1_timeline.py)."""
     batch, vocab = x.shape
     common = (x, temperature, cand_key, m_c, s_c, d_c, x.stride(0), vocab, cfg.n_chunks)
     consts = {"KC": cfg.kc, "DELTA": DELTA, "NBISECT": nbisect}
@@ -347,6 +351,7 @@ def launch_band(
             CLEAR=mask_sizes is not None,
             PDL=pdl,
             **(race or {}),
+            **({"times_ptr": times, "TIMES": True} if times is not None else {}),
             num_warps=cfg.warps,
             **({"maxnreg": cfg.regs} if cfg.regs else {}),
             **({"launch_pdl": True} if pdl else {}),
