@@ -126,6 +126,10 @@ VARIANTS = {
     "rrs32k16": {"reread": 16, "chunk": 32768},
     "rrs32k32": {"reread": 32, "chunk": 32768},
     "rrs32k32np": {"reread": 32, "chunk": 32768, "pdl": False},
+    # pass 1 starts once the kernel before it ends (resolve still launches early behind it)
+    "nowait": {"band_wait": False},
+    "rrs32k32nw": {"reread": 32, "chunk": 32768, "band_wait": False},
+    "rrs32k16nw": {"reread": 16, "chunk": 32768, "band_wait": False},
     "rrs32kn48": {"reread": True, "chunk": 32768, "regs": 48},
 }
 

@@ -5,13 +5,19 @@
 
 band_lanes_kernel stamps each program's start (after any PDL wait) and end (after a barrier,
 once every warp is done) on the GPU's global timer and its SM's cycle counter, with its SM
-and whether it read collided lanes again (REREAD). This launches pass 1 alone (no PDL) over
-four buffers of Zipf rows (top-p 0.95, the benchmark's), `--launches` times per variant
-(alternating), and prints per variant the medians over launches of:
+and whether it read collided lanes again (REREAD), and the cycle counter where lane 0's
+warp leaves the streaming loop and where it starts and ends the read again. This launches
+pass 1 alone (no PDL) over four buffers of Zipf rows (top-p 0.95, the benchmark's),
+`--launches` times per variant (alternating), and prints per variant the medians over
+launches of:
 
   span_us     first start to last end (the launch's time on the GPU, without its gaps)
   prog_us     a program's duration (cycle counter, at the clock the timer shows)
-  again       programs that read again, and their median duration
+  loop_us     the streaming loop (start to lane 0's warp leaving it), programs that do
+              not read again
+  end_us      the end of segment after it (statistics, cut, writes), same programs
+  again       programs that read again, and their median duration (again_us), end of
+              segment (a_end) and read again (a_read: lanes picked to block read back)
   waves       programs that started after the first program ended (the second wave)
   tail_us     the last program's end minus the 95th percentile of ends (how much a few
               slow programs hold the launch)
@@ -37,7 +43,9 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
 from bench.bench_kernels import N_BUFFERS, VARIANTS, make_inputs
 from kernels.triton_path import NBISECT, band_config, launch_band
 
-FIELDS = 6  # ns start, ns end, cycles start, cycles end, SM, read again
+# ns start, ns end, cycles start, cycles end, SM, read again, cycles at the loop's end, at
+# the start and the end of the read again (0 where none)
+FIELDS = 9
 
 
 def one_launch(b: dict, cfg, times: torch.Tensor) -> dict:
@@ -56,6 +64,9 @@ def one_launch(b: dict, cfg, times: torch.Tensor) -> dict:
         "clk": (t[:, 3] - t[:, 2]).double(),
         "sm": t[:, 4],
         "again": t[:, 5].bool(),
+        "loop_clk": (t[:, 6] - t[:, 2]).double(),
+        "end_clk": (t[:, 3] - t[:, 6]).double(),
+        "read_clk": (t[:, 8] - t[:, 7]).double(),
     }
 
 
@@ -66,12 +77,16 @@ def summarise(p: dict) -> dict:
     starts = (p["ns0"] - t0).double() / 1e3
     span = float(ends.max())
     dur_ns = (p["ns1"] - p["ns0"]).double()
-    long = dur_ns > dur_ns.median()  # the timer's ticks are coarse: rate from long programs
+    long = dur_ns >= dur_ns.median()  # the timer's ticks are coarse: rate from long programs
     ghz = float(p["clk"][long].sum() / dur_ns[long].sum())
     prog_us = p["clk"] / ghz / 1e3
     first_end = float(ends.min())
     last = int(ends.argmax())
     again = p["again"]
+
+    def med(clk: torch.Tensor, rows: torch.Tensor) -> float | None:
+        return float(clk[rows].median()) / ghz / 1e3 if rows.any() else None
+
     return {
         "programs": int(ends.numel()),
         "span_us": span,
@@ -80,6 +95,10 @@ def summarise(p: dict) -> dict:
         "prog_us_max": float(prog_us.max()),
         "again": int(again.sum()),
         "again_prog_us_median": float(prog_us[again].median()) if again.any() else None,
+        "loop_us_median": med(p["loop_clk"], ~again),
+        "end_us_median": med(p["end_clk"], ~again),
+        "again_end_us_median": med(p["end_clk"], again),
+        "again_read_us_median": med(p["read_clk"], again),
         "second_wave": int((starts > first_end).sum()),
         "tail_us": span - float(ends.quantile(0.95)),
         "last_again": bool(again[last]),
@@ -145,7 +164,10 @@ def main() -> None:
     rows = []
     print(f"B={args.batch} V={args.vocab} {args.dtype}, medians over {args.launches} launches")
     head = f"{'variant':<12}{'programs':>9}{'span_us':>9}{'prog_us':>9}{'max_us':>8}"
-    print(head + f"{'again':>7}{'again_us':>9}{'wave2':>7}{'tail_us':>9}{'last_again':>11}")
+    print(
+        head + f"{'loop_us':>8}{'end_us':>7}{'again':>7}{'again_us':>9}{'a_end':>7}{'a_read':>7}"
+        f"{'wave2':>7}{'tail_us':>9}{'last_again':>11}"
+    )
     for v in variants:
         runs = per[v]
 
@@ -169,6 +191,10 @@ def main() -> None:
                     "prog_us_max",
                     "again",
                     "again_prog_us_median",
+                    "loop_us_median",
+                    "end_us_median",
+                    "again_end_us_median",
+                    "again_read_us_median",
                     "second_wave",
                     "tail_us",
                     "last_start_us",
@@ -180,7 +206,9 @@ def main() -> None:
         rows.append(row)
         print(
             f"{v:<12}{row['programs']:>9.0f}{row['span_us']:>9.2f}{row['prog_us_median']:>9.2f}"
-            f"{row['prog_us_max']:>8.2f}{row['again']:>7.0f}{row['again_prog_us_median']:>9.2f}"
+            f"{row['prog_us_max']:>8.2f}{row['loop_us_median']:>8.2f}{row['end_us_median']:>7.2f}"
+            f"{row['again']:>7.0f}{row['again_prog_us_median']:>9.2f}"
+            f"{row['again_end_us_median']:>7.2f}{row['again_read_us_median']:>7.2f}"
             f"{row['second_wave']:>7.0f}{row['tail_us']:>9.2f}{row['last_again']:>11}"
         )
     (out / "pass1_timeline.json").write_text(json.dumps(rows, indent=1))

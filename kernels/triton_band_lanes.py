@@ -145,9 +145,13 @@ def lanes_pass(
     race,  # (topk, topp, minp, seed, step, g, w) pointers when RACE (see band_lanes_kernel)
     RACE: tl.constexpr,
     HAS_STEP: tl.constexpr,
+    stamps,  # TIMES: this program's row of band_lanes_kernel's times
+    TIMES: tl.constexpr,
 ):
     """One segment of a row: pass 1's whole work for program (row, seg). Returns 1 where the
-    segment read collided lanes again (REREAD), else 0."""
+    segment read collided lanes again (REREAD), else 0. With TIMES, lane 0's warp stamps
+    the cycle counter at the loop's end, and a segment that reads again at the start and
+    the end of its read."""
     start = seg * SEG
     temp = tl.load(temp_ptr + row)
     t = tl.where(temp.to(tl.float64) < GREEDY_T, 1.0, temp)  # greedy rows: z = x
@@ -187,6 +191,8 @@ def lanes_pass(
             t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
             x = x_next
 
+    if TIMES:
+        _stamp(stamps + 6, s.to(tl.int32, bitcast=True), lanes)
     # The segment's statistics, cut and slots. Every block-wide step (a reduction or a scan)
     # pays barriers and shared-memory round trips, and every warp runs all of this once per
     # segment, so the steps are few and narrow: the max and d; the sum with the counts at lo,
@@ -228,6 +234,8 @@ def lanes_pass(
             # keeps at most REREAD_LANES of them (a CPU count: the same rows leave the rescue
             # as when every collided lane reads again, at 4 lanes as at 16).
             col = d >= lo0
+            if TIMES:
+                _stamp(stamps + 7, col.to(tl.int32), lanes)
             if tl.sum(col.to(tl.int32), axis=0) > REREAD_LANES:
                 d_lo = lo0
                 d_hi = d_lanes
@@ -249,6 +257,8 @@ def lanes_pass(
                 W,
                 REREAD_LANES,
             )
+            if TIMES:
+                _stamp(stamps + 8, i3, lanes)
             again = i3 >= 0
             t3 = tl.where(again, d, float("-inf"))  # the third token is what the lane let go
             d = tl.where(again, d4, d)
@@ -287,6 +297,13 @@ def lanes_pass(
             tl.store(w_ptr + stat, key)
             tl.store(w_ptr + n_chunks * tl.num_programs(0) + stat, n)
     return read_again
+
+
+@triton.jit
+def _stamp(out, after, lanes):
+    """Lane 0's cycle counter into *out, read once `after` (an int32 block) exists."""
+    clk = cycles(after.to(tl.int64))
+    tl.store(out + lanes, clk, mask=lanes == 0)
 
 
 @triton.jit
@@ -542,20 +559,24 @@ def band_lanes_kernel(
     REREAD_BELOW: tl.constexpr = 16,
     REREAD_LANES: tl.constexpr = 8,
     REREAD_TILES: tl.constexpr = 32,
-    times_ptr=None,  # TIMES: [B * n_chunks, 6] int64 per program (row-major), see below
+    times_ptr=None,  # TIMES: [B * n_chunks, 9] int64 per program (row-major), see below
     TIMES: tl.constexpr = False,
+    PDL_WAIT: tl.constexpr = True,  # PDL: launched early itself (launch_pdl), so it waits
 ):
     if PDL:
-        # Launched as a dependent of the kernel before (launch_pdl): wait for it to finish and
-        # its writes to be visible before any read or write. Then resolve_kernel may start
-        # launching; it waits for this grid in turn.
-        gdc_wait()
+        # Launched as a dependent of the kernel before (launch_pdl, PDL_WAIT): wait for it to
+        # finish and its writes to be visible before any read or write. Then resolve_kernel
+        # may start launching; it waits for this grid in turn.
+        if PDL_WAIT:
+            gdc_wait()
         gdc_launch_dependents()
     if CLEAR:  # the row's first segment
         tl.store(mask_sizes_ptr + tl.program_id(0), -1, mask=tl.program_id(1) == 0)
+    stamps = times_ptr
     if TIMES:
         ns0 = global_ns(n_chunks.to(tl.int64))
         clk0 = cycles(ns0)
+        stamps = times_ptr + (tl.program_id(0).to(tl.int64) * n_chunks + tl.program_id(1)) * 9
     again = lanes_pass(
         tl.program_id(0).to(tl.int64),
         tl.program_id(1),
@@ -581,18 +602,19 @@ def band_lanes_kernel(
         (topk_ptr, topp_ptr, minp_ptr, seed_ptr, step_ptr, g_ptr, w_ptr),
         RACE,
         HAS_STEP,
+        stamps,
+        TIMES,
     )
     if TIMES:
         # The program's timeline (bench/pass1_timeline.py): the global timer (ns) and the
         # SM's cycle counter at its start (after the PDL wait) and once every warp is done,
-        # its SM, and whether it read lanes again.
+        # its SM, and whether it read lanes again; lanes_pass wrote fields 6-8.
         tl.debug_barrier()
         clk1 = cycles(again.to(tl.int64))
         ns1 = global_ns(clk1)
-        out = times_ptr + (tl.program_id(0).to(tl.int64) * n_chunks + tl.program_id(1)) * 6
-        tl.store(out, ns0)
-        tl.store(out + 1, ns1)
-        tl.store(out + 2, clk0)
-        tl.store(out + 3, clk1)
-        tl.store(out + 4, smid().to(tl.int64))
-        tl.store(out + 5, again.to(tl.int64))
+        tl.store(stamps, ns0)
+        tl.store(stamps + 1, ns1)
+        tl.store(stamps + 2, clk0)
+        tl.store(stamps + 3, clk1)
+        tl.store(stamps + 4, smid().to(tl.int64))
+        tl.store(stamps + 5, again.to(tl.int64))

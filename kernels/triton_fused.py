@@ -104,6 +104,8 @@ def band_resolve_kernel(
         None,
         False,
         False,
+        None,
+        False,
     )
     tl.debug_barrier()  # every thread's stores of this segment before the release
     arrived = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu")

@@ -143,6 +143,9 @@ class BandConfig:
     reread: int = 0
     regs: int = 0  # pass 1's registers per thread (lanes only, not fused); 0: the compiler's
     pdl: bool = True  # programmatic dependent launches between the split path's kernels (sm_90+)
+    # pdl: pass 1 too launches early behind the kernel before it and waits for it on the
+    # device; off, it starts once that kernel ends (and still lets resolve launch early)
+    band_wait: bool = True
     pack: bool = True  # split path, up to one row an SM: resolve packs the CSR (no emit launch)
     resolve_regs: int = 0  # resolve_kernel's registers per thread; 0: the compiler's
     early: bool = True  # the first tier's pick stops once it holds the support (best_sorted)
@@ -178,6 +181,7 @@ def band_config(
     reread: int | bool | None = None,
     regs: int | None = None,
     pdl: bool = True,
+    band_wait: bool = True,
     resolve_regs: int = 0,
     pack: bool = True,
     programs: int = LANE_PROGRAMS,
@@ -231,6 +235,7 @@ def band_config(
         reread=int(reread),
         regs=regs,
         pdl=pdl,
+        band_wait=band_wait,
         resolve_regs=resolve_regs,
         pack=pack,
         early=early,
@@ -333,9 +338,10 @@ def launch_band(
     primary of the next (resolve_kernel). mask_sizes (band_lanes_kernel only): [B] int64,
     set to -1 for resolve_kernel's packing. race (band_lanes_kernel only): the keyword
     arguments of its Gumbel race over the rows nothing truncates (see sample_triton).
-    times (band_lanes_kernel only, CUDA): [B * n_chunks, 6] int64, each program's start and
-    end on the global timer (ns) and its SM's cycle counter, its SM and whether it read
-    lanes again (bench/pass1_timeline.py)."""
+    times (band_lanes_kernel only, CUDA): [B * n_chunks, 9] int64, each program's start and
+    end on the global timer (ns) and its SM's cycle counter, its SM, whether it read lanes
+    again, and the cycle counter at its loop's end and at the start and end of its read
+    again (0 where it read nothing; bench/pass1_timeline.py)."""
     batch, vocab = x.shape
     common = (x, temperature, cand_key, m_c, s_c, d_c, x.stride(0), vocab, cfg.n_chunks)
     consts = {"KC": cfg.kc, "DELTA": DELTA, "NBISECT": nbisect}
@@ -350,11 +356,12 @@ def launch_band(
             mask_sizes_ptr=mask_sizes,
             CLEAR=mask_sizes is not None,
             PDL=pdl,
+            PDL_WAIT=cfg.band_wait,
             **(race or {}),
             **({"times_ptr": times, "TIMES": True} if times is not None else {}),
             num_warps=cfg.warps,
             **({"maxnreg": cfg.regs} if cfg.regs else {}),
-            **({"launch_pdl": True} if pdl else {}),
+            **({"launch_pdl": True} if pdl and cfg.band_wait else {}),
         )
     else:
         band_kernel[(batch, cfg.n_chunks)](*common, CHUNK=cfg.chunk, **consts, num_warps=BAND_WARPS)

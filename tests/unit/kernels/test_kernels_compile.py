@@ -98,17 +98,17 @@ def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> 
 
 
 @pytest.mark.parametrize(
-    ("keep", "race", "reread", "times"),
+    ("keep", "race", "reread", "times", "wait"),
     [
-        (2, False, 0, False),
-        (3, False, 0, False),
-        (2, True, 0, False),
-        (2, False, 16, False),
-        (2, False, 16, True),
+        (2, False, 0, False, True),
+        (3, False, 0, False, True),
+        (2, True, 0, False, True),
+        (2, False, 16, False, True),
+        (2, False, 16, True, False),
     ],
 )
 def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
-    keep: int, race: bool, reread: int, times: bool, sm90_compile: Any
+    keep: int, race: bool, reread: int, times: bool, wait: bool, sm90_compile: Any
 ) -> None:
     """band_lanes_kernel at B = 128's shape for V = 151936, with the register limit it
     launches with (three-token lanes too, and two-token lanes that read collided columns
@@ -117,7 +117,8 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
     the layout conversions of the earlier code sent the keys, slots and masks. With the race
     of rows nothing truncates (as sample_triton launches it when a row asks for no mask),
     that race's winner is the one 64-bit value reduced through shared memory, once a segment
-    and only on those rows. With times, the program stamps of bench/pass1_timeline.py."""
+    and only on those rows. With times, the program stamps of bench/pass1_timeline.py;
+    without wait, a pass 1 that starts in stream order and still lets resolve launch early."""
     from kernels.triton_band_lanes import band_lanes_kernel
 
     cfg = band_config(151936, batch=128, keep=keep, reread=reread)
@@ -137,6 +138,7 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
     if not race:
         const.update(dict.fromkeys(RACE_POINTERS))
     const["TIMES"] = times
+    const["PDL_WAIT"] = wait
     if not times:
         const["times_ptr"] = None
     types = {p: POINTERS.get(p, "i32") for p in band_lanes_kernel.arg_names}
@@ -145,7 +147,8 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
     assert "ex2.approx" in ptx  # the lanes' one exp2 a token
     assert ".maxnreg 40" in ptx
     assert "griddepcontrol.launch_dependents" in ptx  # resolve_kernel may launch early
-    assert "griddepcontrol.wait" in ptx  # launched early itself, after the kernel before
+    # launched early itself, after the kernel before (band_config(band_wait=True))
+    assert ("griddepcontrol.wait" in ptx) == wait
     assert (str(MUL_A.value) in ptx) == race  # the race's keyed noise (a hash multiplier)
     # bench/pass1_timeline.py's stamps, only when asked for
     assert ("%globaltimer" in ptx) == times and ("%smid" in ptx) == times

@@ -12,15 +12,21 @@ from bench.pass1_timeline import summarise  # noqa: E402
 
 
 def launch(programs: list[tuple[int, int, bool]], ghz: float = 2.0) -> dict:
-    """Stamps of programs given as (start ns, end ns, read again), at a steady clock."""
+    """Stamps of programs given as (start ns, end ns, read again), at a steady clock: each
+    program's loop ends 2 us before its end; one that reads again reads for 1 us of those."""
     ns0 = torch.tensor([p[0] for p in programs], dtype=torch.int64) + 10**9
     ns1 = torch.tensor([p[1] for p in programs], dtype=torch.int64) + 10**9
+    again = torch.tensor([p[2] for p in programs])
+    clk = (ns1 - ns0).double() * ghz
     return {
         "ns0": ns0,
         "ns1": ns1,
-        "clk": ((ns1 - ns0).double() * ghz),
+        "clk": clk,
         "sm": torch.zeros(len(programs), dtype=torch.int64),
-        "again": torch.tensor([p[2] for p in programs]),
+        "again": again,
+        "loop_clk": clk - 2000 * ghz,
+        "end_clk": torch.full_like(clk, 2000 * ghz),
+        "read_clk": torch.where(again, 1000 * ghz, 0.0).double(),
     }
 
 
@@ -37,6 +43,9 @@ def test_two_waves_and_a_slow_program_that_read_again() -> None:
     assert s["prog_us_median"] == pytest.approx(10.0)
     assert s["prog_us_max"] == pytest.approx(16.0)
     assert s["again"] == 1 and s["again_prog_us_median"] == pytest.approx(16.0)
+    assert s["loop_us_median"] == pytest.approx(8.0) and s["end_us_median"] == pytest.approx(2.0)
+    assert s["again_end_us_median"] == pytest.approx(2.0)
+    assert s["again_read_us_median"] == pytest.approx(1.0)
     assert s["second_wave"] == 20  # started after the first program ended (at 10 us)
     assert s["last_again"] and s["last_start_us"] == pytest.approx(10.5)
     # the 95th percentile of the 40 ends lies between the second wave's last two (21.8 and
@@ -47,5 +56,6 @@ def test_two_waves_and_a_slow_program_that_read_again() -> None:
 def test_one_wave_without_rereads() -> None:
     s = summarise(launch([(i * 10, 20_000 + i * 10, False) for i in range(8)]))
     assert s["second_wave"] == 0 and s["again"] == 0 and s["again_prog_us_median"] is None
+    assert s["again_read_us_median"] is None and s["loop_us_median"] == pytest.approx(18.0)
     assert not s["last_again"]
     assert s["span_us"] == pytest.approx(20.07)
