@@ -41,11 +41,12 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench.bench_kernels import N_BUFFERS, VARIANTS, make_inputs
+from kernels.triton_band_lanes import TIME_FIELDS
 from kernels.triton_path import NBISECT, band_config, launch_band
 
-# ns start, ns end, cycles start, cycles end, SM, read again, cycles at the loop's end, at
-# the start and the end of the read again (0 where none)
-FIELDS = 9
+# Per program: ns start, ns end, cycles start, cycles end, SM, read again, cycles at the
+# loop's end, at the start and the end of the read again (0 where none)
+FIELDS = TIME_FIELDS.value
 
 
 def one_launch(b: dict, cfg, times: torch.Tensor) -> dict:

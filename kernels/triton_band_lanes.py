@@ -70,6 +70,8 @@ from kernels.triton_common import (
 
 LOG2E = tl.constexpr(1.4426950408889634)
 SHORT_TILES = tl.constexpr(8)  # segments of at most this many tiles are read unrolled
+# TIMES: int64 stamps a program writes (band_lanes_kernel, bench/pass1_timeline.py)
+TIME_FIELDS = tl.constexpr(9)
 
 
 @triton.jit
@@ -559,7 +561,7 @@ def band_lanes_kernel(
     REREAD_BELOW: tl.constexpr = 16,
     REREAD_LANES: tl.constexpr = 8,
     REREAD_TILES: tl.constexpr = 32,
-    times_ptr=None,  # TIMES: [B * n_chunks, 9] int64 per program (row-major), see below
+    times_ptr=None,  # TIMES: [B * n_chunks, TIME_FIELDS] int64 per program, see below
     TIMES: tl.constexpr = False,
     PDL_WAIT: tl.constexpr = True,  # PDL: launched early itself (launch_pdl), so it waits
 ):
@@ -576,7 +578,8 @@ def band_lanes_kernel(
     if TIMES:
         ns0 = global_ns(n_chunks.to(tl.int64))
         clk0 = cycles(ns0)
-        stamps = times_ptr + (tl.program_id(0).to(tl.int64) * n_chunks + tl.program_id(1)) * 9
+        program = tl.program_id(0).to(tl.int64) * n_chunks + tl.program_id(1)
+        stamps = times_ptr + program * TIME_FIELDS
     again = lanes_pass(
         tl.program_id(0).to(tl.int64),
         tl.program_id(1),

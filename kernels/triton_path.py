@@ -23,7 +23,7 @@ import torch
 from kernels.inputs import SampleInputs
 from kernels.result import SampleResult
 from kernels.triton_band import band_kernel
-from kernels.triton_band_lanes import band_lanes_kernel
+from kernels.triton_band_lanes import TIME_FIELDS, band_lanes_kernel
 from kernels.triton_emit import emit_kernel
 from kernels.triton_fused import band_resolve_kernel
 from kernels.triton_resolve import resolve_kernel
@@ -338,11 +338,18 @@ def launch_band(
     primary of the next (resolve_kernel). mask_sizes (band_lanes_kernel only): [B] int64,
     set to -1 for resolve_kernel's packing. race (band_lanes_kernel only): the keyword
     arguments of its Gumbel race over the rows nothing truncates (see sample_triton).
-    times (band_lanes_kernel only, CUDA): [B * n_chunks, 9] int64, each program's start and
-    end on the global timer (ns) and its SM's cycle counter, its SM, whether it read lanes
-    again, and the cycle counter at its loop's end and at the start and end of its read
-    again (0 where it read nothing; bench/pass1_timeline.py)."""
+    times (band_lanes_kernel only, CUDA): [B * n_chunks, TIME_FIELDS] int64, each program's
+    start and end on the global timer (ns) and its SM's cycle counter, its SM, whether it
+    read lanes again, and the cycle counter at its loop's end and at the start and end of
+    its read again (0 where it read nothing; bench/pass1_timeline.py)."""
     batch, vocab = x.shape
+    if times is not None and (
+        not cfg.lanes or times.shape != (batch * cfg.n_chunks, TIME_FIELDS.value)
+    ):
+        raise ValueError(
+            f"times must be [{batch * cfg.n_chunks}, {TIME_FIELDS.value}] int64 for the lanes "
+            f"pass 1, got {tuple(times.shape)} (lanes={cfg.lanes})"
+        )
     common = (x, temperature, cand_key, m_c, s_c, d_c, x.stride(0), vocab, cfg.n_chunks)
     consts = {"KC": cfg.kc, "DELTA": DELTA, "NBISECT": nbisect}
     if cfg.lanes > 0:

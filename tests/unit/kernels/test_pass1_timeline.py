@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from bench.pass1_timeline import summarise  # noqa: E402
+from kernels.triton_path import band_config, launch_band  # noqa: E402
 
 
 def launch(programs: list[tuple[int, int, bool]], ghz: float = 2.0) -> dict:
@@ -59,3 +60,14 @@ def test_one_wave_without_rereads() -> None:
     assert s["again_read_us_median"] is None and s["loop_us_median"] == pytest.approx(18.0)
     assert not s["last_again"]
     assert s["span_us"] == pytest.approx(20.07)
+
+
+def test_stamps_of_the_wrong_shape_are_refused_before_any_launch() -> None:
+    """A times tensor that does not hold every program's row would be written past its end."""
+    cfg = band_config(1000, batch=2)
+    x = torch.zeros(2, 1000)
+    stats = [torch.empty(2, cfg.n_chunks) for _ in range(3)]
+    keys = torch.empty(2, cfg.ncand, dtype=torch.int64)
+    short = torch.zeros(2 * cfg.n_chunks - 1, 9, dtype=torch.int64)
+    with pytest.raises(ValueError, match="times must be"):
+        launch_band(x, torch.ones(2), keys, *stats, cfg, times=short)
