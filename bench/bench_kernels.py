@@ -82,6 +82,7 @@ VARIANTS = {
     "r2": {"resolve_warps": 2},
     "r4": {"resolve_warps": 4},
     "rr128": {"resolve_regs": 128},  # resolve_kernel capped at 128 registers: 2 programs an SM
+    "rrc": {"resolve_regs": 0},  # the compiler's count (255) at any batch, the cap's A/B
     "norace": {"race": False},  # rows nothing truncates read their row in resolve_kernel
     "emit": {"pack": False},  # emit_kernel packs the CSR at every batch size (a third launch)
     "p1024": {"programs": 1024},  # segments double while a launch keeps 1024 programs
@@ -306,6 +307,12 @@ def main() -> None:
         help="steady and single-replay times of these variants, alternating, at --batches",
     )
     ap.add_argument("--rounds", type=int, default=3, help="--ab: rounds of each variant")
+    ap.add_argument(
+        "--buffers",
+        type=int,
+        default=N_BUFFERS,
+        help="--ab: input buffers (more meet rescued rows at their rate, not by luck)",
+    )
     ap.add_argument("--plot-only", metavar="JSON", help="redraw the PNG from a results file")
     ap.add_argument("--cpu", action="store_true", help="time the CPU torch path instead")
     ap.add_argument(
@@ -335,7 +342,7 @@ def main() -> None:
     if args.ab:
         batches = [int(b) for b in args.batches.split(",") if b] or [128]
         vocab = int(args.vocabs.split(",")[0]) if args.vocabs else 151936
-        ab_times(args.rep_ms, out, args.ab.split(","), batches, args.rounds, vocab)
+        ab_times(args.rep_ms, out, args.ab.split(","), batches, args.rounds, vocab, args.buffers)
         return
     if args.split:
         graphs = [v for v in args.graphs.split(",") if v]
@@ -433,8 +440,10 @@ def ab_times(
     batches: list[int],
     rounds: int,
     vocab: int = 151936,
+    buffers: int = N_BUFFERS,
 ) -> None:
-    """Variants compared in one process (V = vocab, fp32, top-p 0.95, Zipf rows): each
+    """Variants compared in one process (V = vocab, fp32, top-p 0.95, Zipf rows in
+    `buffers` input buffers, each steady graph cycling through all of them): each
     round times every variant's steady sample in turn, so drift between runs and machines
     (as large as the changes at B = 1) does not enter the comparison; then a single replay
     per variant, each variant's fallback rows and band size (median candidates listed above
@@ -448,7 +457,7 @@ def ab_times(
         print(json.dumps(row), flush=True)
 
     for batch in batches:
-        bufs = [make_inputs(batch, vocab, torch.float32, "p0.95", False, i) for i in range(4)]
+        bufs = [make_inputs(batch, vocab, torch.float32, "p0.95", False, i) for i in range(buffers)]
         results = []
         for v in variants:
             inp = check_inputs(**_args(bufs[0]), max_mask_tokens=CAP)
@@ -476,7 +485,7 @@ def ab_times(
             )
         for rnd in range(rounds):
             for v in variants:
-                us = graph_time(bufs, rep_ms, v, calls=STEADY_CALLS)
+                us = graph_time(bufs, rep_ms, v, calls=max(STEADY_CALLS, len(bufs)))
                 record(B=batch, what="steady_us", variant=v, round=rnd, us=us)
         for v in variants:
             record(B=batch, what="replay_us", variant=v, us=graph_time(bufs, rep_ms, v))

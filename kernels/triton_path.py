@@ -111,16 +111,33 @@ def cdiv(a: int, b: int) -> int:
 
 # A lane keeps its two largest tokens; three of a row's support in one lane put the band floor
 # inside the support, and resolve rescues the row by reading a segment again, which holds
-# the whole launch (about 0.3% of Zipf rows at V = 151936, so most launches of 256 rows and
-# more meet one). From REREAD_BATCH rows pass 1 prevents it: a lane that let a band token go,
-# below fewer than REREAD_BELOW of the segment's tops, reads its column again at the end of
-# the segment. On the H200 (fp32, top-p 0.95, steady): B = 256 105.2 -> 80.8 us, B = 512
-# 165.5 -> 145.9, no rescued row left (32 tops instead of 16: 82.5 and 149.0, 8: rows left
-# to the rescue again, 98.9 and 157.7). B = 128, whose benchmark buffers hold no rescued
-# row, 43.9 -> 46.2 (pass 1 alone 32.6 -> 33.9), so it stays off there.
-REREAD_BATCH = 256
+# the whole launch (0.24-0.29% of Zipf rows at V = 151936 and B = 128-192). From REREAD_BATCH
+# rows pass 1 prevents it: a lane that let a band token go, below fewer than REREAD_BELOW of
+# the segment's tops, reads its column again at the end of the segment. On the H200 (fp32,
+# top-p 0.95, steady, bench_kernels.py --ab default,rr16 --buffers 16: rows at the rescue's
+# rate, not the four buffers' luck): B = 32 28.1 -> 27.1 us, 64 36.5 -> 35.7, 100 48.7 ->
+# 45.4, 128 54.9-55.1 -> 45.1-45.2 (5 rescued rows of 2048 -> 0), 192 78.8-78.9 -> 68.7-68.8
+# (9 -> 1); B = 256 105.2 -> 80.8 and 512 165.5 -> 145.9 (four buffers, none left). The
+# buffers share their first rows across batch sizes: B = 32's gain is one rescued row. Below
+# it the reread's branch costs about 1 us and the short segments of small batches met no
+# rescue in 16 buffers: B = 1 12.9 -> 13.8, 8 19.4 -> 20.4, 16 22.9 -> 23.9 (17-31 untimed).
+# 32 tops instead of 16 cost more (B = 256 82.5, 512 149.0), 8 leave rows to the rescue
+# (98.9 and 157.7).
+REREAD_BATCH = 32
 REREAD_BELOW = 16
 REREAD_LANES = 8  # collided lanes a segment reads again at most (one [8, tiles] block)
+# resolve_kernel compiles to 255 registers a thread on sm_90 (its rescue gathers four tiers
+# of keys), one program an SM, so past one row an SM it runs in waves. From
+# RESOLVE_REGS_BATCH rows it is capped at RESOLVE_REGS: two programs an SM. The cap makes
+# each row slower (B = 128 with the reread off, one wave: 43.8 -> 48.9 us steady; B = 1 13.0
+# -> 13.4), and the
+# rescue's rows most (session 9), but past one wave the second program an SM repays it where
+# the reread leaves the rescue almost no rows. On the H200 (fp32, top-p 0.95, steady, no
+# rescued row in the buffers): B = 256 80.2-80.4 -> 77.6-77.7 us, B = 512 145.1 -> 137.0,
+# B = 1024 276.3-276.8 -> 254.9-255.8; B = 192 (the reread off, rescued rows in two of four
+# buffers) 85.1 -> 86.4.
+RESOLVE_REGS_BATCH = 256
+RESOLVE_REGS = 128
 
 
 def next_pow2(n: int) -> int:
@@ -147,7 +164,7 @@ class BandConfig:
     # device; off, it starts once that kernel ends (and still lets resolve launch early)
     band_wait: bool = True
     pack: bool = True  # split path, up to one row an SM: resolve packs the CSR (no emit launch)
-    resolve_regs: int = 0  # resolve_kernel's registers per thread; 0: the compiler's
+    resolve_regs: int = 0  # resolve_kernel's registers per thread (.maxnreg); 0: the compiler's
     early: bool = True  # the first tier's pick stops once it holds the support (best_sorted)
     race: bool = True  # pass 1 races the rows nothing truncates (lanes, not fused)
 
@@ -182,7 +199,7 @@ def band_config(
     regs: int | None = None,
     pdl: bool = True,
     band_wait: bool = True,
-    resolve_regs: int = 0,
+    resolve_regs: int | None = None,
     pack: bool = True,
     programs: int = LANE_PROGRAMS,
     early: bool = True,
@@ -219,6 +236,8 @@ def band_config(
         reread = REREAD_BELOW
     if reread and (keep != 2 or not lanes or fused):
         raise ValueError("reread needs the two-token lanes pass 1 of the split launch")
+    if resolve_regs is None:
+        resolve_regs = RESOLVE_REGS if batch >= RESOLVE_REGS_BATCH and not fused else 0
     lanes = min(lanes, chunk)
     warps = warps or BAND_WARPS
     if regs is None:

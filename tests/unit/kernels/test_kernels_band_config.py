@@ -16,6 +16,8 @@ from kernels.triton_path import (
     REREAD_BATCH,
     REREAD_BELOW,
     REREAD_LANES,
+    RESOLVE_REGS,
+    RESOLVE_REGS_BATCH,
     ROW_LANES_MIN,
     band_config,
     cdiv,
@@ -110,11 +112,13 @@ def test_lanes_keep_two_or_three_tokens() -> None:
         band_config(151936, keep=4)
 
 
-def test_collided_lanes_read_again_from_256_rows() -> None:
-    """Pass 1's reread is on from REREAD_BATCH rows (where most launches met a rescued row)
-    and off below, and only with two-token lanes of the split launch."""
-    assert [band_config(151936, batch=b).reread for b in (1, 128, 255)] == [0, 0, 0]
-    assert band_config(151936, batch=REREAD_BATCH).reread == REREAD_BELOW
+def test_collided_lanes_read_again_from_32_rows() -> None:
+    """Pass 1's reread is on from REREAD_BATCH rows (where launches meet rescued rows often
+    enough to pay for it) and off below, and only with two-token lanes of the split launch."""
+    assert REREAD_BATCH == 32
+    assert [band_config(151936, batch=b).reread for b in (1, 16, REREAD_BATCH - 1)] == [0, 0, 0]
+    for batch in (REREAD_BATCH, 128, 255):
+        assert band_config(151936, batch=batch).reread == REREAD_BELOW
     assert band_config(32000, batch=512).reread == REREAD_BELOW
     assert band_config(151936, batch=512, keep=3).reread == 0
     assert band_config(151936, batch=512, lanes=0).reread == 0
@@ -124,6 +128,18 @@ def test_collided_lanes_read_again_from_256_rows() -> None:
     for bad in ({"keep": 3}, {"lanes": 0}, {"fused": True}):
         with pytest.raises(ValueError, match="reread"):
             band_config(151936, batch=1, reread=True, **bad)
+
+
+def test_resolve_capped_at_two_programs_an_sm_from_large_batches() -> None:
+    """resolve_kernel's registers are capped from RESOLVE_REGS_BATCH rows (past one wave of
+    the H200's SMs, with the reread on), left to the compiler below, and set as asked."""
+    assert RESOLVE_REGS_BATCH >= 133  # one row an SM of the H200 keeps the compiler's count
+    assert [band_config(151936, batch=b).resolve_regs for b in (1, 128, 255)] == [0, 0, 0]
+    for vocab, batch in itertools.product(VOCABS, (RESOLVE_REGS_BATCH, 512, 4096)):
+        assert band_config(vocab, batch=batch).resolve_regs == RESOLVE_REGS
+    assert band_config(151936, batch=512, resolve_regs=0).resolve_regs == 0
+    assert band_config(151936, batch=1, resolve_regs=96).resolve_regs == 96
+    assert band_config(151936, batch=512, fused=True).resolve_regs == 0
 
 
 def test_reread_block_fits_the_candidate_slots() -> None:

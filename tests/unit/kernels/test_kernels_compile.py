@@ -24,6 +24,8 @@ from kernels.triton_path import (  # noqa: E402
     RESCUE_ROUNDS,
     RESCUE_TIERS,
     RESOLVE_BISECT,
+    RESOLVE_REGS,
+    RESOLVE_REGS_BATCH,
     TIERS,
     band_config,
     max_chunks,
@@ -112,7 +114,7 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
 ) -> None:
     """band_lanes_kernel at B = 128's shape for V = 151936, with the register limit it
     launches with (three-token lanes too, and two-token lanes that read collided columns
-    again, B = 256's default). Its end of segment keeps the lane tops in the
+    again, the default from 32 rows). Its end of segment keeps the lane tops in the
     loop's layout: no 64-bit value (a candidate's key) goes through shared memory, where
     the layout conversions of the earlier code sent the keys, slots and masks. With the race
     of rows nothing truncates (as sample_triton launches it when a row asks for no mask),
@@ -160,8 +162,10 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
 @pytest.mark.parametrize(("vocab", "batch"), [(1000, 64), (111, 512)])
 def test_resolve_lowers_for_small_vocabularies(vocab: int, batch: int, sm90_compile: Any) -> None:
     """resolve_kernel where the candidate block is smaller than the rescue's 2048-token read
-    (1024 and 128 candidates here). The interpreter does not check that a name assigned before
-    a loop keeps its type inside it; the compiler does, and a rescue that reused the
+    (1024 and 128 candidates here), with the register cap band_config sets at 512 rows (the
+    interpreter ignores it; at V = 151936 the capped compile takes ptxas over 5 minutes on a
+    2-core machine, too long for CI). The interpreter does not check that a name assigned
+    before a loop keeps its type inside it; the compiler does, and a rescue that reused the
     candidates' names for its read blocks failed to compile for every vocabulary below
     about 4096 tokens (the worker's small models) while passing every interpreted test."""
     from kernels.triton_resolve import resolve_kernel
@@ -169,6 +173,7 @@ def test_resolve_lowers_for_small_vocabularies(vocab: int, batch: int, sm90_comp
     cfg = band_config(vocab, batch=batch, fused=False)
     cand_block = triton.next_power_of_2(cfg.ncand)
     assert cand_block < FB_BLOCK
+    assert cfg.resolve_regs == (RESOLVE_REGS if batch >= RESOLVE_REGS_BATCH else 0)
     t2 = min(TIERS[1], cand_block)
     const = {
         "CAND_BLOCK": cand_block,
@@ -186,8 +191,10 @@ def test_resolve_lowers_for_small_vocabularies(vocab: int, batch: int, sm90_comp
         "PDL": True,
     }
     types = {p: POINTERS.get(p, "i32") for p in resolve_kernel.arg_names}
-    ptx = sm90_compile(resolve_kernel, types, const, num_warps=4).asm["ptx"]
+    cap = {"maxnreg": cfg.resolve_regs} if cfg.resolve_regs else {}
+    ptx = sm90_compile(resolve_kernel, types, const, num_warps=4, **cap).asm["ptx"]
     assert "griddepcontrol.wait" in ptx  # waits for pass 1 before reading its outputs
+    assert (f".maxnreg {RESOLVE_REGS}" in ptx) == bool(cap)
 
 
 def test_emit_lowers_once_for_every_row_count(sm90_compile: Any) -> None:
