@@ -11,7 +11,7 @@ threshold this prints the share of segments that read again and the rows left to
 rescue (the KC slot limit is modelled; float64, T = 1, top-p 0.95).
 
     python bench/reread_probe.py [--rows 1024] [--shapes 16384:128,25600:256,32768:256]
-                                 [--kinds zipf,gauss]
+                                 [--kinds zipf,gauss] [--thresholds 0,8,16,32]
 
 Writes reread_probe.json and reread_probe.png under --out.
 """
@@ -42,7 +42,9 @@ def support_floor(z: torch.Tensor) -> torch.Tensor:
     return z.gather(1, order).gather(1, (n - 1).unsqueeze(1)).squeeze(1)
 
 
-def probe(z: torch.Tensor, seg: int, kc: int) -> dict[int, tuple[int, float, int, int]]:
+def probe(
+    z: torch.Tensor, seg: int, kc: int, thresholds: tuple[int, ...] = THRESHOLDS
+) -> dict[int, tuple[int, float, int, int]]:
     """Per threshold: (rows left to the rescue, share of segments read again, segments read
     again, those of them with more than MANY collided lanes)."""
     rows = z.shape[0]
@@ -66,7 +68,7 @@ def probe(z: torch.Tensor, seg: int, kc: int) -> dict[int, tuple[int, float, int
     zlast = support_floor(z)
     _, n_lo, d_lanes = floor(d3)
     out = {}
-    for below in THRESHOLDS:
+    for below in thresholds:
         again = (d_lanes >= lo0) & (n_lo < below)
         collided = d3 >= lo0.unsqueeze(-1)
         d_c2 = floor(torch.where(again.unsqueeze(-1) & collided, d4, d3))[0]
@@ -85,8 +87,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1024)
     ap.add_argument("--shapes", default="16384:128,25600:256,32768:256", help="segment:KC,...")
     ap.add_argument("--kinds", default="zipf,gauss")
+    ap.add_argument(
+        "--thresholds", default=",".join(map(str, THRESHOLDS)), help="0 off, 1073741824 all"
+    )
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
+    thresholds = tuple(int(v) for v in args.thresholds.split(","))
     results = []
     print(
         f"{'rows':>6} {'segment':>8} {'KC':>4} {'below':>6} {'rescued rows':>13} "
@@ -95,11 +101,11 @@ def main() -> None:
     for kind in args.kinds.split(","):
         for shape in args.shapes.split(","):
             seg, kc = (int(v) for v in shape.split(":"))
-            totals = {b: [0, 0.0, 0, 0] for b in THRESHOLDS}
+            totals = {b: [0, 0.0, 0, 0] for b in thresholds}
             batches = 4
             for seed in range(batches):
                 z = rows_of(kind, args.rows // batches, VOCAB, seed).double()
-                for below, (rescued, share, again, many) in probe(z, seg, kc).items():
+                for below, (rescued, share, again, many) in probe(z, seg, kc, thresholds).items():
                     totals[below][0] += rescued
                     totals[below][1] += share / batches
                     totals[below][2] += again
