@@ -141,14 +141,21 @@ def floor_time(it, rep_ms: int) -> float:
     return min(bench(lambda c=c: floor_pass(next(it)["logits"], c), rep_ms) for c in (2048, 4096))
 
 
-def band_pass(x: torch.Tensor, temp: torch.Tensor, variant: str | None = None) -> None:
-    """Pass 1 of kernels.sample alone, to split its time from the resolve pass."""
+def band_pass(
+    x: torch.Tensor,
+    temp: torch.Tensor,
+    variant: str | None = None,
+    cfg=None,
+    times: torch.Tensor | None = None,
+) -> None:
+    """Pass 1 of kernels.sample alone, to split its time from the resolve pass: a variant's
+    config (or cfg), with its scratch; times: the programs' stamps (bench/pass1_timeline.py)."""
     batch, vocab = x.shape
-    kw = VARIANTS[variant] if variant else {}
-    cfg = band_config(vocab, batch=batch, **kw)
+    if cfg is None:
+        cfg = band_config(vocab, batch=batch, **(VARIANTS[variant] if variant else {}))
     cand_key = torch.empty(batch, cfg.ncand, dtype=torch.int64, device=x.device)
     m, s, d = (torch.empty(batch, cfg.n_chunks, device=x.device) for _ in range(3))
-    launch_band(x, temp, cand_key, m, s, d, cfg, NBISECT)
+    launch_band(x, temp, cand_key, m, s, d, cfg, NBISECT, times=times)
 
 
 _LOGITS: dict[tuple, torch.Tensor] = {}

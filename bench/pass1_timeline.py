@@ -40,9 +40,9 @@ import torch
 if __package__ in (None, ""):  # run as a script: import from the repository root
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bench.bench_kernels import N_BUFFERS, VARIANTS, make_inputs
+from bench.bench_kernels import N_BUFFERS, VARIANTS, band_pass, make_inputs
 from kernels.triton_band_lanes import TIME_FIELDS
-from kernels.triton_path import NBISECT, band_config, launch_band
+from kernels.triton_path import band_config
 
 # Per program: ns start, ns end, cycles start, cycles end, SM, read again, cycles at the
 # loop's end, at the start and the end of the read again (0 where none)
@@ -51,12 +51,8 @@ FIELDS = TIME_FIELDS.value
 
 def one_launch(b: dict, cfg, times: torch.Tensor) -> dict:
     """One pass-1 launch with stamps; its programs' stamps as host tensors."""
-    x, temp = b["logits"], b["temperature"]
-    batch = x.shape[0]
-    cand_key = torch.empty(batch, cfg.ncand, dtype=torch.int64, device=x.device)
-    m, s, d = (torch.empty(batch, cfg.n_chunks, device=x.device) for _ in range(3))
     times.zero_()
-    launch_band(x, temp, cand_key, m, s, d, cfg, NBISECT, times=times)
+    band_pass(b["logits"], b["temperature"], cfg=cfg, times=times)
     torch.cuda.synchronize()
     t = times.cpu()
     return {
