@@ -129,13 +129,12 @@ REREAD_LANES = 8  # collided lanes a segment reads again at most (one [8, tiles]
 # resolve_kernel compiles to 255 registers a thread on sm_90 (its rescue gathers four tiers
 # of keys), one program an SM, so past one row an SM it runs in waves. From
 # RESOLVE_REGS_BATCH rows it is capped at RESOLVE_REGS: two programs an SM. The cap makes
-# each row slower (B = 128 with the reread off, one wave: 43.8 -> 48.9 us steady; B = 1 13.0
-# -> 13.4), and the
-# rescue's rows most (session 9), but past one wave the second program an SM repays it where
-# the reread leaves the rescue almost no rows. On the H200 (fp32, top-p 0.95, steady, no
-# rescued row in the buffers): B = 256 80.2-80.4 -> 77.6-77.7 us, B = 512 145.1 -> 137.0,
-# B = 1024 276.3-276.8 -> 254.9-255.8; B = 192 (the reread off, rescued rows in two of four
-# buffers) 85.1 -> 86.4.
+# each row slower (B = 128 with the reread off, one wave: 43.8 -> 48.9 us steady; B = 1
+# 13.0 -> 13.4), and the rescue's rows most (session 9), but past one wave the second
+# program an SM repays it where the reread leaves the rescue almost no rows. On the H200
+# (fp32, top-p 0.95, steady, no rescued row in the buffers): B = 256 80.2-80.4 -> 77.6-77.7
+# us, B = 512 145.1 -> 137.0, B = 1024 276.3-276.8 -> 254.9-255.8; B = 192 (the reread off,
+# rescued rows in two of four buffers) 85.1 -> 86.4.
 RESOLVE_REGS_BATCH = 256
 RESOLVE_REGS = 128
 
