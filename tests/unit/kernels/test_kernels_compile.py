@@ -163,8 +163,8 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
 def test_resolve_lowers_for_small_vocabularies(vocab: int, batch: int, sm90_compile: Any) -> None:
     """resolve_kernel where the candidate block is smaller than the rescue's 2048-token read
     (1024 and 128 candidates here), with the register cap band_config sets at 512 rows (the
-    interpreter ignores it; at V = 151936 the capped compile takes ptxas over 5 minutes on a
-    2-core machine, too long for CI). The interpreter does not check that a name assigned
+    interpreter ignores it; at V = 151936 the capped compile ran past 5 minutes on a 2-core
+    machine, too long for CI). The interpreter does not check that a name assigned
     before a loop keeps its type inside it; the compiler does, and a rescue that reused the
     candidates' names for its read blocks failed to compile for every vocabulary below
     about 4096 tokens (the worker's small models) while passing every interpreted test."""
