@@ -122,6 +122,10 @@ VARIANTS = {
     "rr32": {"reread": 32},  # the default threshold in session 19
     "rr64": {"reread": 64},  # wide supports (bench/reread_probe.py's Gaussian rows)
     "rr": {"reread": True},
+    # the reread's words exchanged by tl.gather in registers, not through the segment's slots
+    "rrg": {"reread": True, "reread_gather": True},
+    "rrs32k32g": {"reread": 32, "chunk": 32768, "reread_gather": True},
+    "rrs32k32gnw": {"reread": 32, "chunk": 32768, "reread_gather": True, "band_wait": False},
     "rr48": {"reread": 32, "regs": 48},
     "rrs25k": {"reread": 32, "chunk": 25600},
     "rrs32k": {"reread": 32, "chunk": 32768},  # as rrs32k32 (session 20's name)

@@ -140,7 +140,8 @@ def lanes_pass(
     DELTA: tl.constexpr,
     NBISECT: tl.constexpr,
     KEEP: tl.constexpr,  # tokens a lane keeps: 2 or 3
-    REREAD: tl.constexpr,  # 1 (KEEP 2): a lane with three tokens in the band reads its column again
+    REREAD: tl.constexpr,  # 1 (KEEP 2): a lane with three tokens in the band reads its column
+    # again; 2: the same, its words exchanged by gathers in registers instead of memory
     REREAD_BELOW: tl.constexpr,  # REREAD: a floor with fewer tops above it is read again
     REREAD_LANES: tl.constexpr,  # REREAD: collided lanes read again at most (3x <= 2 KC)
     REREAD_TILES: tl.constexpr,  # REREAD: tiles a segment, rounded up to a power of two
@@ -258,6 +259,7 @@ def lanes_pass(
                 REREAD_TILES,
                 W,
                 REREAD_LANES,
+                REREAD == 2,
             )
             if TIMES:
                 _stamp(stamps + 8, i3, lanes)
@@ -421,27 +423,54 @@ def _cut_and_write(
 
 @triton.jit
 def _reread(
-    x_seg, end, lanes_state, scratch, TILES: tl.constexpr, W: tl.constexpr, NC: tl.constexpr
+    x_seg,
+    end,
+    lanes_state,
+    scratch,
+    TILES: tl.constexpr,
+    W: tl.constexpr,
+    NC: tl.constexpr,
+    GATHER: tl.constexpr = False,
 ):
     """The collided lanes (lanes_state = (i1, i2, d, col): col where d, the largest token a
     lane let go, lies in the band) read again, all at once: the first NC of them in lane
     order, each column one row of an [NC, TILES] block. For each, the tile of its third
     token (d itself: the first tile past its two tops that holds d) and the largest token
-    after it. Returns, per lane, (i3, d4); (-1, d) for the lanes not read. scratch: the
-    program's candidate slots (int64, at least NC // 2 * 3 of them), free until it writes
-    its candidates; used as int32 words, so no 64-bit value changes layout (exchanging them
-    through [NC, W] block reductions instead made a segment that reads again 13-15 us
-    slower on the H200: branch reread-exchange)."""
+    after it. Returns, per lane, (i3, d4); (-1, d) for the lanes not read.
+
+    The lanes' words (lane, two top tiles) go to the block's rows and its results back. By
+    default through scratch: the program's candidate slots (int64, at least NC // 2 * 3 of
+    them), free until it writes its candidates, used as int32 words, so no 64-bit value
+    changes layout (exchanging them through [NC, W] block reductions instead made a segment
+    that reads again 13-15 us slower on the H200: branch reread-exchange). With GATHER, by
+    tl.gather in registers (shared memory, no global round trip): row j's lane is the first
+    whose running count of collided lanes passes j, found by a binary search over the
+    counts, and each lane takes its row's results by its rank."""
     i1, i2, d, col = lanes_state
-    words = scratch.to(tl.pointer_type(tl.int32))
     lanes = tl.arange(0, W)
-    rank = tl.cumsum(col.to(tl.int32), axis=0) - 1
-    n_col = tl.max(rank, axis=0) + 1
+    count = tl.cumsum(col.to(tl.int32), axis=0)  # collided lanes up to and with each lane
+    rank = count - 1
+    n_col = tl.max(count, axis=0)
     got = col & (rank < NC)
-    tl.store(words + rank, lanes | (i1 << 12) | (i2 << 22), mask=got)
-    tl.debug_barrier()  # the lanes' stores before the block's load
     j = tl.arange(0, NC)
-    info = tl.load(words + j, mask=j < n_col, other=0)
+    if GATHER:
+        # the first lane whose count reaches j + 1: W lanes, log2(W) halvings
+        lane_j = tl.zeros([NC], tl.int32)
+        for k in tl.static_range(16):
+            if (W >> (k + 1)) > 0:
+                probe = lane_j + (W >> (k + 1))
+                below = tl.gather(count, probe - 1, 0) < j + 1
+                lane_j = tl.where(below, probe, lane_j)
+        info = tl.where(
+            j < n_col,
+            lane_j | (tl.gather(i1, lane_j, 0) << 12) | (tl.gather(i2, lane_j, 0) << 22),
+            0,
+        )
+    else:
+        words = scratch.to(tl.pointer_type(tl.int32))
+        tl.store(words + rank, lanes | (i1 << 12) | (i2 << 22), mask=got)
+        tl.debug_barrier()  # the lanes' stores before the block's load
+        info = tl.load(words + j, mask=j < n_col, other=0)
     tiles = tl.arange(0, TILES)
     pos = tiles[None, :] * W + (info & 0xFFF)[:, None]
     live = (j < n_col)[:, None] & (pos < end)
@@ -452,11 +481,16 @@ def _reread(
     t3_j = tl.max(x, axis=1)
     i3_j = tl.min(tl.where(x == t3_j[:, None], tiles[None, :], TILES), axis=1)
     d4_j = tl.max(tl.where(tiles[None, :] == i3_j[:, None], float("-inf"), x), axis=1)
-    tl.store(words + NC + j, d4_j.to(tl.int32, bitcast=True), mask=j < n_col)
-    tl.store(words + 2 * NC + j, i3_j, mask=j < n_col)
-    tl.debug_barrier()  # the block's stores before the lanes' loads
-    d4 = tl.load(words + NC + rank, mask=got, other=0).to(tl.float32, bitcast=True)
-    i3 = tl.load(words + 2 * NC + rank, mask=got, other=-1)
+    if GATHER:
+        row = tl.minimum(tl.maximum(rank, 0), NC - 1)
+        d4 = tl.gather(d4_j, row, 0)
+        i3 = tl.where(got, tl.gather(i3_j, row, 0), -1)
+    else:
+        tl.store(words + NC + j, d4_j.to(tl.int32, bitcast=True), mask=j < n_col)
+        tl.store(words + 2 * NC + j, i3_j, mask=j < n_col)
+        tl.debug_barrier()  # the block's stores before the lanes' loads
+        d4 = tl.load(words + NC + rank, mask=got, other=0).to(tl.float32, bitcast=True)
+        i3 = tl.load(words + 2 * NC + rank, mask=got, other=-1)
     return i3, tl.where(got, d4, d)
 
 
