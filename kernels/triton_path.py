@@ -85,6 +85,20 @@ MID_PROGRAMS = 3072
 # sample averaged 137.6 us against 46.2 with 16384 (bench_kernels.py --split, session 7). At
 # B = 512 that is about two such rows in every launch.
 MAX_TILES = 32
+# With the reread on (from REREAD_BATCH rows), a segment of MAX_TILES tiles doubles once more,
+# to LONG_TILES, while the row keeps LONG_ROW_LANES lanes and the launch LANE_PROGRAMS
+# programs: the collided lanes that session 7's 32768-token segments lost to the rescue read
+# again instead, at REREAD_BELOW_LONG tops (`bench/reread_probe.py --thresholds`: 5 segments a
+# row at V = 151936 leave 67 of 4096 Zipf rows to the rescue without it, 17 at 20 tops and
+# none at 32), and such a launch starts pass 1 without its PDL wait (band_config(band_wait)).
+# On the H200 (V = 151936 fp32 top-p 0.95, steady, 16 buffers, bench_kernels.py --ab
+# default,rrs32k32gnw): B = 128 45.07-45.11 -> 42.56-42.58 us, 256 80.35-80.50 -> 78.42-78.45,
+# 512 139.36-139.55 -> 136.26-136.33, no rescued row at 128 (2048 rows), 1 of 4096 at 256, 2
+# of 8192 at 512 (1 and 1 before). With its wait, pass 1 of 5 segments lost to PDL in a steady
+# stream (B = 128: 47.45-47.61 us, session 21).
+LONG_TILES = 64
+LONG_ROW_LANES = 2560
+REREAD_BELOW_LONG = 32
 # Registers per thread for pass 1 (ptxas .maxnreg) while a thread holds at most 2 lanes: its
 # loop needs about 40, its end-of-segment reductions would take 64, and an SM holds 6
 # programs of 40 but only 4 of 64 (at 40 the sm_90 code does not spill). On the H200, B=128
@@ -134,8 +148,10 @@ REREAD_LANES = 8  # collided lanes a segment reads again at most (one [8, tiles]
 # program an SM repays it where the reread leaves the rescue almost no rows. On the H200
 # (fp32, top-p 0.95, steady, no rescued row in the buffers): B = 256 80.2-80.4 -> 77.6-77.7
 # us, B = 512 145.1 -> 137.0, B = 1024 276.3-276.8 -> 254.9-255.8; B = 192 (the reread off,
-# rescued rows in two of four buffers) 85.1 -> 86.4.
-RESOLVE_REGS_BATCH = 256
+# rescued rows in two of four buffers) 85.1 -> 86.4. With the reread on, the cap also wins
+# at 133-255 rows (16 buffers, session 22): B = 160 58.98-59.03 -> 56.30, 192 68.61-68.65 ->
+# 66.77-66.81, 224 74.37-74.58 -> 73.76-73.79; so it starts past one row an SM of the H200.
+RESOLVE_REGS_BATCH = 133
 RESOLVE_REGS = 128
 
 
@@ -157,7 +173,8 @@ class BandConfig:
     # keep 2: lanes that let a band token go read their column again when fewer than this
     # many tops lie above it (0: never)
     reread: int = 0
-    reread_gather: bool = False  # the reread's words exchanged by tl.gather, not through memory
+    # the reread's words exchanged by tl.gather in registers, not through the segment's slots
+    reread_gather: bool = True
     regs: int = 0  # pass 1's registers per thread (lanes only, not fused); 0: the compiler's
     pdl: bool = True  # programmatic dependent launches between the split path's kernels (sm_90+)
     # pdl: pass 1 too launches early behind the kernel before it and waits for it on the
@@ -196,10 +213,11 @@ def band_config(
     warps: int = 0,
     keep: int = 2,
     reread: int | bool | None = None,
-    reread_gather: bool = False,
+    reread_gather: bool = True,
+    long_segments: bool | None = None,
     regs: int | None = None,
     pdl: bool = True,
-    band_wait: bool = True,
+    band_wait: bool | None = None,
     resolve_regs: int | None = None,
     pack: bool = True,
     programs: int = LANE_PROGRAMS,
@@ -219,9 +237,18 @@ def band_config(
     """
     if lanes is None:
         lanes = LANES
+    rereads = keep == 2 and bool(lanes) and not fused
+    if reread is None and not (batch >= REREAD_BATCH and rereads):
+        reread = 0
+    if long_segments is None:
+        long_segments = reread is None
+    long = False
     if lanes and chunk is None:
         lanes = min(lanes, next_pow2(vocab))
         chunk = lanes_segment(vocab, lanes, batch, programs)
+        long = long_segments and long_segment(vocab, lanes, batch, chunk, programs)
+        if long:
+            chunk *= 2
     chunk = chunk or min(CHUNK_MAX, next_pow2(vocab))
     n_chunks = cdiv(vocab, chunk)
     if kc is None:
@@ -232,11 +259,13 @@ def band_config(
     if keep not in (2, 3):
         raise ValueError(f"keep must be 2 or 3 (tokens a pass-1 lane keeps), got {keep}")
     if reread is None:
-        reread = REREAD_BELOW if batch >= REREAD_BATCH and keep == 2 and lanes and not fused else 0
+        reread = REREAD_BELOW_LONG if long else REREAD_BELOW
     elif reread is True:
         reread = REREAD_BELOW
-    if reread and (keep != 2 or not lanes or fused):
+    if reread and not rereads:
         raise ValueError("reread needs the two-token lanes pass 1 of the split launch")
+    if band_wait is None:
+        band_wait = not long
     if resolve_regs is None:
         resolve_regs = RESOLVE_REGS if batch >= RESOLVE_REGS_BATCH and not fused else 0
     lanes = min(lanes, chunk)
@@ -268,6 +297,14 @@ def band_config(
 def default_config(vocab: int, batch: int) -> BandConfig:
     """band_config(vocab, batch=batch), computed once per shape (kernels.sample's path)."""
     return band_config(vocab, batch=batch)
+
+
+def long_segment(vocab: int, lanes: int, batch: int, chunk: int, programs: int) -> bool:
+    """Whether a segment of lanes_segment's MAX_TILES tiles doubles once more (LONG_TILES)."""
+    if chunk // lanes != MAX_TILES or 2 * MAX_TILES > LONG_TILES:
+        return False
+    segments = cdiv(vocab, 2 * chunk)
+    return segments * lanes >= LONG_ROW_LANES and batch * segments >= programs
 
 
 def lanes_segment(vocab: int, lanes: int, batch: int, programs: int = LANE_PROGRAMS) -> int:

@@ -39,10 +39,14 @@ PASS1 = {
     "l512s32kk3": {"lanes": 512, "chunk": 32768, "keep": 3},
     "reread": {"reread": True},  # two-token lanes read their column again when they collide
     "reread_s32k": {"lanes": 512, "chunk": 32768, "reread": True},
+    "reread_slot": {"reread": True, "reread_gather": False},  # its words through memory
     # B = 1's fused launch shape over every row of the batch: thousands of programs meet at
     # the row counters at once, the hardest case for the arrival ordering.
     "fused_s2k": {"fused": True, "chunk": 2048},
 }
+# Rows built for the rescue take it only without the reread, which is on from REREAD_BATCH
+# rows and would read their collided lane again (B = 128's shape before its long segments).
+NO_REREAD = {"reread": 0}
 
 
 def grid(vocab: int, seed: int) -> dict[str, torch.Tensor]:
@@ -67,7 +71,7 @@ def grid(vocab: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 def run(
-    batch: dict[str, torch.Tensor], want: torch.Tensor, cap: int, pass1: str | None = None
+    batch: dict[str, torch.Tensor], want: torch.Tensor, cap: int, pass1: str | dict | None = None
 ) -> kernels.SampleResult:
     res = launch(batch, want, cap, pass1)
     torch.cuda.synchronize()
@@ -75,9 +79,10 @@ def run(
 
 
 def launch(
-    batch: dict[str, torch.Tensor], want: torch.Tensor, cap: int, pass1: str | None = None
+    batch: dict[str, torch.Tensor], want: torch.Tensor, cap: int, pass1: str | dict | None = None
 ) -> kernels.SampleResult:
-    """kernels.sample (or sample_triton with a pass-1 variant) without waiting for it."""
+    """kernels.sample (or sample_triton with a pass-1 variant: a PASS1 name or band_config
+    keywords) without waiting for it."""
     args = (
         batch["logits"],
         batch["temperature"],
@@ -91,7 +96,7 @@ def launch(
         res = kernels.sample(*args, max_mask_tokens=cap, **kw)
     else:
         rows, vocab = batch["logits"].shape
-        cfg = band_config(vocab, batch=rows, **PASS1[pass1])
+        cfg = band_config(vocab, batch=rows, **(PASS1[pass1] if isinstance(pass1, str) else pass1))
         res = sample_triton(check_inputs(*args, max_mask_tokens=cap, **kw), cfg)
     return res
 
@@ -102,7 +107,7 @@ def run_checked(
     want: torch.Tensor,
     cap: int,
     bounded: torch.Tensor | None = None,
-    pass1: str | None = None,
+    pass1: str | dict | None = None,
 ) -> kernels.SampleResult:
     """run() checked against the oracle: prints the SUMMARY line, fails on any error."""
     res = run(batch, want, cap, pass1)
@@ -156,7 +161,7 @@ def test_pass_one_variants_match_oracle(vocab: int, pass1: str) -> None:
     run_checked(f"zipf bf16 B=256 V={vocab} pass1={pass1}", zipf, want, 4096, pass1=pass1)
 
 
-@pytest.mark.parametrize("batch_size", [1, 3, 64, 512])
+@pytest.mark.parametrize("batch_size", [1, 3, 64, 128, 512])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_batch_sizes_and_dtypes(batch_size: int, dtype: torch.dtype) -> None:
     batch = zipf_batch(batch_size, 151936, dtype)
@@ -189,7 +194,8 @@ def test_bad_segment_and_confident_rows_match_oracle(dtype: torch.dtype) -> None
     Even rows: 24 tokens far above the rest, three of them (ranks 1, 4, 7) in lane 0 of
     segment 0, so that segment's floor lies inside S (the one-read rescue decides them). Odd
     rows: one token 30 nats up (confident; with top-k 50 + top-p the top-k mass bounds
-    decide them, so they are not fallback rows)."""
+    decide them, so they are not fallback rows). Without the reread (NO_REREAD); with it,
+    the default at this batch, lane 0 reads its column again and no row needs the rescue."""
     vocab, rows = 151936, 128
     g = torch.Generator().manual_seed(17)
     # The background sits 10 nats down, so top-p stays among the 24 tokens (a N(0, 1)
@@ -199,8 +205,10 @@ def test_bad_segment_and_confident_rows_match_oracle(dtype: torch.dtype) -> None
     lanes = band_config(vocab, batch=rows)
     w = lanes.lanes
     vals = 10.0 - 0.1 * torch.arange(24)
+    pool = torch.arange(3 * w, vocab)
+    pool = pool[pool % w != 0]  # lane 0 holds three of them in any segment shape
     for r in range(0, rows, 2):
-        other = torch.randperm(vocab - 3 * w, generator=g)[:21] + 3 * w
+        other = pool[torch.randperm(len(pool), generator=g)[:21]]
         order = [0, *other[:2].tolist(), w, *other[2:4].tolist(), 2 * w, *other[4:].tolist()]
         x[r, torch.tensor(order)] = vals
     for r in range(1, rows, 2):
@@ -215,15 +223,20 @@ def test_bad_segment_and_confident_rows_match_oracle(dtype: torch.dtype) -> None
     }
     batch = {k: v.cuda() for k, v in batch.items()}
     want = torch.ones(rows, dtype=torch.bool)
-    res = run_checked(f"bad segment / confident rows {dtype}", batch, want, 4096)
+    res = run_checked(f"bad segment / confident rows {dtype}", batch, want, 4096, pass1=NO_REREAD)
     sizes = res.support_sizes[0::2]
     assert int(sizes.min()) > 6 and int(sizes.max()) <= 24  # beyond the band, within the 24
     assert bool(res.fallback_rows[0::2].all())  # the band was not enough: counted
     confident_topk = (idx % 4 == 1).cuda()
     assert not bool(res.fallback_rows[confident_topk].any())
+    again = run_checked(f"bad segment read again {dtype}", batch, want, 4096)
+    assert torch.equal(again.support_sizes, res.support_sizes)
+    assert not bool(again.fallback_rows.any())
 
 
-def check_rescued_rows(name: str, x: torch.Tensor, top_k: int) -> kernels.SampleResult:
+def check_rescued_rows(
+    name: str, x: torch.Tensor, top_k: int, pass1: dict | None = None
+) -> kernels.SampleResult:
     """Rows built for the rescue, every row asking for a mask: top-p 0.9 / 0.9 / 0.8 / 0.95 in
     turn, the second of each four with top_k too. Checked against the oracle."""
     rows = x.shape[0]
@@ -236,7 +249,7 @@ def check_rescued_rows(name: str, x: torch.Tensor, top_k: int) -> kernels.Sample
         "min_p": torch.zeros(rows),
     }
     batch = {k: v.cuda() for k, v in batch.items()}
-    return run_checked(name, batch, torch.ones(rows, dtype=torch.bool), 4096, pass1=None)
+    return run_checked(name, batch, torch.ones(rows, dtype=torch.bool), 4096, pass1=pass1)
 
 
 def test_rescue_with_more_tokens_than_a_tier_matches_oracle() -> None:
@@ -263,9 +276,10 @@ def test_two_bad_segments_match_oracle() -> None:
     lane 0 of segment b ranks 2, 5 and 9, so the row floor is rank 7 and the second floor
     rank 9, while top-p 0.8-0.95 takes 16-23 tokens. The rescue's first round (segment a read
     again) cannot decide; its second reads both and does. Seen on Zipf rows at B = 256: one
-    rescued row in five, which took the bisection before (6.5 ms for its launch)."""
+    rescued row in five, which took the bisection before (6.5 ms for its launch). Without the
+    reread (NO_REREAD); with it, both lanes read again and no row needs the rescue."""
     vocab, rows = 151936, 128
-    cfg = band_config(vocab, batch=rows)
+    cfg = band_config(vocab, batch=rows, **NO_REREAD)
     w, chunk, n_seg = cfg.lanes, cfg.chunk, cfg.n_chunks
     g = torch.Generator().manual_seed(29)
     x = torch.randn(rows, vocab, generator=g) - 10.0
@@ -280,15 +294,18 @@ def test_two_bad_segments_match_oracle() -> None:
             if rank in lane0:
                 ids.append(lane0[rank])
                 continue
-            while True:  # anywhere but lane 0 of a or b
+            while True:  # anywhere but lane 0 (of a or b, in any segment shape)
                 i = int(torch.randint(vocab, (1,), generator=g))
-                if i not in taken and not (i // chunk in (a, b) and i % w == 0):
+                if i not in taken and i % w != 0:
                     break
             taken.add(i)
             ids.append(i)
         x[r, torch.tensor(ids)] = vals
-    res = check_rescued_rows("two bad segments", x, top_k=25)
+    res = check_rescued_rows("two bad segments", x, top_k=25, pass1=NO_REREAD)
     assert int(res.support_sizes.min()) > 10 and bool(res.fallback_rows.all())
+    again = check_rescued_rows("two bad segments read again", x, top_k=25)
+    assert torch.equal(again.support_sizes, res.support_sizes)
+    assert not bool(again.fallback_rows.any())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

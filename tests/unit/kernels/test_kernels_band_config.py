@@ -11,10 +11,14 @@ pytest.importorskip("triton")  # the worker extra installs it; a gateway-only ch
 
 from kernels.triton_path import (
     CAND_TARGET,
+    LANE_PROGRAMS,
+    LONG_ROW_LANES,
+    LONG_TILES,
     MAX_TILES,
     MID_PROGRAMS,
     REREAD_BATCH,
     REREAD_BELOW,
+    REREAD_BELOW_LONG,
     REREAD_LANES,
     RESOLVE_REGS,
     RESOLVE_REGS_BATCH,
@@ -34,13 +38,18 @@ def is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def is_long(cfg) -> bool:
+    """A segment past MAX_TILES tiles (session 22's long shape, with the reread on)."""
+    return cfg.chunk // cfg.lanes > MAX_TILES
+
+
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_default_shapes_are_valid_for_every_batch(vocab: int) -> None:
     shapes = set()
     for batch in range(1, 1025):
         cfg = band_config(vocab, batch=batch)
         assert cfg.lanes > 0 and is_pow2(cfg.lanes)  # tl.arange sizes
-        assert cfg.chunk % cfg.lanes == 0 and cfg.chunk // cfg.lanes <= MAX_TILES
+        assert cfg.chunk % cfg.lanes == 0 and cfg.chunk // cfg.lanes <= LONG_TILES
         assert cfg.n_chunks * cfg.chunk >= vocab > (cfg.n_chunks - 1) * cfg.chunk
         assert is_pow2(cfg.kc) and cfg.kc <= cfg.chunk
         assert cfg.ncand <= 2 * CAND_TARGET  # resolve_kernel loads them in one block
@@ -50,16 +59,50 @@ def test_default_shapes_are_valid_for_every_batch(vocab: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("vocab", "lanes_per_row"), [(151936, 5120), (128256, 4096), (32000, ROW_LANES_MIN)]
+    ("vocab", "lanes_per_row"),
+    [(151936, LONG_ROW_LANES), (262144, 4096), (128256, 4096), (32000, ROW_LANES_MIN)],
 )
 def test_large_batches_keep_the_lanes_per_row(vocab: int, lanes_per_row: int) -> None:
     """A lane keeps two tokens, so fewer lanes per row put three of a row's support in one
-    lane more often (a lost row: the rescue or the bisection). Longer segments stop at the
-    B = 128 shape for V = 151936; V = 32000 stops at ROW_LANES_MIN (it had 1024 lanes a row
-    at B = 512 and lost 6.6% of its rows)."""
+    lane more often (a lost row: the rescue or the bisection). V = 32000 stops at
+    ROW_LANES_MIN (it had 1024 lanes a row at B = 512 and lost 6.6% of its rows); V = 151936
+    goes to LONG_ROW_LANES only with the collided lanes read again at REREAD_BELOW_LONG."""
     for batch in (128, 256, 512, 1024):
         cfg = band_config(vocab, batch=batch)
         assert cfg.n_chunks * cfg.lanes >= lanes_per_row, (batch, cfg)
+        assert cfg.n_chunks * cfg.lanes >= ROW_LANES_MIN or cfg.reread == REREAD_BELOW_LONG
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_long_segments_only_with_the_reread(vocab: int) -> None:
+    """A segment doubles past MAX_TILES only from REREAD_BATCH rows, once, where the row
+    keeps LONG_ROW_LANES lanes and the launch LANE_PROGRAMS programs; such a launch reads
+    collided lanes again below REREAD_BELOW_LONG tops and starts pass 1 without its PDL wait.
+    Every other launch keeps the shape and the wait it had."""
+    for batch in range(1, 1025):
+        cfg = band_config(vocab, batch=batch)
+        if not is_long(cfg):
+            assert cfg.band_wait and cfg.reread in (0, REREAD_BELOW), (batch, cfg)
+            continue
+        assert batch >= REREAD_BATCH and cfg.chunk // cfg.lanes == LONG_TILES, (batch, cfg)
+        assert cfg.n_chunks * cfg.lanes >= LONG_ROW_LANES, (batch, cfg)
+        assert batch * cfg.n_chunks >= LANE_PROGRAMS, (batch, cfg)
+        assert cfg.reread == REREAD_BELOW_LONG and not cfg.band_wait, (batch, cfg)
+        short = band_config(vocab, batch=batch, long_segments=False)
+        assert short.chunk * 2 == cfg.chunk and short.band_wait, (batch, short)
+
+
+def test_long_segments_where_they_were_timed() -> None:
+    """V = 151936 takes 5 segments a row from 103 rows (the target case B = 128 among
+    them) and 262144 8 from 64; 32000 and 128256 never reach MAX_TILES with their lanes.
+    An explicit reread or segment keeps the shape the rule gives without the long step."""
+    assert [band_config(151936, batch=b).n_chunks for b in (102, 103, 128, 512)] == [19, 5, 5, 5]
+    assert [band_config(262144, batch=b).n_chunks for b in (32, 63, 64, 512)] == [16, 16, 8, 8]
+    for vocab, batch in itertools.product((32000, 128256), (128, 512, 1024)):
+        assert not is_long(band_config(vocab, batch=batch))
+    assert band_config(151936, batch=128, reread=16).n_chunks == 10
+    assert band_config(151936, batch=128, long_segments=False).n_chunks == 10
+    assert band_config(151936, batch=128, band_wait=True).band_wait
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
@@ -70,22 +113,22 @@ def test_rows_keep_more_than_the_lane_floor_below_mid_sized_launches(vocab: int)
     B = 384 the 8 segments were faster on the H200."""
     for batch in range(1, 1025):
         cfg = band_config(vocab, batch=batch)
-        if cfg.chunk > cfg.lanes and batch * cfg.n_chunks < MID_PROGRAMS:
+        if cfg.chunk > cfg.lanes and batch * cfg.n_chunks < MID_PROGRAMS and not is_long(cfg):
             assert cfg.n_chunks * cfg.lanes > ROW_LANES_MIN, (batch, cfg)
     if vocab in (32000, 128256):
         shapes = [band_config(vocab, batch=b).n_chunks for b in (128, 256, 383, 384, 512)]
         assert shapes == [16, 16, 16, 8, 8]
-    if vocab == 151936:
-        assert band_config(vocab, batch=128).n_chunks == 10  # the target case keeps its shape
+    if vocab == 151936:  # the target case before its long step
+        assert band_config(vocab, batch=128, long_segments=False).n_chunks == 10
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_segments_never_double_below_the_row_lane_floor(vocab: int) -> None:
     """Segments double only while the row keeps ROW_LANES_MIN lanes: a segment of more than
-    one tile leaves the row at least that many."""
+    one tile leaves the row at least that many (the long step aside)."""
     for batch in (1, 8, 64, 512, 1024):
         cfg = band_config(vocab, batch=batch)
-        if cfg.chunk > cfg.lanes:
+        if cfg.chunk > cfg.lanes and not is_long(cfg):
             assert cfg.n_chunks * cfg.lanes >= ROW_LANES_MIN, (batch, cfg)
 
 
@@ -117,8 +160,10 @@ def test_collided_lanes_read_again_from_32_rows() -> None:
     enough to pay for it) and off below, and only with two-token lanes of the split launch."""
     assert REREAD_BATCH == 32
     assert [band_config(151936, batch=b).reread for b in (1, 16, REREAD_BATCH - 1)] == [0, 0, 0]
-    for batch in (REREAD_BATCH, 128, 255):
+    for batch in (REREAD_BATCH, 64, 102):
         assert band_config(151936, batch=batch).reread == REREAD_BELOW
+    for batch in (103, 128, 255):  # the long segments
+        assert band_config(151936, batch=batch).reread == REREAD_BELOW_LONG
     assert band_config(32000, batch=512).reread == REREAD_BELOW
     assert band_config(151936, batch=512, keep=3).reread == 0
     assert band_config(151936, batch=512, lanes=0).reread == 0
@@ -133,8 +178,8 @@ def test_collided_lanes_read_again_from_32_rows() -> None:
 def test_resolve_capped_at_two_programs_an_sm_from_large_batches() -> None:
     """resolve_kernel's registers are capped from RESOLVE_REGS_BATCH rows (past one wave of
     the H200's SMs, with the reread on), left to the compiler below, and set as asked."""
-    assert RESOLVE_REGS_BATCH >= 133  # one row an SM of the H200 keeps the compiler's count
-    assert [band_config(151936, batch=b).resolve_regs for b in (1, 128, 255)] == [0, 0, 0]
+    assert RESOLVE_REGS_BATCH == 133  # one row an SM of the H200 keeps the compiler's count
+    assert [band_config(151936, batch=b).resolve_regs for b in (1, 128, 132)] == [0, 0, 0]
     for vocab, batch in itertools.product(VOCABS, (RESOLVE_REGS_BATCH, 512, 4096)):
         assert band_config(vocab, batch=batch).resolve_regs == RESOLVE_REGS
     assert band_config(151936, batch=512, resolve_regs=0).resolve_regs == 0
@@ -148,11 +193,14 @@ def test_reread_block_fits_the_candidate_slots() -> None:
     for vocab, batch in itertools.product((1000, 32000, 151936, 262144), (1, 128, 256, 4096)):
         cfg = band_config(vocab, batch=batch, reread=True)
         c = reread_constants(cfg)
-        assert c["REREAD"] == 1 and c["REREAD_BELOW"] == REREAD_BELOW
+        assert c["REREAD"] == 2 and c["REREAD_BELOW"] == REREAD_BELOW  # words by tl.gather
         assert 1 <= c["REREAD_LANES"] <= REREAD_LANES and 3 * c["REREAD_LANES"] <= 2 * cfg.kc
         tiles = c["REREAD_TILES"]
         assert is_pow2(tiles) and tiles * cfg.lanes >= cfg.chunk
     assert reread_constants(band_config(151936, batch=1))["REREAD"] == 0
+    assert reread_constants(band_config(151936, batch=128, reread_gather=False))["REREAD"] == 1
+    long = reread_constants(band_config(151936, batch=128))
+    assert long["REREAD_BELOW"] == REREAD_BELOW_LONG and long["REREAD_TILES"] == LONG_TILES
 
 
 def test_host_helpers_match_triton() -> None:
