@@ -106,11 +106,11 @@ def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> 
         (3, False, 0, False, True),
         (2, True, 0, False, True),
         (2, False, 16, False, True),
-        (2, False, 16, True, False),
+        (2, False, None, True, False),
     ],
 )
 def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
-    keep: int, race: bool, reread: int, times: bool, wait: bool, sm90_compile: Any
+    keep: int, race: bool, reread: int | None, times: bool, wait: bool, sm90_compile: Any
 ) -> None:
     """band_lanes_kernel at B = 128's shape for V = 151936, with the register limit it
     launches with (three-token lanes too, and two-token lanes that read collided columns
@@ -120,10 +120,14 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
     of rows nothing truncates (as sample_triton launches it when a row asks for no mask),
     that race's winner is the one 64-bit value reduced through shared memory, once a segment
     and only on those rows. With times, the program stamps of bench/pass1_timeline.py;
-    without wait, a pass 1 that starts in stream order and still lets resolve launch early."""
+    without wait, a pass 1 that starts in stream order and still lets resolve launch early.
+    reread None: the default config, whose segments of 32768 tokens read collided lanes
+    again at 32 tops (their words by tl.gather) and start without the PDL wait."""
     from kernels.triton_band_lanes import band_lanes_kernel
 
     cfg = band_config(151936, batch=128, keep=keep, reread=reread)
+    if reread is None:
+        assert cfg.chunk == 32768 and cfg.reread == 32 and cfg.band_wait == wait
     const = {
         "SEG": cfg.chunk,
         "W": cfg.lanes,
