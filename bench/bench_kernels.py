@@ -116,42 +116,29 @@ VARIANTS = {
     # tokens of a row's band in one lane then need no rescue), at the default shape and with
     # fewer, longer segments: 6 (25600 tokens) and 5 (32768) a row at V = 151936. rr is the
     # default threshold (16 since session 20); the variants timed at 32 in session 19 say so.
-    # These keep the words' exchange through memory that they were timed with (session 19-21).
+    # Until session 22 the reread's words went through memory, and these variants' results
+    # before it were timed so; by tl.gather since (whose results then were named rrg,
+    # rrs32k32g and rrs32k32gnw). rrs32k in session 20's results is rrs32k32.
     "rr0": {"reread": 0},  # no reread at any batch size (the default before session 19)
-    "rr8": {"reread": 8, "reread_gather": False},
-    "rr16": {"reread": 16, "reread_gather": False},
-    "rr32": {"reread": 32, "reread_gather": False},  # the default threshold in session 19
-    "rr64": {
-        "reread": 64,
-        "reread_gather": False,
-    },  # wide supports (bench/reread_probe.py's Gaussian rows)
-    "rr": {"reread": True, "reread_gather": False},
-    # the reread's words exchanged by tl.gather in registers, not through the segment's slots
-    # (the default since session 22; the rr variants before it exchanged them through memory)
-    "rrg": {"reread": True, "reread_gather": True},
-    "rrs32k32g": {"reread": 32, "chunk": 32768, "reread_gather": True},
-    "rrs32k32gnw": {"reread": 32, "chunk": 32768, "reread_gather": True, "band_wait": False},
-    "rrslot": {"reread_gather": False},  # the default with the words through memory
+    "rr8": {"reread": 8},
+    "rr16": {"reread": 16},
+    "rr32": {"reread": 32},  # the default threshold in session 19
+    "rr64": {"reread": 64},  # wide supports (bench/reread_probe.py's Gaussian rows)
+    "rr": {"reread": True},
     # session 22's defaults against the shape before them: segments stop at MAX_TILES, the
-    # reread at REREAD_BELOW tops, pass 1 waits under PDL (short), that through memory (s21)
+    # reread at REREAD_BELOW tops, pass 1 waits under PDL (short); the long shape with the wait
     "short": {"long_segments": False},
-    "s21": {"long_segments": False, "reread_gather": False},
-    "longwait": {"band_wait": True},  # the long shape, pass 1 launched early and waiting
-    "rr48": {"reread": 32, "regs": 48, "reread_gather": False},
-    "rrs25k": {"reread": 32, "chunk": 25600, "reread_gather": False},
-    "rrs32k": {
-        "reread": 32,
-        "chunk": 32768,
-        "reread_gather": False,
-    },  # as rrs32k32 (session 20's name)
-    "rrs32k16": {"reread": 16, "chunk": 32768, "reread_gather": False},
-    "rrs32k32": {"reread": 32, "chunk": 32768, "reread_gather": False},
-    "rrs32k32np": {"reread": 32, "chunk": 32768, "pdl": False, "reread_gather": False},
+    "longwait": {"band_wait": True},
+    "rr48": {"reread": 32, "regs": 48},
+    "rrs25k": {"reread": 32, "chunk": 25600},
+    "rrs32k16": {"reread": 16, "chunk": 32768},
+    "rrs32k32": {"reread": 32, "chunk": 32768},
+    "rrs32k32np": {"reread": 32, "chunk": 32768, "pdl": False},
     # pass 1 starts once the kernel before it ends (resolve still launches early behind it)
     "nowait": {"band_wait": False},
-    "rrs32k32nw": {"reread": 32, "chunk": 32768, "band_wait": False, "reread_gather": False},
-    "rrs32k16nw": {"reread": 16, "chunk": 32768, "band_wait": False, "reread_gather": False},
-    "rrs32kn48": {"reread": 32, "chunk": 32768, "regs": 48, "reread_gather": False},
+    "rrs32k32nw": {"reread": 32, "chunk": 32768, "band_wait": False},
+    "rrs32k16nw": {"reread": 16, "chunk": 32768, "band_wait": False},
+    "rrs32kn48": {"reread": 32, "chunk": 32768, "regs": 48},
 }
 
 

@@ -12,6 +12,7 @@ rescue (the KC slot limit is modelled; float64, T = 1, top-p 0.95).
 
     python bench/reread_probe.py [--rows 1024] [--shapes 16384:128,25600:256,32768:256]
                                  [--kinds zipf,gauss] [--thresholds 0,8,16,32]
+                                 [--vocab 151936]
 
 Writes reread_probe.json and reread_probe.png under --out.
 """
@@ -48,8 +49,9 @@ def probe(
     """Per threshold: (rows left to the rescue, share of segments read again, segments read
     again, those of them with more than MANY collided lanes)."""
     rows = z.shape[0]
-    nseg = -(-VOCAB // seg)
-    pad = torch.full((rows, nseg * seg - VOCAB), float("-inf"), dtype=z.dtype)
+    vocab = z.shape[1]
+    nseg = -(-vocab // seg)
+    pad = torch.full((rows, nseg * seg - vocab), float("-inf"), dtype=z.dtype)
     lanes = torch.cat([z, pad], 1).view(rows, nseg, seg // LANES, LANES)
     t1, t2, d3, d4 = lanes.topk(4, dim=2).values.unbind(2)
     tops = torch.cat([t1, t2], -1)
@@ -87,6 +89,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1024)
     ap.add_argument("--shapes", default="16384:128,25600:256,32768:256", help="segment:KC,...")
     ap.add_argument("--kinds", default="zipf,gauss")
+    ap.add_argument("--vocab", type=int, default=VOCAB)
     ap.add_argument(
         "--thresholds", default=",".join(map(str, THRESHOLDS)), help="0 off, 1073741824 all"
     )
@@ -104,7 +107,7 @@ def main() -> None:
             totals = {b: [0, 0.0, 0, 0] for b in thresholds}
             batches = 4
             for seed in range(batches):
-                z = rows_of(kind, args.rows // batches, VOCAB, seed).double()
+                z = rows_of(kind, args.rows // batches, args.vocab, seed).double()
                 for below, (rescued, share, again, many) in probe(z, seg, kc, thresholds).items():
                     totals[below][0] += rescued
                     totals[below][1] += share / batches
@@ -119,6 +122,7 @@ def main() -> None:
                 results.append(
                     {
                         "kind": kind,
+                        "vocab": args.vocab,
                         "segment": seg,
                         "kc": kc,
                         "below": label,

@@ -140,11 +140,11 @@ def lanes_pass(
     DELTA: tl.constexpr,
     NBISECT: tl.constexpr,
     KEEP: tl.constexpr,  # tokens a lane keeps: 2 or 3
-    REREAD: tl.constexpr,  # 1 (KEEP 2): a lane with three tokens in the band reads its column
-    # again; 2: the same, its words exchanged by gathers in registers instead of memory
-    REREAD_BELOW: tl.constexpr,  # REREAD: a floor with fewer tops above it is read again
-    REREAD_LANES: tl.constexpr,  # REREAD: collided lanes read again at most (3x <= 2 KC)
-    REREAD_TILES: tl.constexpr,  # REREAD: tiles a segment, rounded up to a power of two
+    # > 0 (KEEP 2): a lane with three tokens in the band reads its column again when its
+    # segment's floor has fewer tops than this above it; 0: never
+    REREAD_BELOW: tl.constexpr,
+    REREAD_LANES: tl.constexpr,  # collided lanes read again at most (a power of two)
+    REREAD_TILES: tl.constexpr,  # tiles a segment, rounded up to a power of two
     race,  # (topk, topp, minp, seed, step, g, w) pointers when RACE (see band_lanes_kernel)
     RACE: tl.constexpr,
     HAS_STEP: tl.constexpr,
@@ -152,7 +152,7 @@ def lanes_pass(
     TIMES: tl.constexpr,
 ):
     """One segment of a row: pass 1's whole work for program (row, seg). Returns 1 where the
-    segment read collided lanes again (REREAD), else 0. With TIMES, lane 0's warp stamps
+    segment read collided lanes again (REREAD_BELOW), else 0. With TIMES, lane 0's warp stamps
     the cycle counter at the loop's end, and a segment that reads again at the start and
     the end of its read."""
     start = seg * SEG
@@ -218,7 +218,7 @@ def lanes_pass(
     seg_stats = (m, s_sum, d_lanes, t, start, stat)
     outs = (cand_key_ptr, m_ptr, s_ptr, d_ptr)
     read_again = tl.full([], 0, tl.int32)  # returned: 1 where the segment read lanes again
-    if REREAD:
+    if REREAD_BELOW > 0:
         # A lane that let go a token within DELTA of the segment max held three or more of
         # the band, and that token is the floor d_lanes. When fewer than REREAD_BELOW tops
         # lie above it (the segment's best tokens, where a row's support lies), such lanes
@@ -255,11 +255,9 @@ def lanes_pass(
                 x_ptr + row * stride_x + start,
                 end,
                 (i1, i2, d, col),
-                cand_key_ptr + stat * KC,
                 REREAD_TILES,
                 W,
                 REREAD_LANES,
-                REREAD == 2,
             )
             if TIMES:
                 _stamp(stamps + 8, i3, lanes)
@@ -426,11 +424,9 @@ def _reread(
     x_seg,
     end,
     lanes_state,
-    scratch,
     TILES: tl.constexpr,
     W: tl.constexpr,
     NC: tl.constexpr,
-    GATHER: tl.constexpr = False,
 ):
     """The collided lanes (lanes_state = (i1, i2, d, col): col where d, the largest token a
     lane let go, lies in the band) read again, all at once: the first NC of them in lane
@@ -438,40 +434,32 @@ def _reread(
     token (d itself: the first tile past its two tops that holds d) and the largest token
     after it. Returns, per lane, (i3, d4); (-1, d) for the lanes not read.
 
-    The lanes' words (lane, two top tiles) go to the block's rows and its results back.
-    With GATHER (the default config since session 22: 0.2-0.6 us faster in steady streams
-    on the H200), by tl.gather (shared memory, no global round trip): row j's lane is the
-    first whose running count of collided lanes passes j, found by a binary search over
-    the counts, and each lane takes its row's results by its rank. Without, through
-    scratch: the program's candidate slots (int64, at least NC // 2 * 3 of them), free
-    until it writes its candidates, used as int32 words, so no 64-bit value changes layout
-    (exchanging them through [NC, W] block reductions instead made a segment that reads
-    again 13-15 us slower: branch reread-exchange)."""
+    The lanes' words (lane, two top tiles) go to the block's rows and its results back by
+    tl.gather (shared memory, no global round trip): row j's lane is the first whose
+    running count of collided lanes passes j, found by a binary search over the counts,
+    and each lane takes its row's results by its rank. Until session 22 they went through
+    the segment's candidate slots in global memory as int32 words (free until the cut
+    writes them): 0.2-0.6 us slower in steady streams on the H200 (B = 32-512, V = 151936).
+    Exchanging them through [NC, W] block reductions made a segment that reads again 13-15
+    us slower (branch reread-exchange)."""
     i1, i2, d, col = lanes_state
-    lanes = tl.arange(0, W)
     count = tl.cumsum(col.to(tl.int32), axis=0)  # collided lanes up to and with each lane
     rank = count - 1
     n_col = tl.max(count, axis=0)
     got = col & (rank < NC)
     j = tl.arange(0, NC)
-    if GATHER:
-        # the first lane whose count reaches j + 1: W lanes, log2(W) halvings
-        lane_j = tl.zeros([NC], tl.int32)
-        for k in tl.static_range(16):
-            if (W >> (k + 1)) > 0:
-                probe = lane_j + (W >> (k + 1))
-                below = tl.gather(count, probe - 1, 0) < j + 1
-                lane_j = tl.where(below, probe, lane_j)
-        info = tl.where(
-            j < n_col,
-            lane_j | (tl.gather(i1, lane_j, 0) << 12) | (tl.gather(i2, lane_j, 0) << 22),
-            0,
-        )
-    else:
-        words = scratch.to(tl.pointer_type(tl.int32))
-        tl.store(words + rank, lanes | (i1 << 12) | (i2 << 22), mask=got)
-        tl.debug_barrier()  # the lanes' stores before the block's load
-        info = tl.load(words + j, mask=j < n_col, other=0)
+    # the first lane whose count reaches j + 1: W lanes, log2(W) halvings
+    lane_j = tl.zeros([NC], tl.int32)
+    for k in tl.static_range(16):
+        if (W >> (k + 1)) > 0:
+            probe = lane_j + (W >> (k + 1))
+            below = tl.gather(count, probe - 1, 0) < j + 1
+            lane_j = tl.where(below, probe, lane_j)
+    info = tl.where(
+        j < n_col,
+        lane_j | (tl.gather(i1, lane_j, 0) << 12) | (tl.gather(i2, lane_j, 0) << 22),
+        0,
+    )
     tiles = tl.arange(0, TILES)
     pos = tiles[None, :] * W + (info & 0xFFF)[:, None]
     live = (j < n_col)[:, None] & (pos < end)
@@ -482,16 +470,9 @@ def _reread(
     t3_j = tl.max(x, axis=1)
     i3_j = tl.min(tl.where(x == t3_j[:, None], tiles[None, :], TILES), axis=1)
     d4_j = tl.max(tl.where(tiles[None, :] == i3_j[:, None], float("-inf"), x), axis=1)
-    if GATHER:
-        row = tl.minimum(tl.maximum(rank, 0), NC - 1)
-        d4 = tl.gather(d4_j, row, 0)
-        i3 = tl.where(got, tl.gather(i3_j, row, 0), -1)
-    else:
-        tl.store(words + NC + j, d4_j.to(tl.int32, bitcast=True), mask=j < n_col)
-        tl.store(words + 2 * NC + j, i3_j, mask=j < n_col)
-        tl.debug_barrier()  # the block's stores before the lanes' loads
-        d4 = tl.load(words + NC + rank, mask=got, other=0).to(tl.float32, bitcast=True)
-        i3 = tl.load(words + 2 * NC + rank, mask=got, other=-1)
+    row = tl.minimum(tl.maximum(rank, 0), NC - 1)
+    d4 = tl.gather(d4_j, row, 0)
+    i3 = tl.where(got, tl.gather(i3_j, row, 0), -1)
     return i3, tl.where(got, d4, d)
 
 
@@ -592,8 +573,7 @@ def band_lanes_kernel(
     w_ptr=None,  # RACE: [2, B, n_chunks] int64 the winner's (z, id) key, finite tokens
     RACE: tl.constexpr = False,
     HAS_STEP: tl.constexpr = False,
-    REREAD: tl.constexpr = 0,
-    REREAD_BELOW: tl.constexpr = 16,
+    REREAD_BELOW: tl.constexpr = 0,
     REREAD_LANES: tl.constexpr = 8,
     REREAD_TILES: tl.constexpr = 32,
     times_ptr=None,  # TIMES: [B * n_chunks, TIME_FIELDS] int64 per program, see below
@@ -633,7 +613,6 @@ def band_lanes_kernel(
         DELTA,
         NBISECT,
         KEEP,
-        REREAD,
         REREAD_BELOW,
         REREAD_LANES,
         REREAD_TILES,

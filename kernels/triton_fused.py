@@ -99,7 +99,6 @@ def band_resolve_kernel(
         KEEP,
         0,
         0,
-        0,
         1,
         None,
         False,

@@ -173,8 +173,6 @@ class BandConfig:
     # keep 2: lanes that let a band token go read their column again when fewer than this
     # many tops lie above it (0: never)
     reread: int = 0
-    # the reread's words exchanged by tl.gather in registers, not through the segment's slots
-    reread_gather: bool = True
     regs: int = 0  # pass 1's registers per thread (lanes only, not fused); 0: the compiler's
     pdl: bool = True  # programmatic dependent launches between the split path's kernels (sm_90+)
     # pdl: pass 1 too launches early behind the kernel before it and waits for it on the
@@ -191,13 +189,12 @@ class BandConfig:
 
 
 def reread_constants(cfg: BandConfig) -> dict[str, int]:
-    """band_lanes_kernel's REREAD constexprs for a config: the collided lanes a segment reads
-    again (at most REREAD_LANES, and few enough that their three words a lane fit the
-    segment's KC candidate slots) and its tiles, rounded up to a power of two."""
+    """band_lanes_kernel's reread constexprs for a config: its threshold (0: no reread), the
+    collided lanes a segment reads again at most and its tiles, rounded up to a power of
+    two."""
     return {
-        "REREAD": (2 if cfg.reread_gather else 1) if cfg.reread > 0 else 0,
-        "REREAD_BELOW": cfg.reread or REREAD_BELOW,
-        "REREAD_LANES": min(REREAD_LANES, next_pow2(cfg.kc * 2 // 3 + 1) // 2),
+        "REREAD_BELOW": cfg.reread,
+        "REREAD_LANES": REREAD_LANES,
         "REREAD_TILES": next_pow2(cdiv(cfg.chunk, cfg.lanes)),
     }
 
@@ -213,7 +210,6 @@ def band_config(
     warps: int = 0,
     keep: int = 2,
     reread: int | bool | None = None,
-    reread_gather: bool = True,
     long_segments: bool | None = None,
     regs: int | None = None,
     pdl: bool = True,
@@ -282,7 +278,6 @@ def band_config(
         warps=warps,
         keep=keep,
         reread=int(reread),
-        reread_gather=reread_gather,
         regs=regs,
         pdl=pdl,
         band_wait=band_wait,

@@ -39,7 +39,6 @@ PASS1 = {
     "l512s32kk3": {"lanes": 512, "chunk": 32768, "keep": 3},
     "reread": {"reread": True},  # two-token lanes read their column again when they collide
     "reread_s32k": {"lanes": 512, "chunk": 32768, "reread": True},
-    "reread_slot": {"reread": True, "reread_gather": False},  # its words through memory
     # B = 1's fused launch shape over every row of the batch: thousands of programs meet at
     # the row counters at once, the hardest case for the arrival ordering.
     "fused_s2k": {"fused": True, "chunk": 2048},

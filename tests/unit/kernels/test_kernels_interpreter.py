@@ -476,7 +476,6 @@ def test_lanes_pass_one_keeps_the_band_contract(interpreted: Interpreted) -> Non
         ("w4k3", {"lanes": 4, "keep": 3}),
         ("w16r", {"lanes": 16, "reread": True}),
         ("w4r", {"lanes": 4, "reread": True}),
-        ("w16rg", {"lanes": 16, "reread": True, "reread_gather": True}),
     ]
     out = interpreted(PRELUDE + f"TRIED = {tried!r}\n" + CONTRACT)
     assert out["stats_equal"] == [True] * len(tried)
@@ -604,10 +603,8 @@ want = torch.ones(b, dtype=torch.bool)
 inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=64, seed=torch.arange(b) + 3)
 ref = reference(x, temp, k, p, mp)
 out = {}
-for name, reread, gather in (("False", False, False), ("True", True, False),
-                             ("gather", True, True)):
-    tri = sample_triton(inp, band_config(vocab, chunk=64, kc=8, lanes=16, reread=reread,
-                                         reread_gather=gather))
+for name, reread in (("False", False), ("True", True)):
+    tri = sample_triton(inp, band_config(vocab, chunk=64, kc=8, lanes=16, reread=reread))
     rep = check_result(tri, ref, want, None, 64)
     out[name] = {"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_rows.tolist(),
                  "tokens": tri.tokens.tolist()}
@@ -619,12 +616,12 @@ def test_reread_picks_the_collided_lanes_that_matter(interpreted: Interpreted) -
     """With more collided lanes than a segment reads again, the reread takes the ones that
     let the largest tokens go: the rows decide from the band, equal to the oracle."""
     out = interpreted(PRELUDE + MANY_COLLIDED)
-    plain, reread, gather = out["False"], out["True"], out["gather"]
-    for case in (plain, reread, gather):
+    plain, reread = out["False"], out["True"]
+    for case in (plain, reread):
         assert case["ok"], case["errors"]
     assert plain["fallback"] == [True] * 3
-    assert reread["fallback"] == gather["fallback"] == [False] * 3
-    assert plain["tokens"] == reread["tokens"] == gather["tokens"]
+    assert reread["fallback"] == [False] * 3
+    assert plain["tokens"] == reread["tokens"]
 
 
 LOGIT_FLOOR = """
