@@ -125,10 +125,11 @@ VARIANTS = {
     "rr32": {"reread": 32},  # the default threshold in session 19
     "rr64": {"reread": 64},  # wide supports (bench/reread_probe.py's Gaussian rows)
     "rr": {"reread": True},
-    # session 22's defaults against the shape before them: segments stop at MAX_TILES, the
-    # reread at REREAD_BELOW tops, pass 1 waits under PDL (short); the long shape with the wait
-    "short": {"long_segments": False},
-    "longwait": {"band_wait": True},
+    # Segments of 32768 tokens with the reread at 32 tops and no PDL wait (V = 151936 from
+    # 103 rows, 262144 from 64), with the wait; session 22's results name the first default
+    # and the shape without it short (the gather, before the long step was made optional)
+    "long": {"long_segments": True},
+    "longwait": {"long_segments": True, "band_wait": True},
     "rr48": {"reread": 32, "regs": 48},
     "rrs25k": {"reread": 32, "chunk": 25600},
     "rrs32k16": {"reread": 16, "chunk": 32768},

@@ -8,7 +8,9 @@ whose support reaches below the highest such floor takes the rescue in resolve. 
 reread, a segment whose floor has fewer than `below` lane tops above it reads its collided
 lanes again, and their floor drops to their fourth token. For each segment shape and
 threshold this prints the share of segments that read again and the rows left to the
-rescue (the KC slot limit is modelled; float64, T = 1, top-p 0.95).
+rescue (the KC slot limit is modelled; float64, T = 1, top-p 0.95), and how those rows get
+out: the rescue round that decides each (rounds 1/2/3) or the whole-row fallback, which
+reads the row several times in one program (about 1 ms a row on the H200).
 
     python bench/reread_probe.py [--rows 1024] [--shapes 16384:128,25600:256,32768:256]
                                  [--kinds zipf,gauss] [--thresholds 0,8,16,32]
@@ -30,6 +32,7 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench.lane_collisions import rows_of
+from kernels.triton_path import RESCUE_ROUNDS, RESCUE_TIERS, TIERS
 
 VOCAB, LANES, DELTA, TOP_P = 151936, 512, 12.0, 0.95
 THRESHOLDS = (0, 8, 16, 32, 64, 1 << 30)  # 0: no reread; 1 << 30: every collided segment
@@ -43,11 +46,27 @@ def support_floor(z: torch.Tensor) -> torch.Tensor:
     return z.gather(1, order).gather(1, (n - 1).unsqueeze(1)).squeeze(1)
 
 
+def way_out(z: torch.Tensor, floors: torch.Tensor, support: int) -> int:
+    """The rescue round that decides a rescued row (1..RESCUE_ROUNDS), or 0 for the
+    whole-row fallback: as resolve_kernel's rescue, round r lists every token above the
+    (r+1)-th largest segment floor and decides when the support lies above it, at most
+    RESCUE_TIERS x T2 tokens do, and the support fits in T2 (bench/fallback_probe.py)."""
+    distinct = sorted(set(floors.tolist()), reverse=True)[1 : RESCUE_ROUNDS + 1]
+    for r, t in enumerate(distinct):
+        n = int((z > t).sum())
+        if n > RESCUE_TIERS * TIERS[1]:
+            return 0
+        if support < n and support <= TIERS[1]:
+            return r + 1
+    return 0
+
+
 def probe(
     z: torch.Tensor, seg: int, kc: int, thresholds: tuple[int, ...] = THRESHOLDS
-) -> dict[int, tuple[int, float, int, int]]:
+) -> dict[int, tuple[int, float, int, int, list[int]]]:
     """Per threshold: (rows left to the rescue, share of segments read again, segments read
-    again, those of them with more than MANY collided lanes)."""
+    again, those of them with more than MANY collided lanes, the rescued rows' ways out:
+    how many the whole-row fallback takes, then rounds 1..RESCUE_ROUNDS)."""
     rows = z.shape[0]
     vocab = z.shape[1]
     nseg = -(-vocab // seg)
@@ -68,6 +87,7 @@ def probe(
         return d_c, n_lo, d_lanes
 
     zlast = support_floor(z)
+    support = (z >= zlast.unsqueeze(1)).sum(-1)
     _, n_lo, d_lanes = floor(d3)
     out = {}
     for below in thresholds:
@@ -75,12 +95,11 @@ def probe(
         collided = d3 >= lo0.unsqueeze(-1)
         d_c2 = floor(torch.where(again.unsqueeze(-1) & collided, d4, d3))[0]
         many = int((again & (collided.sum(-1) > MANY)).sum())
-        out[below] = (
-            int((d_c2.amax(-1) >= zlast).sum()),
-            float(again.double().mean()),
-            int(again.sum()),
-            many,
-        )
+        rescued = (d_c2.amax(-1) >= zlast).nonzero().flatten().tolist()
+        ways = [0] * (RESCUE_ROUNDS + 1)
+        for r in rescued:
+            ways[way_out(z[r], d_c2[r], int(support[r]))] += 1
+        out[below] = (len(rescued), float(again.double().mean()), int(again.sum()), many, ways)
     return out
 
 
@@ -99,25 +118,28 @@ def main() -> None:
     results = []
     print(
         f"{'rows':>6} {'segment':>8} {'KC':>4} {'below':>6} {'rescued rows':>13} "
-        f"{'read again':>11} {f'of them > {MANY} lanes':>17}"
+        f"{'read again':>11} {f'of them > {MANY} lanes':>17} {'rounds':>9} {'whole row':>9}"
     )
     for kind in args.kinds.split(","):
         for shape in args.shapes.split(","):
             seg, kc = (int(v) for v in shape.split(":"))
-            totals = {b: [0, 0.0, 0, 0] for b in thresholds}
+            totals = {b: [0, 0.0, 0, 0, [0] * (RESCUE_ROUNDS + 1)] for b in thresholds}
             batches = 4
             for seed in range(batches):
                 z = rows_of(kind, args.rows // batches, args.vocab, seed).double()
-                for below, (rescued, share, again, many) in probe(z, seg, kc, thresholds).items():
+                for below, (rescued, share, again, many, ways) in probe(
+                    z, seg, kc, thresholds
+                ).items():
                     totals[below][0] += rescued
                     totals[below][1] += share / batches
                     totals[below][2] += again
                     totals[below][3] += many
-            for below, (rescued, share, again, many) in totals.items():
+                    totals[below][4] = [a + b for a, b in zip(totals[below][4], ways, strict=True)]
+            for below, (rescued, share, again, many, ways) in totals.items():
                 label = "off" if below == 0 else ("all" if below >= 1 << 30 else str(below))
                 print(
                     f"{kind:>6} {seg:>8} {kc:>4} {label:>6} {rescued:>13} {share:>10.2%} "
-                    f"{f'{many} of {again}':>17}"
+                    f"{f'{many} of {again}':>17} {'/'.join(map(str, ways[1:])):>9} {ways[0]:>9}"
                 )
                 results.append(
                     {
@@ -131,6 +153,8 @@ def main() -> None:
                         "segments_read_again": share,
                         "segments_read_again_n": again,
                         f"of_them_over_{MANY}_collided_lanes": many,
+                        "rescue_rounds": ways[1:],
+                        "whole_row": ways[0],
                     }
                 )
     out = pathlib.Path(args.out)

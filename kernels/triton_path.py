@@ -85,17 +85,22 @@ MID_PROGRAMS = 3072
 # sample averaged 137.6 us against 46.2 with 16384 (bench_kernels.py --split, session 7). At
 # B = 512 that is about two such rows in every launch.
 MAX_TILES = 32
-# With the reread on (from REREAD_BATCH rows), a segment of MAX_TILES tiles doubles once more,
-# to LONG_TILES, while the row keeps LONG_ROW_LANES lanes and the launch LANE_PROGRAMS
-# programs: the collided lanes that session 7's 32768-token segments lost to the rescue read
-# again instead, at REREAD_BELOW_LONG tops (`bench/reread_probe.py --thresholds`: 5 segments a
-# row at V = 151936 leave 67 of 4096 Zipf rows to the rescue without it, 17 at 20 tops and
-# none at 32), and such a launch starts pass 1 without its PDL wait (band_config(band_wait)).
-# On the H200 (V = 151936 fp32 top-p 0.95, steady, 16 buffers, bench_kernels.py --ab
-# default,rrs32k32gnw): B = 128 45.07-45.11 -> 42.56-42.58 us, 256 80.35-80.50 -> 78.42-78.45,
-# 512 139.36-139.55 -> 136.26-136.33, no rescued row at 128 (2048 rows), 1 of 4096 at 256, 2
-# of 8192 at 512 (1 and 1 before). With its wait, pass 1 of 5 segments lost to PDL in a steady
-# stream (B = 128: 47.45-47.61 us, session 21).
+# On request (band_config(long_segments=True)), with the reread on, a segment of MAX_TILES
+# tiles doubles once more, to LONG_TILES, while the row keeps LONG_ROW_LANES lanes and the
+# launch LANE_PROGRAMS programs: V = 151936 would take 5 segments a row from 103 rows and
+# 262144 8 from 64. Such a launch reads collided lanes again below REREAD_BELOW_LONG tops
+# (`bench/reread_probe.py`: 5 segments a row at V = 151936 leave 67 of 4096 Zipf rows to the
+# rescue without the reread, 17 at 20 tops, none at 32) and starts pass 1 without its PDL
+# wait (with it, a one-wave pass 1 of 5 segments lost to PDL: B = 128 47.45-47.61 us,
+# session 21). On the H200 (V = 151936 fp32 top-p 0.95 Zipf rows, steady, 16 buffers,
+# session 22) it was faster: B = 104 40.76-40.95 -> 38.38-38.74 us, 128 45.03-45.09 ->
+# 42.57-42.74, 256 80.02-80.06 -> 78.02-78.48, 512 139.03-139.64 -> 137.35-137.64; V = 262144
+# B = 64 42.5-42.7 -> 39.7-40.0, 512 201.5 -> 189.4-189.6. It is not the default because of
+# wide supports: on Gaussian rows (standard deviation 5, top-p 0.95, the CPU count of
+# reread_probe.py) it sends 40 of 1024 rows at V = 151936 to the whole-row fallback (about
+# 1 ms a row) against 1 with 16384-token segments, and 30 of 512 against 9 at V = 262144:
+# one such row holds its whole launch, so a few wide rows in ten thousand cost more than
+# the 2.5-3 us it saves a launch.
 LONG_TILES = 64
 LONG_ROW_LANES = 2560
 REREAD_BELOW_LONG = 32
@@ -210,7 +215,7 @@ def band_config(
     warps: int = 0,
     keep: int = 2,
     reread: int | bool | None = None,
-    long_segments: bool | None = None,
+    long_segments: bool = False,
     regs: int | None = None,
     pdl: bool = True,
     band_wait: bool | None = None,
@@ -236,13 +241,12 @@ def band_config(
     rereads = keep == 2 and bool(lanes) and not fused
     if reread is None and not (batch >= REREAD_BATCH and rereads):
         reread = 0
-    if long_segments is None:
-        long_segments = reread is None
     long = False
     if lanes and chunk is None:
         lanes = min(lanes, next_pow2(vocab))
         chunk = lanes_segment(vocab, lanes, batch, programs)
-        long = long_segments and long_segment(vocab, lanes, batch, chunk, programs)
+        long = long_segments and reread != 0 and rereads
+        long = long and long_segment(vocab, lanes, batch, chunk, programs)
         if long:
             chunk *= 2
     chunk = chunk or min(CHUNK_MAX, next_pow2(vocab))

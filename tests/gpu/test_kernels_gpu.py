@@ -44,7 +44,7 @@ PASS1 = {
     "fused_s2k": {"fused": True, "chunk": 2048},
 }
 # Rows built for the rescue take it only without the reread, which is on from REREAD_BATCH
-# rows and would read their collided lane again (B = 128's shape before its long segments).
+# rows and would read their collided lane again (at B = 128's shape).
 NO_REREAD = {"reread": 0}
 
 

@@ -49,7 +49,8 @@ def test_default_shapes_are_valid_for_every_batch(vocab: int) -> None:
     for batch in range(1, 1025):
         cfg = band_config(vocab, batch=batch)
         assert cfg.lanes > 0 and is_pow2(cfg.lanes)  # tl.arange sizes
-        assert cfg.chunk % cfg.lanes == 0 and cfg.chunk // cfg.lanes <= LONG_TILES
+        assert cfg.chunk % cfg.lanes == 0 and cfg.chunk // cfg.lanes <= MAX_TILES
+        assert not is_long(cfg)  # long segments only on request
         assert cfg.n_chunks * cfg.chunk >= vocab > (cfg.n_chunks - 1) * cfg.chunk
         assert is_pow2(cfg.kc) and cfg.kc <= cfg.chunk
         assert cfg.ncand <= 2 * CAND_TARGET  # resolve_kernel loads them in one block
@@ -60,27 +61,30 @@ def test_default_shapes_are_valid_for_every_batch(vocab: int) -> None:
 
 @pytest.mark.parametrize(
     ("vocab", "lanes_per_row"),
-    [(151936, LONG_ROW_LANES), (262144, 4096), (128256, 4096), (32000, ROW_LANES_MIN)],
+    [(151936, 5120), (262144, 8192), (128256, 4096), (32000, ROW_LANES_MIN)],
 )
 def test_large_batches_keep_the_lanes_per_row(vocab: int, lanes_per_row: int) -> None:
     """A lane keeps two tokens, so fewer lanes per row put three of a row's support in one
-    lane more often (a lost row: the rescue or the bisection). V = 32000 stops at
-    ROW_LANES_MIN (it had 1024 lanes a row at B = 512 and lost 6.6% of its rows); V = 151936
-    goes to LONG_ROW_LANES only with the collided lanes read again at REREAD_BELOW_LONG."""
+    lane more often (a lost row: the rescue or the bisection). Longer segments stop at the
+    B = 128 shape for V = 151936; V = 32000 stops at ROW_LANES_MIN (it had 1024 lanes a row
+    at B = 512 and lost 6.6% of its rows). Fewer (LONG_ROW_LANES) only on request, with the
+    collided lanes read again at REREAD_BELOW_LONG."""
     for batch in (128, 256, 512, 1024):
         cfg = band_config(vocab, batch=batch)
         assert cfg.n_chunks * cfg.lanes >= lanes_per_row, (batch, cfg)
-        assert cfg.n_chunks * cfg.lanes >= ROW_LANES_MIN or cfg.reread == REREAD_BELOW_LONG
+        long = band_config(vocab, batch=batch, long_segments=True)
+        assert long.n_chunks * long.lanes >= min(lanes_per_row, LONG_ROW_LANES), (batch, long)
+        assert long.n_chunks * long.lanes >= ROW_LANES_MIN or long.reread == REREAD_BELOW_LONG
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_long_segments_only_with_the_reread(vocab: int) -> None:
-    """A segment doubles past MAX_TILES only from REREAD_BATCH rows, once, where the row
-    keeps LONG_ROW_LANES lanes and the launch LANE_PROGRAMS programs; such a launch reads
-    collided lanes again below REREAD_BELOW_LONG tops and starts pass 1 without its PDL wait.
-    Every other launch keeps the shape and the wait it had."""
+    """On request, a segment doubles past MAX_TILES only from REREAD_BATCH rows, once, where
+    the row keeps LONG_ROW_LANES lanes and the launch LANE_PROGRAMS programs; such a launch
+    reads collided lanes again below REREAD_BELOW_LONG tops and starts pass 1 without its PDL
+    wait. Every other launch keeps the shape and the wait it had."""
     for batch in range(1, 1025):
-        cfg = band_config(vocab, batch=batch)
+        cfg = band_config(vocab, batch=batch, long_segments=True)
         if not is_long(cfg):
             assert cfg.band_wait and cfg.reread in (0, REREAD_BELOW), (batch, cfg)
             continue
@@ -93,16 +97,21 @@ def test_long_segments_only_with_the_reread(vocab: int) -> None:
 
 
 def test_long_segments_where_they_were_timed() -> None:
-    """V = 151936 takes 5 segments a row from 103 rows (the target case B = 128 among
-    them) and 262144 8 from 64; 32000 and 128256 never reach MAX_TILES with their lanes.
-    An explicit reread or segment keeps the shape the rule gives without the long step."""
-    assert [band_config(151936, batch=b).n_chunks for b in (102, 103, 128, 512)] == [19, 5, 5, 5]
-    assert [band_config(262144, batch=b).n_chunks for b in (32, 63, 64, 512)] == [16, 16, 8, 8]
+    """On request V = 151936 takes 5 segments a row from 103 rows (the target case B = 128
+    among them) and 262144 8 from 64; 32000 and 128256 never reach MAX_TILES with their
+    lanes. Without the reread, or by default, the shape is the one the rule gives."""
+
+    def long(vocab: int, batch: int, **kw: object) -> int:
+        return band_config(vocab, batch=batch, long_segments=True, **kw).n_chunks
+
+    assert [long(151936, b) for b in (102, 103, 128, 512)] == [19, 5, 5, 5]
+    assert [long(262144, b) for b in (32, 63, 64, 512)] == [16, 16, 8, 8]
     for vocab, batch in itertools.product((32000, 128256), (128, 512, 1024)):
-        assert not is_long(band_config(vocab, batch=batch))
-    assert band_config(151936, batch=128, reread=16).n_chunks == 10
-    assert band_config(151936, batch=128, long_segments=False).n_chunks == 10
-    assert band_config(151936, batch=128, band_wait=True).band_wait
+        assert not is_long(band_config(vocab, batch=batch, long_segments=True))
+    assert long(151936, 128, reread=16) == 5  # an explicit threshold keeps the long step
+    assert long(151936, 128, reread=0) == 10  # without the reread, no long step
+    assert band_config(151936, batch=128).n_chunks == 10
+    assert band_config(151936, batch=128, long_segments=True, band_wait=True).band_wait
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
@@ -118,8 +127,8 @@ def test_rows_keep_more_than_the_lane_floor_below_mid_sized_launches(vocab: int)
     if vocab in (32000, 128256):
         shapes = [band_config(vocab, batch=b).n_chunks for b in (128, 256, 383, 384, 512)]
         assert shapes == [16, 16, 16, 8, 8]
-    if vocab == 151936:  # the target case before its long step
-        assert band_config(vocab, batch=128, long_segments=False).n_chunks == 10
+    if vocab == 151936:
+        assert band_config(vocab, batch=128).n_chunks == 10  # the target case keeps its shape
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
@@ -160,10 +169,10 @@ def test_collided_lanes_read_again_from_32_rows() -> None:
     enough to pay for it) and off below, and only with two-token lanes of the split launch."""
     assert REREAD_BATCH == 32
     assert [band_config(151936, batch=b).reread for b in (1, 16, REREAD_BATCH - 1)] == [0, 0, 0]
-    for batch in (REREAD_BATCH, 64, 102):
+    for batch in (REREAD_BATCH, 128, 255):
         assert band_config(151936, batch=batch).reread == REREAD_BELOW
-    for batch in (103, 128, 255):  # the long segments
-        assert band_config(151936, batch=batch).reread == REREAD_BELOW_LONG
+    for batch in (103, 128, 255):  # long segments, on request
+        assert band_config(151936, batch=batch, long_segments=True).reread == REREAD_BELOW_LONG
     assert band_config(32000, batch=512).reread == REREAD_BELOW
     assert band_config(151936, batch=512, keep=3).reread == 0
     assert band_config(151936, batch=512, lanes=0).reread == 0
@@ -198,7 +207,7 @@ def test_reread_block_covers_the_segment() -> None:
         tiles = c["REREAD_TILES"]
         assert is_pow2(tiles) and tiles * cfg.lanes >= cfg.chunk
     assert reread_constants(band_config(151936, batch=1))["REREAD_BELOW"] == 0
-    long = reread_constants(band_config(151936, batch=128))
+    long = reread_constants(band_config(151936, batch=128, long_segments=True))
     assert long["REREAD_BELOW"] == REREAD_BELOW_LONG and long["REREAD_TILES"] == LONG_TILES
 
 

@@ -121,11 +121,11 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
     that race's winner is the one 64-bit value reduced through shared memory, once a segment
     and only on those rows. With times, the program stamps of bench/pass1_timeline.py;
     without wait, a pass 1 that starts in stream order and still lets resolve launch early.
-    reread None: the default config, whose segments of 32768 tokens read collided lanes
-    again at 32 tops (their words by tl.gather) and start without the PDL wait."""
+    reread None: long segments (band_config(long_segments=True)), of 32768 tokens, that read
+    collided lanes again at 32 tops and start without the PDL wait."""
     from kernels.triton_band_lanes import band_lanes_kernel
 
-    cfg = band_config(151936, batch=128, keep=keep, reread=reread)
+    cfg = band_config(151936, batch=128, keep=keep, reread=reread, long_segments=reread is None)
     if reread is None:
         assert cfg.chunk == 32768 and cfg.reread == 32 and cfg.band_wait == wait
     const = {
