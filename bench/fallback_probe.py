@@ -42,16 +42,27 @@ from kernels.triton_path import (
 )
 
 
-def way_out(z: torch.Tensor, floors: torch.Tensor, support: int) -> tuple[str, list[int]]:
-    """The predicted way out of one fallback row, and the tokens above each round's floor."""
-    distinct = sorted(set(floors.tolist()), reverse=True)[1 : RESCUE_ROUNDS + 1]
+def rescue_round(
+    z: torch.Tensor, floors: torch.Tensor, support: int, rounds: int = RESCUE_ROUNDS
+) -> tuple[int, list[int]]:
+    """The rescue round predicted to decide one fallback row (0: none, the row is read
+    whole), and the tokens above each round's floor: round r lists every token above the
+    (r+1)-th largest segment floor and decides when the support lies above it, at most
+    RESCUE_TIERS x T2 tokens do, and the support fits in T2."""
+    distinct = sorted(set(floors.tolist()), reverse=True)[1 : rounds + 1]
     above = [int((z > t).sum()) for t in distinct]
     for r, n in enumerate(above):
         if n > RESCUE_TIERS * TIERS[1]:
             break
         if support < n and support <= TIERS[1]:
-            return f"rescue, round {r + 1}", above
-    return "bisection", above
+            return r + 1, above
+    return 0, above
+
+
+def way_out(z: torch.Tensor, floors: torch.Tensor, support: int) -> tuple[str, list[int]]:
+    """The predicted way out of one fallback row, and the tokens above each round's floor."""
+    r, above = rescue_round(z, floors, support)
+    return (f"rescue, round {r}" if r else "bisection"), above
 
 
 def probe(args: argparse.Namespace) -> dict:

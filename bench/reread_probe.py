@@ -31,8 +31,9 @@ import torch
 if __package__ in (None, ""):  # run as a script: import from the repository root
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from bench.fallback_probe import rescue_round
 from bench.lane_collisions import rows_of
-from kernels.triton_path import RESCUE_ROUNDS, RESCUE_TIERS, TIERS
+from kernels.triton_path import RESCUE_ROUNDS
 
 VOCAB, LANES, DELTA, TOP_P = 151936, 512, 12.0, 0.95
 THRESHOLDS = (0, 8, 16, 32, 64, 1 << 30)  # 0: no reread; 1 << 30: every collided segment
@@ -44,21 +45,6 @@ def support_floor(z: torch.Tensor) -> torch.Tensor:
     ps, order = z.softmax(-1).sort(dim=-1, descending=True, stable=True)
     n = ((ps.cumsum(-1) - ps) < TOP_P).sum(-1)
     return z.gather(1, order).gather(1, (n - 1).unsqueeze(1)).squeeze(1)
-
-
-def way_out(z: torch.Tensor, floors: torch.Tensor, support: int) -> int:
-    """The rescue round that decides a rescued row (1..RESCUE_ROUNDS), or 0 for the
-    whole-row fallback: as resolve_kernel's rescue, round r lists every token above the
-    (r+1)-th largest segment floor and decides when the support lies above it, at most
-    RESCUE_TIERS x T2 tokens do, and the support fits in T2 (bench/fallback_probe.py)."""
-    distinct = sorted(set(floors.tolist()), reverse=True)[1 : RESCUE_ROUNDS + 1]
-    for r, t in enumerate(distinct):
-        n = int((z > t).sum())
-        if n > RESCUE_TIERS * TIERS[1]:
-            return 0
-        if support < n and support <= TIERS[1]:
-            return r + 1
-    return 0
 
 
 def probe(
@@ -98,7 +84,7 @@ def probe(
         rescued = (d_c2.amax(-1) >= zlast).nonzero().flatten().tolist()
         ways = [0] * (RESCUE_ROUNDS + 1)
         for r in rescued:
-            ways[way_out(z[r], d_c2[r], int(support[r]))] += 1
+            ways[rescue_round(z[r], d_c2[r], int(support[r]))[0]] += 1
         out[below] = (len(rescued), float(again.double().mean()), int(again.sum()), many, ways)
     return out
 
