@@ -9,6 +9,14 @@ from __future__ import annotations
 import torch
 
 
+def exp64(d: torch.Tensor) -> torch.Tensor:
+    """exp of a float32 difference (z - z_max, rounded in float32 as on the CUDA path), taken
+    in float64. torch's float32 exp on the CPU (torch 2.13) gave sums 2e-5 apart (relative) on
+    the first call of about one process in four, against 2e-10 in float64: enough to move a
+    log-prob past the 1e-5 the design allows, or a top-p cut near its boundary."""
+    return torch.exp(d.double())
+
+
 def resolve_support(
     zs: torch.Tensor,
     complete: torch.Tensor,
@@ -26,7 +34,7 @@ def resolve_support(
     complete:  [B] bool, True when no finite token lies beyond the listed ones.
     z_beyond:  [B] float32, an upper bound on z of every unlisted token.
     z_max:     [B] float32, the row maximum of z.
-    z_sum:     [B] float32, sum over all finite tokens of exp(z - z_max).
+    z_sum:     [B] float64, sum over all finite tokens of exp(z - z_max).
     top_k:     [B] int, 0 = off (already mapped from -1 and from k >= V).
     need_more: the prefix cannot decide |S|; n is then meaningless.
     """
@@ -47,7 +55,7 @@ def resolve_support(
 
     # Masses relative to the row max, zero past the listed prefix; accumulated in float64 so
     # long top-p prefixes stay far from the float32 rounding the oracle calls ambiguous.
-    mass = torch.where(listed, torch.exp(zs - z_max[:, None]), torch.zeros_like(zs)).double()
+    mass = torch.where(listed, exp64(zs - z_max[:, None]), 0.0)
     in_k = pos[None, :] < torch.minimum(cut_k, n_listed)[:, None]
     z_norm = torch.where(k_on, (mass * in_k).sum(dim=1), z_sum.double())
 

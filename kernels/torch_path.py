@@ -14,7 +14,7 @@ import torch
 from kernels.inputs import SampleInputs
 from kernels.noise import gumbel, row_keys
 from kernels.order import GREEDY_T, key_ids, order_keys, pack_keys
-from kernels.resolve import resolve_support
+from kernels.resolve import exp64, resolve_support
 from kernels.result import STATUS_OK, STATUS_OVERFLOW, STATUS_TRUNCATED, SampleResult
 
 # Tokens listed per row, tier by tier: rows the first prefix cannot decide (long top-p tails,
@@ -84,9 +84,9 @@ def draw_from_prefix(
     score = torch.where(in_s, zs + gumbel(k0[:, None], k1[:, None], ids), NEG_INF)
     j = torch.where(greedy, 0, score.argmax(dim=1))
     token = ids.gather(1, j[:, None]).squeeze(1)
-    mass = torch.where(in_s, torch.exp(zs - z_max[:, None]), 0.0)
-    lse = z_max + torch.log(mass.sum(dim=1))
-    logprob = zs.gather(1, j[:, None]).squeeze(1) - lse
+    mass = torch.where(in_s, exp64(zs - z_max[:, None]), 0.0)
+    lse = z_max.double() + torch.log(mass.sum(dim=1))
+    logprob = (zs.gather(1, j[:, None]).squeeze(1).double() - lse).float()
     logprob = torch.where(greedy, 0.0, logprob)
     return token, logprob, j
 
@@ -103,7 +103,7 @@ def draw_whole(
     keys = torch.where(finite & (score == best), pack_keys(z, ids), EMPTY_KEY)
     token = key_ids(keys.amax(dim=1))
     z_tok = z.gather(1, token[:, None]).squeeze(1)
-    return finite.sum(dim=1), token, z_tok - (z_max + torch.log(z_sum))
+    return finite.sum(dim=1), token, (z_tok.double() - (z_max.double() + torch.log(z_sum))).float()
 
 
 def sample_torch(inp: SampleInputs) -> SampleResult:
@@ -119,7 +119,7 @@ def sample_torch(inp: SampleInputs) -> SampleResult:
     if bool(nan_rows.any()):  # keep the arithmetic finite; the rows are overridden
         z = z.masked_fill(nan_rows[:, None], 0.0)
         z_max = z_max.masked_fill(nan_rows, 0.0)
-    z_sum = torch.exp(z - z_max[:, None]).sum(dim=1)  # full normaliser, design 3.5 without k
+    z_sum = exp64(z - z_max[:, None]).sum(dim=1)  # full normaliser, design 3.5 without k
 
     top_k = inp.top_k.to(torch.int64)
     top_k = torch.where((top_k > 0) & (top_k < vocab), top_k, 0)
