@@ -168,16 +168,28 @@ def band_pass(
 _LOGITS: dict[tuple, torch.Tensor] = {}
 
 
+# --real: a real model's logit rows (bench/real_rows.py), shuffled once, on the GPU
+REAL: dict[str, torch.Tensor] = {}
+
+
 def make_inputs(batch, vocab, dtype, setting, flat, seed):
+    """flat: False (Zipf rows), True (flat rows at temperature 2) or "real" (the --real rows,
+    buffer `seed` the seed-th slice of `batch` of them, temperature 1)."""
     dev = "cuda"
     key = (batch, vocab, dtype, flat, seed)
     if key not in _LOGITS:  # the same logits serve every setting
-        _LOGITS.clear() if len(_LOGITS) > 4 * N_BUFFERS else None
+        _LOGITS.clear() if len(_LOGITS) > 64 * N_BUFFERS else None
         g = torch.Generator(device=dev).manual_seed(seed)
-        logits = flat_logits(batch, vocab, g) if flat else peaked_logits(batch, vocab, ALPHA, g)
+        if flat == "real":
+            rows = REAL["logits"]
+            logits = rows[(seed * batch + torch.arange(batch, device=dev)) % rows.shape[0]]
+        elif flat:
+            logits = flat_logits(batch, vocab, g)
+        else:
+            logits = peaked_logits(batch, vocab, ALPHA, g)
         _LOGITS[key] = logits.to(dtype)
     logits = _LOGITS[key]
-    temp = 2.0 if flat else 1.0
+    temp = 2.0 if flat is True else 1.0
     k, p, mp = SETTINGS[setting]
     return {
         "logits": logits,
@@ -257,10 +269,15 @@ def _args(b):
 
 
 def run_case(batch, vocab, dtype, setting, flat, rep_ms, variants=()):
-    """One grid case; `variants` adds a graph time per named pass-1 variant (graph_us_NAME)."""
-    bufs = [make_inputs(batch, vocab, dtype, setting, flat, seed=i) for i in range(N_BUFFERS)]
+    """One grid case; `variants` adds a graph time per named pass-1 variant (graph_us_NAME).
+    Real rows take as many buffers as they fill (up to 64), so every row is timed."""
+    n_buf = N_BUFFERS
+    if flat == "real":
+        n_buf = max(N_BUFFERS, min(64, REAL["logits"].shape[0] // batch))
+    bufs = [make_inputs(batch, vocab, dtype, setting, flat, seed=i) for i in range(n_buf)]
     it = itertools.cycle(bufs)
     res = kernels.sample(**_args(bufs[0]), max_mask_tokens=CAP)
+    every = [kernels.sample(**_args(b), max_mask_tokens=CAP) for b in bufs]
     band = torch.empty(batch, dtype=torch.int64, device="cuda")
     sample_triton(check_inputs(**_args(bufs[0]), max_mask_tokens=CAP), band_sizes=band)
     torch.cuda.synchronize()
@@ -269,7 +286,7 @@ def run_case(batch, vocab, dtype, setting, flat, rep_ms, variants=()):
         "V": vocab,
         "dtype": str(dtype).replace("torch.", ""),
         "setting": setting,
-        "logits": "flat_T2" if flat else f"zipf_a{ALPHA}",
+        "logits": REAL["name"] if flat == "real" else ("flat_T2" if flat else f"zipf_a{ALPHA}"),
         "entropy_nats": round(
             float(entropy_nats(bufs[0]["logits"].float() / bufs[0]["temperature"][:, None]).mean()),
             2,
@@ -278,6 +295,11 @@ def run_case(batch, vocab, dtype, setting, flat, rep_ms, variants=()):
         "band_mean": float(band.float().mean()),
         "band_max": int(band.max()),
         "fallback_rate": float(res.fallback_rows.float().mean()),
+        "buffers": n_buf,
+        "fallback_rate_all": float(torch.cat([r.fallback_rows for r in every]).float().mean()),
+        "support_p99_all": float(
+            torch.cat([r.support_sizes for r in every]).double().quantile(0.99)
+        ),
         "overflow_rate": float((res.mask_status == 1).float().mean()),
     }
     row["sample_us"] = bench(lambda: kernels.sample(**_args(next(it)), max_mask_tokens=CAP), rep_ms)
@@ -285,8 +307,9 @@ def run_case(batch, vocab, dtype, setting, flat, rep_ms, variants=()):
     for name in variants:
         row[f"graph_us_{name}"] = graph_time(bufs, rep_ms, name)
     row["floor_us"] = floor_time(it, rep_ms)
-    row["steady_us"] = graph_time(bufs, rep_ms, calls=STEADY_CALLS)
-    row["floor_steady_us"] = floor_steady_time(bufs, rep_ms, STEADY_CALLS)
+    steady_calls = max(STEADY_CALLS, n_buf)
+    row["steady_us"] = graph_time(bufs, rep_ms, calls=steady_calls)
+    row["floor_steady_us"] = floor_steady_time(bufs, rep_ms, steady_calls)
     row["band_us"] = bench(
         lambda: band_pass(*(lambda b: (b["logits"], b["temperature"]))(next(it))), rep_ms
     )
@@ -339,6 +362,11 @@ def main() -> None:
     ap.add_argument("--batches", default="", help="instead of the grid: these batch sizes")
     ap.add_argument("--vocabs", default="", help="instead of the grid: these vocabularies")
     ap.add_argument("--dtypes", default="", help="instead of the grid: float32,bfloat16")
+    ap.add_argument(
+        "--real",
+        metavar="PT",
+        help="instead of the grid: a real model's rows (bench/real_rows.py) at --batches",
+    )
     args = ap.parse_args()
     settings = [x for x in args.settings.split(",") if x]
     variants = [v for v in args.variants.split(",") if v]
@@ -366,7 +394,16 @@ def main() -> None:
         cpu_bench(out)
         return
     cases = []
-    if args.batches or args.vocabs or args.dtypes:  # a slice of the grid (or other batches)
+    if args.real:
+        data = torch.load(args.real)
+        logits = data["logits"].float()
+        perm = torch.randperm(logits.shape[0], generator=torch.Generator().manual_seed(0))
+        REAL.update(logits=logits[perm].cuda(), name=data["model"].split("-")[0].lower())
+        batches = [int(b) for b in args.batches.split(",") if b] or [1, 32, 128]
+        dtypes = [getattr(torch, d) for d in args.dtypes.split(",") if d] or [torch.float32]
+        for dtype, batch, setting in itertools.product(dtypes, batches, settings):
+            cases.append((batch, logits.shape[1], dtype, setting, "real"))
+    elif args.batches or args.vocabs or args.dtypes:  # a slice of the grid (or other batches)
         batches = [int(b) for b in args.batches.split(",") if b] or sorted(GRID_BATCHES)
         vocabs = [int(v) for v in args.vocabs.split(",") if v] or GRID_VOCABS
         dtypes = [getattr(torch, d) for d in args.dtypes.split(",") if d] or [torch.float32]
@@ -406,7 +443,7 @@ def main() -> None:
         print(
             f"{r['B']:>4} {r['V']:>7} {r['dtype']:>8} {r['setting']:>9} {r['logits']:>9} "
             f"{r['entropy_nats']:>5} {r['support_mean']:>7.1f} {r['band_mean']:>7.1f} "
-            f"{100 * r['fallback_rate']:>5.1f} {r['sample_us']:>8.1f} {r['graph_us']:>8.1f} "
+            f"{100 * r['fallback_rate_all']:>5.1f} {r['sample_us']:>8.1f} {r['graph_us']:>8.1f} "
             f"{r['floor_us']:>7.1f} {r['graph_us'] / r['floor_us']:>7.2f} "
             f"{r['steady_us']:>7.1f} {r['floor_steady_us']:>6.1f} "
             f"{r['steady_us'] / r['floor_steady_us']:>5.2f} "
@@ -777,7 +814,10 @@ def plot(rows, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    zipf = [r for r in rows if r["logits"].startswith("zipf")]
+    # Zipf rows when the run has them, else a real model's (--real)
+    zipf = [r for r in rows if r["logits"].startswith("zipf")] or [
+        r for r in rows if not r["logits"].startswith("flat")
+    ]
     if not zipf:
         return
     # the target vocabulary in fp32 when the run has it, else the first (V, dtype) it has
@@ -800,7 +840,7 @@ def plot(rows, path) -> None:
             ax.plot(bs, [r.get(key, float("nan")) for r in rs], marker="o", label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_title(f"V={vocab} {dtype} {setting}")
+        ax.set_title(f"{zipf[0]['logits']} V={vocab} {dtype} {setting}")
         ax.set_xlabel("batch rows")
     axes[0].set_ylabel("median time (us)")
     axes[0].legend(fontsize=7)

@@ -38,7 +38,16 @@ SHAPES = [(512, 2048), (512, 16384), (512, 32768), (1024, 32768)]
 
 
 def rows_of(kind: str, rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """`rows` logit rows: "zipf", "gauss" (standard deviation 5) or "real" (the seed-th slice
+    of bench/real_rows.py's model rows, whose vocabulary `vocab` must be)."""
     g = torch.Generator().manual_seed(seed)
+    if kind == "real":
+        from bench.real_rows import rows as real_rows
+
+        z = real_rows()
+        if z.shape[1] != vocab:
+            raise SystemExit(f"the real rows have V = {z.shape[1]}: pass --vocab {z.shape[1]}")
+        return z[(seed * rows + torch.arange(rows)) % z.shape[0]]
     if kind == "zipf":
         return peaked_logits(rows, vocab, 1.6, g)
     return torch.randn(rows, vocab, generator=g) * 5.0  # the fallback probe's Gaussian rows
