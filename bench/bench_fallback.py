@@ -3,6 +3,7 @@
   python bench/bench_fallback.py [--label NAME] [--batches 1,128] [--out DIR]
   python bench/bench_fallback.py --plot BEFORE.json AFTER.json [--out DIR] [--png F --title T]
   python bench/bench_fallback.py --cpu [--label NAME]   (the CPU torch path, no CUDA)
+  python bench/bench_fallback.py --real ROWS.pt --fb-blocks 1024,2048,4096 --cases ...
 
 Rows the band cannot decide (flat, high-temperature rows whose support runs to thousands of
 tokens; a top-k past the band; min-p alone on flat rows) are decided in resolve_kernel by
@@ -46,7 +47,10 @@ CASES = {
     "zipf_p0.95_one_plain": ("zipf", torch.float32, 1.0, -1, 0.95, 0.0, True, False),
     # No mask asked: pass 1 is compiled with the race, which no row takes.
     "zipf_p0.95_no_mask": ("zipf", torch.float32, 1.0, -1, 0.95, 0.0, False, False),
+    # A real model's rows (--real): wide supports take the rescue and the whole-row fallback.
+    "real_p0.95": ("real", torch.float32, 1.0, -1, 0.95, 0.0, True, False),
 }
+REAL: dict[str, torch.Tensor] = {}  # --real: "logits", the rows in file order, on the GPU
 # Cases whose first row samples plainly (nothing truncates, no mask) among the others.
 ONE_PLAIN = {"zipf_p0.95_one_plain"}
 
@@ -56,7 +60,12 @@ def make_inputs(case: str, batch: int) -> dict:
 
     kind, dtype, temp, k, p, mp, want, bounded = CASES[case]
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = flat_logits(batch, VOCAB, g) if kind == "flat" else peaked_logits(batch, VOCAB, ALPHA, g)
+    if kind == "real":
+        x = REAL["logits"][torch.arange(batch) % REAL["logits"].shape[0]]
+    elif kind == "flat":
+        x = flat_logits(batch, VOCAB, g)
+    else:
+        x = peaked_logits(batch, VOCAB, ALPHA, g)
     dev = "cuda"
     top_p = torch.full((batch,), p, device=dev)
     want_mask = torch.full((batch,), want, dtype=torch.bool)
@@ -76,7 +85,17 @@ def make_inputs(case: str, batch: int) -> dict:
     }
 
 
-def run(batches: list[int], rep_ms: int, cases: list[str]) -> list[dict]:
+def run(batches: list[int], rep_ms: int, cases: list[str], fb_blocks: list[int]) -> list[dict]:
+    from kernels import triton_path
+
+    rows = []
+    for fb_block in fb_blocks:
+        triton_path.FB_BLOCK = fb_block  # read at every launch: one compile per size
+        rows += run_cases(batches, rep_ms, cases, fb_block)
+    return rows
+
+
+def run_cases(batches: list[int], rep_ms: int, cases: list[str], fb_block: int) -> list[dict]:
     from bench.bench_kernels import bench, replay_time
     from bench.kernel_baselines import sort_path
     from kernels.inputs import check_inputs
@@ -95,6 +114,8 @@ def run(batches: list[int], rep_ms: int, cases: list[str]) -> list[dict]:
             row = {
                 "case": case,
                 "batch": batch,
+                "vocab": b["logits"].shape[1],
+                "fb_block": fb_block,
                 "us": round(us, 1),
                 "sort_us": round(sort_us, 1),
                 "fallback": float(res.fallback_rows.float().mean()),
@@ -103,7 +124,7 @@ def run(batches: list[int], rep_ms: int, cases: list[str]) -> list[dict]:
             }
             rows.append(row)
             print(
-                f"{case:>20} B={batch:<4} {row['us']:>10.1f} us  sort {row['sort_us']:>9.1f} us"
+                f"{case:>20} B={batch:<4} FB_BLOCK={fb_block:<5} {row['us']:>10.1f} us  sort {row['sort_us']:>9.1f} us"
                 f"  fallback {row['fallback']:.0%}  |S| {row['support_median']}"
                 f"  status {row['status']}",
                 flush=True,
@@ -185,6 +206,8 @@ def main() -> None:
     ap.add_argument("--png", default="fallback_bench.png", help="--plot: the file to draw")
     ap.add_argument("--title", default="Rows decided by the whole-row fallback", help="--plot")
     ap.add_argument("--cpu", action="store_true", help="the CPU path, rows nothing truncates")
+    ap.add_argument("--real", metavar="PT", help="a real model's rows: adds case real_p0.95")
+    ap.add_argument("--fb-blocks", default="", help="FB_BLOCK sizes to time (default: the one set)")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -206,7 +229,15 @@ def main() -> None:
         return
     if not torch.cuda.is_available():
         sys.exit("bench_fallback.py needs CUDA")
-    rows = run([int(b) for b in args.batches.split(",")], args.rep_ms, args.cases.split(","))
+    from kernels import triton_path
+
+    cases = args.cases.split(",")
+    if args.real:
+        REAL["logits"] = torch.load(args.real)["logits"].float().cuda()
+    else:
+        cases = [c for c in cases if CASES[c][0] != "real"]
+    fb_blocks = [int(v) for v in args.fb_blocks.split(",") if v] or [triton_path.FB_BLOCK]
+    rows = run([int(b) for b in args.batches.split(",")], args.rep_ms, cases, fb_blocks)
     name = f"fallback_bench_{args.label}.json" if args.label else "fallback_bench.json"
     doc = {
         "label": args.label or "run",
