@@ -365,7 +365,8 @@ def main() -> None:
     ap.add_argument(
         "--real",
         metavar="PT",
-        help="instead of the grid: a real model's rows (bench/real_rows.py) at --batches",
+        help="instead of the grid: a real model's rows (bench/real_rows.py) at --batches; "
+        "with --cpu, the CPU path on them",
     )
     args = ap.parse_args()
     settings = [x for x in args.settings.split(",") if x]
@@ -391,7 +392,7 @@ def main() -> None:
         split_times(args.rep_ms, out, variants or list(VARIANTS), graphs)
         return
     if args.cpu:
-        cpu_bench(out)
+        cpu_bench(out, real=args.real)
         return
     cases = []
     if args.real:
@@ -733,13 +734,22 @@ def resolve_phases(out: pathlib.Path, batches: list[int], calls: int = 20) -> No
     (out / "kernels_phases.json").write_text(json.dumps(rows, indent=1))
 
 
-def cpu_bench(out: pathlib.Path, repeats: int = 7) -> None:
-    """The CPU torch path (the worker's path without CUDA): median wall and CPU time."""
+def cpu_bench(out: pathlib.Path, repeats: int = 7, real: str | None = None) -> None:
+    """The CPU torch path (the worker's path without CUDA): median wall and CPU time. With
+    `real` (a bench/real_rows.py file), on those rows, the first B of a fixed shuffle."""
     rows = []
+    vocabs = [32000, 49152]
+    if real:
+        data = torch.load(real)
+        shuffled = data["logits"].float()
+        shuffled = shuffled[
+            torch.randperm(len(shuffled), generator=torch.Generator().manual_seed(0))
+        ]
+        vocabs = [shuffled.shape[1]]
     print(f"{'B':>4} {'V':>6} {'setting':>9} {'|S|':>6} {'fb%':>5} {'wall_ms':>8} {'cpu_ms':>7}")
-    for vocab, batch, setting in itertools.product([32000, 49152], [1, 8, 16, 64], SETTINGS):
+    for vocab, batch, setting in itertools.product(vocabs, [1, 8, 16, 64], SETTINGS):
         g = torch.Generator().manual_seed(batch)
-        logits = peaked_logits(batch, vocab, ALPHA, g)
+        logits = shuffled[:batch] if real else peaked_logits(batch, vocab, ALPHA, g)
         k, p, mp = SETTINGS[setting]
         args = (
             logits,
@@ -760,6 +770,7 @@ def cpu_bench(out: pathlib.Path, repeats: int = 7) -> None:
             "B": batch,
             "V": vocab,
             "setting": setting,
+            "logits": data["model"] if real else f"zipf_a{ALPHA}",
             "threads": torch.get_num_threads(),
             "support_mean": float(res.support_sizes.float().mean()),
             "fallback_rate": float(res.fallback_rows.float().mean()),
@@ -771,8 +782,9 @@ def cpu_bench(out: pathlib.Path, repeats: int = 7) -> None:
             f"{batch:>4} {vocab:>6} {setting:>9} {row['support_mean']:>6.1f} "
             f"{100 * row['fallback_rate']:>5.1f} {row['wall_ms']:>8.1f} {row['cpu_ms']:>7.1f}"
         )
-    (out / "kernels_cpu_bench.json").write_text(json.dumps(rows, indent=1))
-    with open(out / "kernels_cpu_bench.csv", "w", newline="") as f:
+    name = "kernels_cpu_bench_real" if real else "kernels_cpu_bench"
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=1))
+    with open(out / f"{name}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
@@ -793,10 +805,10 @@ def cpu_bench(out: pathlib.Path, repeats: int = 7) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch rows")
     ax.set_ylabel("median wall time (ms)")
-    ax.set_title("kernels.sample, CPU torch path")
+    ax.set_title(f"kernels.sample, CPU torch path, {rows[0]['logits']} rows")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "kernels_cpu_bench.png", dpi=120)
+    fig.savefig(out / f"{name}.png", dpi=120)
 
 
 def save(rows, out: pathlib.Path) -> None:
