@@ -172,6 +172,15 @@ _LOGITS: dict[tuple, torch.Tensor] = {}
 REAL: dict[str, torch.Tensor] = {}
 
 
+def load_real(path: str) -> torch.Tensor:
+    """Loads --real rows into REAL, shuffled once (seed 0), on the GPU; returns them."""
+    data = torch.load(path)
+    logits = data["logits"].float()
+    perm = torch.randperm(logits.shape[0], generator=torch.Generator().manual_seed(0))
+    REAL.update(logits=logits[perm].cuda(), name=data["model"].split("-")[0].lower())
+    return REAL["logits"]
+
+
 def make_inputs(batch, vocab, dtype, setting, flat, seed):
     """flat: False (Zipf rows), True (flat rows at temperature 2) or "real" (the --real rows,
     buffer `seed` the seed-th slice of `batch` of them, temperature 1)."""
@@ -379,6 +388,11 @@ def main() -> None:
     if args.profile:
         kernel_profile(out, variants)
         return
+    if args.phases and args.real:
+        load_real(args.real)
+        for batch in [int(b) for b in args.phase_batches.split(",")]:
+            real_row_cycles(out, batch)
+        return
     if args.phases:
         resolve_phases(out, [int(b) for b in args.phase_batches.split(",")])
         return
@@ -396,10 +410,7 @@ def main() -> None:
         return
     cases = []
     if args.real:
-        data = torch.load(args.real)
-        logits = data["logits"].float()
-        perm = torch.randperm(logits.shape[0], generator=torch.Generator().manual_seed(0))
-        REAL.update(logits=logits[perm].cuda(), name=data["model"].split("-")[0].lower())
+        logits = load_real(args.real)
         batches = [int(b) for b in args.batches.split(",") if b] or [1, 32, 128]
         dtypes = [getattr(torch, d) for d in args.dtypes.split(",") if d] or [torch.float32]
         for dtype, batch, setting in itertools.product(dtypes, batches, settings):
@@ -732,6 +743,52 @@ def resolve_phases(out: pathlib.Path, batches: list[int], calls: int = 20) -> No
             flush=True,
         )
     (out / "kernels_phases.json").write_text(json.dumps(rows, indent=1))
+
+
+def real_row_cycles(out: pathlib.Path, batch: int, setting: str = "p0.95", calls: int = 5) -> None:
+    """Each --real row's resolve cycles (entry to exit stamp, median over calls) at `batch`
+    rows a launch, over every buffer the rows fill, with its support size and whether it
+    took the rescue (its stamps written) or the fallback at all: which rows hold a launch,
+    and by how much. Prints the slowest 20; writes real_row_cycles.json."""
+    from kernels.triton_resolve import MAIN_STAMPS, PHASES
+
+    n_buf = REAL["logits"].shape[0] // batch
+    recs = []
+    for buf in range(n_buf):
+        b = make_inputs(batch, REAL["logits"].shape[1], torch.float32, setting, "real", buf)
+        inp = check_inputs(**_args(b), max_mask_tokens=CAP)
+        index = mask_index(inp.want_mask, inp.logits.device)
+        stamps = torch.zeros(batch, PHASES.value, dtype=torch.int64, device="cuda")
+        totals = []
+        for i in range(calls + 1):
+            stamps.zero_()
+            res = sample_triton(inp, index=index, phase_cycles=stamps)
+            st = stamps.cpu()
+            if i:  # the first call compiles
+                totals.append(st[:, MAIN_STAMPS.value - 1] - st[:, 0])
+        cyc = torch.stack(totals).double().median(dim=0).values
+        for r in range(batch):
+            recs.append(
+                {
+                    "buffer": buf,
+                    "row": r,
+                    "support": int(res.support_sizes[r]),
+                    "fallback": bool(res.fallback_rows[r]),
+                    "rescue_stamped": bool(st[r, -1] > 0),
+                    "cycles": float(cyc[r]),
+                }
+            )
+    recs.sort(key=lambda d: -d["cycles"])
+    for d in recs[:20]:
+        print(
+            f"buffer {d['buffer']:>2} row {d['row']:>3} |S| {d['support']:>5} "
+            f"fallback {d['fallback']!s:>5} rescue stamps {d['rescue_stamped']!s:>5} "
+            f"{d['cycles']:>9.0f} cycles ({d['cycles'] / 1980:.1f} us at 1.98 GHz)",
+            flush=True,
+        )
+    plain = [d["cycles"] for d in recs if not d["fallback"]]
+    print(f"rows without the fallback: median {statistics.median(plain):.0f} cycles")
+    (out / "real_row_cycles.json").write_text(json.dumps(recs, indent=1))
 
 
 def cpu_bench(out: pathlib.Path, repeats: int = 7, real: str | None = None) -> None:
