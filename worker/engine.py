@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 
 from gateway.errors import ApiError
-from worker.batch import Runner
+from worker.batch import Runner, StepStats
 from worker.metrics import WorkerMetrics
 from worker.scheduler import Scheduler, StepOutcome
 from worker.sequence import Sequence
@@ -169,7 +169,7 @@ class Engine:
             return
         outcome = self.scheduler.postprocess(batch, results)
         self.num_steps += 1
-        self._observe(outcome, len(batch), stats.mask_seconds, any(r.want_mask for _, r in batch))
+        self._observe(outcome, len(batch), stats, any(r.want_mask for _, r in batch))
         self._publish([self._event(seq) for seq in outcome.updated])
 
     def _fail(self, seq: Sequence, err: ApiError) -> tuple[RequestHandle, Event]:
@@ -204,7 +204,7 @@ class Engine:
         if events and self._loop is not None:
             self._loop.call_soon_threadsafe(_deliver, events)
 
-    def _observe(self, out: StepOutcome, rows: int, mask_seconds: float, masks: bool) -> None:
+    def _observe(self, out: StepOutcome, rows: int, stats: StepStats, masks: bool) -> None:
         m = self.metrics
         m.batch_size.observe(rows)
         m.generated_tokens.inc(out.num_generated)
@@ -214,7 +214,9 @@ class Engine:
         for t in out.itl:
             m.itl.observe(t)
         if masks:
-            m.mask_kernel_seconds.observe(mask_seconds)
+            m.mask_kernel_seconds.observe(stats.mask_seconds)
+        if stats.num_fallback_rows:
+            m.sampler_fallback_rows.inc(stats.num_fallback_rows)
         overflows = sum(
             1
             for s in out.updated

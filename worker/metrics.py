@@ -62,6 +62,12 @@ class WorkerMetrics:
             buckets=_KERNEL_BUCKETS,
             registry=r,
         )
+        self.sampler_fallback_rows = Counter(
+            "maskgate_worker_sampler_fallback_rows",
+            "Sampled rows the kernels' band could not decide (rescue or whole-row reads: wide"
+            " supports, which hold a GPU step far longer than the rest)",
+            registry=r,
+        )
         self.kv_usage = Gauge(
             "maskgate_worker_kv_usage_ratio", "Fraction of KV slots in use", registry=r
         )

@@ -20,6 +20,7 @@ ALERTS = {
     "MaskgateQueueSaturated",
     "MaskgateHighOverheadP99",
     "MaskgateMaskOverflowRate",
+    "MaskgateSamplerFallbackRate",
     "MaskgateUpstreamErrorRate",
     "MaskgateMaskInvariantViolation",
 }
@@ -37,6 +38,7 @@ PANELS = {
     "Batch size",
     "Tokens/s",
     "KV cache usage",
+    "Sampler fallback rows",
 }
 # Grafana's template variables, replaced by plain values so promtool can parse the queries.
 GRAFANA_VARS = {"$__rate_interval": "1m", "$namespace": ".*", "$pool": ".*"}

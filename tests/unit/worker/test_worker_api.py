@@ -173,6 +173,7 @@ async def test_info_endpoints_and_metric_names(client: TestClient) -> None:
         "maskgate_worker_itl_seconds_bucket",
         "maskgate_worker_mask_overflows_total",
         "maskgate_worker_mask_kernel_seconds_bucket",
+        "maskgate_worker_sampler_fallback_rows_total",
         "maskgate_worker_kv_usage_ratio",
     ):
         assert f"\n{name}" in text, name

@@ -308,3 +308,26 @@ def test_stop_string_late_in_a_long_output_is_found() -> None:
     sched.add(seq)
     drain(sched, runner)
     assert len(seq.output_ids) == 62 and seq.matched_stop == "yz" and seq.text_limit == 60
+
+
+def test_engine_counts_the_samplers_fallback_rows() -> None:
+    """The engine exports the sampler's fallback rows (wide supports that hold a GPU step)
+    as maskgate_worker_sampler_fallback_rows_total, step by step."""
+    from worker.engine import Engine
+    from worker.metrics import WorkerMetrics
+
+    class FallbackRunner(FakeRunner):
+        def run(self, rows: list[RowWork]) -> tuple[list[RowResult | None], StepStats]:
+            out, stats = super().run(rows)
+            stats.num_fallback_rows = sum(1 for r in rows if r.sample)
+            return out, stats
+
+    runner = FallbackRunner()
+    metrics = WorkerMetrics()
+    engine = Engine(runner, make_sched(runner), metrics)
+    engine.submit([make_seq("a", [5, 6], max_new=3), make_seq("b", [7], max_new=3)])
+    assert engine._drain_inbox(block=False)
+    while engine.scheduler.has_work():
+        engine.step()
+    text = metrics.render().decode()
+    assert "\nmaskgate_worker_sampler_fallback_rows_total 6.0" in text  # 2 rows x 3 tokens
