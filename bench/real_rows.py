@@ -5,9 +5,9 @@ raw float32 logits become one row.
 
     python bench/real_rows.py [--steps 32] [--out .cache/real_rows/smollm2.pt]
 
-The model comes from the worker's loader (PyPI package, converted once, on the CPU); the rows
-are saved as float16 (their range is a few tens, so float16 keeps 11 bits of each) with the
-prompts and the sampled tokens. `rows()` loads them for the other scripts, generating them
+The model is the worker's converted copy (PyPI package, converted once), run on the CPU by
+transformers, seeded: the same file every run. The rows are saved as float16 (their range is
+a few tens, so float16 keeps 11 bits of each) with the prompts and the sampled tokens. `rows()` loads them for the other scripts, generating them
 first when the file is missing. Prints the rows' entropy and support sizes against the
 benchmark's Zipf rows at the same vocabulary.
 """
@@ -66,14 +66,13 @@ PROMPTS = (
 def generate(steps: int = STEPS, seed: int = 0) -> dict:
     """Sample `steps` tokens for every prompt (one batch, left-padded) and keep each step's
     logits: [len(PROMPTS) * steps, V] float32, prompt-major."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from worker.model.gguf_convert import ensure_smollm2
-    from worker.model.loader import load
 
-    loaded = load("smollm2", "cpu", progress=print)
-    tok = loaded.tokenizer
-    model = AutoModelForCausalLM.from_pretrained(ensure_smollm2(), torch_dtype=torch.float32)
+    path = ensure_smollm2(progress=print)  # the worker's converted copy (download once)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
     texts = [
         tok.apply_chat_template(
