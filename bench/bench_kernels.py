@@ -11,7 +11,8 @@ Masks are requested for every row, C = 4096, exact mode. Times are medians of
 triton.testing.do_bench over four rotating input buffers (so small batches are not timed
 out of L2); the 'graph' column replays kernels.sample captured in a CUDA graph, 'steady'
 captures 8 samples in one graph and divides (no graph-launch cost), as 'fl_st' does for the
-floor. --profile times each launch per --variants pass-1 shape.
+floor. --profile times each launch per --variants pass-1 shape. The fb% column counts
+fallback rows over every input buffer (fallback_rate_all; fallback_rate is buffer 0's).
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ _LOGITS: dict[tuple, torch.Tensor] = {}
 
 
 # --real: a real model's logit rows (bench/real_rows.py), shuffled once, on the GPU
-REAL: dict[str, torch.Tensor] = {}
+REAL: dict = {}  # "logits": [N, V] float32 on the GPU, "name": the model's short name
 
 
 def load_real(path: str) -> torch.Tensor:
