@@ -188,7 +188,7 @@ def make_inputs(batch, vocab, dtype, setting, flat, seed):
     dev = "cuda"
     key = (batch, vocab, dtype, flat, seed)
     if key not in _LOGITS:  # the same logits serve every setting
-        _LOGITS.clear() if len(_LOGITS) > 64 * N_BUFFERS else None
+        _LOGITS.clear() if len(_LOGITS) >= 64 else None  # --real at B = 1 cycles 64 buffers
         g = torch.Generator(device=dev).manual_seed(seed)
         if flat == "real":
             rows = REAL["logits"]
