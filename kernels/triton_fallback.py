@@ -165,8 +165,9 @@ def cut_key(
     A token is kept when the tokens before it, c of mass m, leave c < k, m / z_norm < top_p,
     and its own exp(z - z_max) >= min_p. First the cut's z: P(v), "a token of z = v with every
     token of larger z before it is kept", is false below it and true from it, and is counted
-    at three thresholds a read (the row's z in ordered32 space, 2^32 values: 16 reads at most;
-    none when only min-p is on, since P then depends on v alone), until at most G tokens lie
+    at three thresholds a read (_quarters: in z at first, then in the row's ordered32 space,
+    2^32 values: Z_READS + 16 reads at most; none when only min-p is on, since P then depends
+    on v alone), until at most G tokens lie
     between the bracket's ends: one more read lists them in scratch_row (G slots), sorted
     they give the cut directly. A bracket closed on one z with more than G tokens (a long
     tie) is cut with no read: its tokens (ids ascending) have the same mass each, so the
@@ -176,6 +177,8 @@ def cut_key(
     # false, P(hi) true, each end's count and mass above it once counted (c < 0: not yet).
     lo = ordered32(tl.full([], float("-inf"), tl.float32)).to(tl.int64)  # P(-inf) is false
     hi = ordered32(z_max).to(tl.int64)  # nothing above the max: P holds (k >= 1, top_p > 0)
+    top = hi
+    reads = tl.full([], 0, tl.int32)
     c_hi = tl.full([], 0, tl.int32)
     m_hi = tl.full([], 0.0, tl.float32)
     c_lo = tl.full([], -1, tl.int32)
@@ -190,10 +193,8 @@ def cut_key(
             lo = tl.where(up, lo, mid)
         c_hi = tl.full([], -1, tl.int32)
     while (hi - lo > 1) & ((c_lo < 0) | (c_lo - c_hi > G)):
-        span = hi - lo
-        q1 = lo + span // 4
-        q2 = lo + span // 2
-        q3 = lo + span * 3 // 4
+        q1, q2, q3 = _quarters(lo, hi, top, reads)
+        reads += 1
         n1, n2, n3, s1, s2, s3 = _above3(
             x_row, temp, vocab, q1.to(tl.int32), q2.to(tl.int32), q3.to(tl.int32), z_max, BLOCK
         )
@@ -246,6 +247,44 @@ def cut_key(
             BLOCK,
         )
     return t, n, mass
+
+
+Z_READS = tl.constexpr(4)  # cut_key's reads at most that take quarter points in z
+
+
+@triton.jit
+def _quarters(lo, hi, top, reads):
+    """cut_key's three thresholds inside the bracket (lo, hi) (ordered32 values as int64;
+    top: the row max's, where hi starts; reads: the search's reads so far). For its first
+    Z_READS reads, the bracket's quarter points in z, where a row's tokens lie, when the
+    bracket spans at most 64 nats on one side of zero; else, or when those do not split it,
+    its quarter points in ordered32 space, which reach any single float in 16 reads.
+
+    The first read, with no lower end yet (lo at -inf), takes 48, 32 and 16 nats below the
+    max: a top-p cut lies above that on any row whose mass past it float32 sums can see,
+    and a cut further down (a top-k or min-p one) costs that one read. Ordered32 quarters
+    alone spend their first reads on floats no logit takes (every magnitude below 1 lies
+    between -1 and 1): a wide top-p row's search took 6-7 reads, 3-5 with these (bench/
+    row_paths.py). Across zero, or near a long tie, quarters in z would halve their way
+    through every magnitude below their width, so those take ordered32 quarters, and the
+    cap bounds a search at Z_READS + 16 reads. Any three thresholds keep the search exact:
+    each is counted, not assumed."""
+    span = hi - lo
+    o1 = lo + span // 4
+    o2 = lo + span // 2
+    o3 = lo + span * 3 // 4
+    v_hi = from_ordered32(hi.to(tl.int32))
+    v_lo = from_ordered32(lo.to(tl.int32))
+    open_below = v_lo == float("-inf")
+    base = tl.where(open_below, v_hi - 64.0, v_lo)
+    width = tl.where(open_below, 64.0, v_hi - v_lo)
+    z1 = ordered32(base + 0.25 * width).to(tl.int64)
+    z2 = ordered32(base + 0.5 * width).to(tl.int64)
+    z3 = ordered32(base + 0.75 * width).to(tl.int64)
+    one_side = (v_lo > 0.0) | (v_hi < 0.0)
+    split = (reads < Z_READS) & (width <= 64.0) & tl.where(open_below, hi == top, one_side)
+    split = split & (lo < z1) & (z1 < z2) & (z2 < z3) & (z3 < hi)
+    return tl.where(split, z1, o1), tl.where(split, z2, o2), tl.where(split, z3, o3)
 
 
 @triton.jit
