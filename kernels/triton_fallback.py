@@ -256,19 +256,19 @@ Z_READS = tl.constexpr(4)  # cut_key's reads at most that take quarter points in
 def _quarters(lo, hi, top, reads):
     """cut_key's three thresholds inside the bracket (lo, hi) (ordered32 values as int64;
     top: the row max's, where hi starts; reads: the search's reads so far). For its first
-    Z_READS reads, the bracket's quarter points in z, where a row's tokens lie, when the
-    bracket spans at most 64 nats on one side of zero; else, or when those do not split it,
-    its quarter points in ordered32 space, which reach any single float in 16 reads.
+    Z_READS reads, the bracket's quarter points in z, where a row's tokens lie, when it spans
+    at most 64 nats; else, or when those do not split it, its quarter points in ordered32
+    space, which reach any single float in 16 reads: a search takes Z_READS + 16 at most.
 
     The first read, with no lower end yet (lo at -inf), takes 48, 32 and 16 nats below the
     max: a top-p cut lies above that on any row whose mass past it float32 sums can see,
     and a cut further down (a top-k or min-p one) costs that one read. Ordered32 quarters
     alone spend their first reads on floats no logit takes (every magnitude below 1 lies
-    between -1 and 1): a wide top-p row's search took 6-7 reads, 3-5 with these (bench/
-    row_paths.py). Across zero, or near a long tie, quarters in z would halve their way
-    through every magnitude below their width, so those take ordered32 quarters, and the
-    cap bounds a search at Z_READS + 16 reads. Any three thresholds keep the search exact:
-    each is counted, not assumed."""
+    between -1 and 1): on a real model's wide rows the search took 6-7 reads, 3-4 with these
+    (bench/row_paths.py); flat rows take 7 either way. A cut inside a long tie at exactly
+    0.0 pays the Z_READS reads in z for nothing (quarters in z halve their way toward 0
+    through every magnitude below their width), hence the cap. Any three thresholds keep
+    the search exact: each is counted, not assumed."""
     span = hi - lo
     o1 = lo + span // 4
     o2 = lo + span // 2
@@ -281,8 +281,7 @@ def _quarters(lo, hi, top, reads):
     z1 = ordered32(base + 0.25 * width).to(tl.int64)
     z2 = ordered32(base + 0.5 * width).to(tl.int64)
     z3 = ordered32(base + 0.75 * width).to(tl.int64)
-    one_side = (v_lo > 0.0) | (v_hi < 0.0)
-    split = (reads < Z_READS) & (width <= 64.0) & tl.where(open_below, hi == top, one_side)
+    split = (reads < Z_READS) & (width <= 64.0) & (~open_below | (hi == top))
     split = split & (lo < z1) & (z1 < z2) & (z2 < z3) & (z3 < hi)
     return tl.where(split, z1, o1), tl.where(split, z2, o2), tl.where(split, z3, o3)
 
