@@ -246,6 +246,18 @@ def decide(keys, d_max, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, BLOCK: 
 
 
 @triton.jit
+def past_tier(n, z, floor, k_on, p_on, m_on, BLOCK: tl.constexpr):
+    """Whether decide() proved a top-p row's support longer than its BLOCK slots: every slot
+    listed above the floor and kept, and the token after them kept too (n past BLOCK). With
+    top-p alone that last rule is exact (it compares the listed mass with the row's own
+    normaliser), so no tier of BLOCK keys, the rescue's included, can hold the support and
+    the row goes to the whole-row fallback at once. With top-k or min-p on, the token after
+    the slots may still be cut, and the rescue runs as before."""
+    full = tl.min(z, axis=0) > floor  # no empty slot (z = -inf), none at or below the floor
+    return p_on & ~k_on & ~m_on & (n > BLOCK) & full
+
+
+@triton.jit
 def draw(keys, z, ids, mass, n, greedy, k0, k1, z_max, BLOCK: tl.constexpr):
     """Gumbel-max over the first n sorted slots: (token, logprob, slot of the token). One
     reduction finds the winning slot with its key and sums the support's mass."""

@@ -28,7 +28,7 @@ from kernels.triton_common import (
     unpack_z,
     untruncated,
 )
-from kernels.triton_decide import best_sorted, decide, draw, store_mask, support_goal
+from kernels.triton_decide import best_sorted, decide, draw, past_tier, store_mask, support_goal
 from kernels.triton_emit import pack_row
 from kernels.triton_fallback import (
     fallback_draw,
@@ -210,11 +210,13 @@ def resolve_row(
                 bounded,
             )
     else:
+        beyond = n < 0  # the support proved longer than T2: no rescue can decide it
         if (floor > d_max) & ~whole:  # the first tier left listed candidates out
             best2, floor2 = best_sorted(cands, scratch + T1, T2, NBISECT, T2, stamp, False)
             n, undecided, z2, ids2, mass2 = decide(
                 best2, floor2, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
             )
+            beyond = undecided & past_tier(n, z2, floor2, k_on, p_on, m_on, T2)
         else:
             # The first tier sorted every candidate above the band floor, so the second would
             # sort the same ones and decide the same way: straight to the rescue. (A row the
@@ -227,7 +229,7 @@ def resolve_row(
         if TIMING:
             tl.store(stamp + 11, cycles(n))  # after the second tier (or its skip)
         x_row = x_ptr + row * stride_x
-        if undecided & ~whole:
+        if undecided & ~whole & ~beyond:
             # The rescue: list every token above t, a segment floor d_c below d_max, then the
             # same decision with t as the floor. Why it works: the row floor d_max is the
             # largest d_c, and a single segment can push it deep into S (a pass-1 lane keeps
@@ -250,7 +252,7 @@ def resolve_row(
             t = d_max
             fits = d_max > float("-inf")  # a floor at -inf lists the whole row already
             rounds = 0
-            while undecided & fits & (rounds < RESCUE_ROUNDS):
+            while undecided & fits & ~beyond & (rounds < RESCUE_ROUNDS):
                 t = tl.max(tl.where(in_ch & (d_c < t), d_c, float("-inf")), axis=0)
                 others = d_slot <= t  # slots of the segments complete above t
                 known = tl.sum((others & (z_all > t)).to(tl.int32), axis=0)
@@ -309,6 +311,7 @@ def resolve_row(
                         n, undecided, z2, ids2, mass2 = decide(
                             best2, r_floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
                         )
+                        beyond = undecided & past_tier(n, z2, r_floor, k_on, p_on, m_on, T2)
                         if TIMING:
                             tl.store(stamp + 14, cycles(n))  # after the decision
                 fits = fits & (t > float("-inf"))  # t at -inf: every segment was read

@@ -788,6 +788,57 @@ def test_rescue_reads_two_bad_segments_in_a_second_round(
     assert out["sizes"] == out["cpu_sizes"] and out["masks"] and out["tokens"]
 
 
+PAST_TIER = """
+# A top-p row whose support (about 150 tokens) outgrows the tiers' 64 keys: 160 high tokens
+# spread over the 16 segments of 64, four written by each (KC = 4), so every floor lies in
+# S. The rescue's first round gathers more than 64 tokens, keeps its best 64 and decides
+# that the support runs past them: with top-p alone that is exact, so no later round can
+# decide the row and it goes to the whole-row fallback at once. The same row with top-k on
+# (k = 150 may cut right after the tier) runs the rescue's rounds as before.
+import kernels.triton_resolve
+
+GATHERS = []
+_gather_above = kernels.triton_resolve.gather_above
+
+def counting_gather_above(*args):  # the interpreter runs resolve_row as Python
+    GATHERS.append(1)
+    return _gather_above(*args)
+
+kernels.triton_resolve.gather_above = counting_gather_above
+vocab = 1000
+g = torch.Generator().manual_seed(23)
+x = torch.randn(1, vocab, generator=g) * 0.5
+rank = torch.arange(160)
+x[0, (rank % 16) * 64 + (rank // 16) * 4 + (rank % 3)] = 10.0 - 0.01 * rank
+temp = torch.ones(1)
+p = torch.tensor([0.95])
+mp = torch.zeros(1)
+want = torch.ones(1, dtype=torch.bool)
+out = {"ok": True, "errors": [], "gathers": [], "fallback": [], "sizes": []}
+for k in (-1, 150):
+    kk = torch.tensor([k], dtype=torch.int32)
+    inp = check_inputs(x, temp, kk, p, mp, want, max_mask_tokens=256, seed=torch.arange(1))
+    GATHERS.clear()
+    tri = sample_triton(inp, band_config(vocab, chunk=64, kc=4, lanes=16))
+    rep = check_result(tri, reference(x, temp, kk, p, mp), want, None, 256)
+    out["ok"] &= rep.ok
+    out["errors"] += rep.errors
+    out["gathers"].append(len(GATHERS))
+    out["fallback"] += tri.fallback_rows.tolist()
+    out["sizes"] += tri.support_sizes.tolist()
+print(json.dumps(out))
+"""
+
+
+def test_rescue_stops_once_a_top_p_support_outgrows_the_tier(interpreted: Interpreted) -> None:
+    out = interpreted(PRELUDE + PAST_TIER)
+    assert out["ok"], out["errors"]
+    assert out["fallback"] == [True, True]
+    assert min(out["sizes"]) > 64  # longer than the tiers' 64 keys
+    assert out["gathers"][0] == 1  # top-p alone: one round, then the whole row
+    assert out["gathers"][1] > 1  # with top-k on: the later rounds still run
+
+
 COUNT_READS = """
 import kernels.triton_fallback
 
