@@ -775,21 +775,44 @@ def real_row_cycles(out: pathlib.Path, batch: int, setting: str = "p0.95", calls
                     "row": r,
                     "support": int(res.support_sizes[r]),
                     "fallback": bool(res.fallback_rows[r]),
-                    "rescue_stamped": bool(st[r, -1] > 0),
+                    "rescue_stamped": bool(st[r, 14] > 0),
                     "cycles": float(cyc[r]),
+                    "parts": row_parts(st[r].tolist()),
                 }
             )
     recs.sort(key=lambda d: -d["cycles"])
     for d in recs[:20]:
+        parts = " ".join(f"{k}={v}" for k, v in d["parts"].items())
         print(
             f"buffer {d['buffer']:>2} row {d['row']:>3} |S| {d['support']:>5} "
             f"fallback {d['fallback']!s:>5} rescue stamps {d['rescue_stamped']!s:>5} "
-            f"{d['cycles']:>9.0f} cycles ({d['cycles'] / 1980:.1f} us at 1.98 GHz)",
+            f"{d['cycles']:>9.0f} cycles ({d['cycles'] / 1980:.1f} us at 1.98 GHz) {parts}",
             flush=True,
         )
     plain = [d["cycles"] for d in recs if not d["fallback"]]
     print(f"rows without the fallback: median {statistics.median(plain):.0f} cycles")
     (out / "real_row_cycles.json").write_text(json.dumps(recs, indent=1))
+
+
+MAIN_STAMPS_EXIT = 10  # resolve_row's exit stamp
+
+
+def row_parts(st: list[int]) -> dict[str, int]:
+    """One row's resolve stamps (the last call's) as cycles per part: the tiers (to the second
+    tier's end), the rescue (to its last stamp written), and the whole-row fallback's search,
+    draw, position and gather with its sort (each only when stamped), then the rest to the
+    exit."""
+    parts = {"tiers": st[11] - st[0]} if st[11] else {}
+    at = max(st[11:15])
+    if at and at > st[11]:
+        parts["rescue"] = at - st[11]
+    for name, i in (("search", 15), ("draw", 16), ("position", 17), ("gather", 18)):
+        if st[i]:
+            parts[name] = st[i] - at
+            at = st[i]
+    if at:
+        parts["end"] = st[MAIN_STAMPS_EXIT] - at
+    return parts
 
 
 def cpu_bench(out: pathlib.Path, repeats: int = 7, real: str | None = None) -> None:

@@ -41,10 +41,13 @@ from kernels.triton_fallback import (
 # Cycle stamps per row with TIMING: entry, then the ends of stats, keys, the tier sort's four
 # steps (search, rank, gather, sort), decide, draw, slot, and the exit (11, every row); then,
 # on rows the first tier leaves undecided, the ends of the second tier (or its skip) and of
-# the rescue's read, pick and decision (its last round), RESCUE_STAMPS of them.
+# the rescue's read, pick and decision (its last round), RESCUE_STAMPS of them; then, on
+# rows the whole-row fallback takes, the ends of its search, draw, position and gather (with
+# the sort of what it gathered), FALLBACK_STAMPS of them.
 MAIN_STAMPS = tl.constexpr(11)
 RESCUE_STAMPS = tl.constexpr(4)
-PHASES = tl.constexpr(15)
+FALLBACK_STAMPS = tl.constexpr(4)
+PHASES = tl.constexpr(19)
 
 
 @triton.jit
@@ -367,19 +370,27 @@ def resolve_row(
                 T2,
                 FB_BLOCK,
             )
+            if TIMING:
+                tl.store(stamp + 15, cycles(n))  # after the search
             y_key = fallback_draw(x_row, temp, vocab, t_cut, k0, k1, FB_BLOCK)
+            if TIMING:
+                tl.store(stamp + 16, cycles(y_key))  # after the draw
             token = unpack_id(y_key)
             logprob = unpack_z(y_key) - (z_max + tl.log(mass_s))
             if midx >= 0:
                 over = n > max_mask
                 if (~over) | bounded:
                     j = position_of(x_row, temp, vocab, y_key, FB_BLOCK)
+                    if TIMING:
+                        tl.store(stamp + 17, cycles(j))  # after the position
                     gather = scratch + T1 + T2
                     got = fallback_gather(x_row, temp, vocab, t_emit, gather, FB_BLOCK)
                     tl.debug_barrier()  # the gather's scattered stores before the load
                     e_pos = tl.arange(0, CAP_BLOCK)
                     e_keys = tl.load(gather + e_pos, mask=e_pos < got, other=EMPTY_KEY)
                     e_keys = tl.sort(e_keys, 0, descending=True)
+                    if TIMING:
+                        tl.store(stamp + 18, cycles(tl.max(e_keys, axis=0)))  # gather, sort
                     emitted = store_mask(
                         slot_row,
                         cnt_ptr,
