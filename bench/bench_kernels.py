@@ -795,21 +795,24 @@ def real_row_cycles(out: pathlib.Path, batch: int, setting: str = "p0.95", calls
 
 
 MAIN_STAMPS_EXIT = 10  # resolve_row's exit stamp
+# resolve_row's fallback stamps: 17 ends the read of the token's position when the row draws
+# over the row, the gather's read when it draws from the gathered list; 18 the sort after it.
+FALLBACK_PARTS = (("search", 15), ("draw", 16), ("read", 17), ("gather_sort", 18))
 
 
 def row_parts(st: list[int]) -> dict[str, int]:
     """One row's resolve stamps (the last call's) as cycles per part: the tiers (to the second
     tier's end), the rescue (to its last stamp written), and the whole-row fallback's search,
-    draw, position and gather with its sort (each only when stamped), then the rest to the
-    exit."""
+    draw, position and gather with its sort (each only when stamped, in the order run), then
+    the rest to the exit."""
     parts = {"tiers": st[11] - st[0]} if st[11] else {}
     at = max(st[11:15])
     if at and at > st[11]:
         parts["rescue"] = at - st[11]
-    for name, i in (("search", 15), ("draw", 16), ("position", 17), ("gather", 18)):
-        if st[i]:
-            parts[name] = st[i] - at
-            at = st[i]
+    stamped = [(st[i], name) for name, i in FALLBACK_PARTS if st[i]]
+    for t, name in sorted(stamped):  # in the order the row ran them
+        parts[name] = t - at
+        at = t
     if at:
         parts["end"] = st[MAIN_STAMPS_EXIT] - at
     return parts

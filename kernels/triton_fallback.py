@@ -19,6 +19,7 @@ import triton.language as tl
 
 from kernels.triton_common import (
     EMPTY_KEY,
+    GREEDY_T,
     INT32_MAX,
     MASK32,
     from_ordered32,
@@ -65,7 +66,94 @@ def _load_block(x_row, vocab, start, BLOCK: tl.constexpr):
 @triton.jit
 def _above3(x_row, temp, vocab, q1, q2, q3, z_max, BLOCK: tl.constexpr):
     """For three thresholds q (ordered32 values of z): how many tokens have
-    ordered32(z) > q, and their sum exp(z - z_max), in one read of the row."""
+    ordered32(z) > q, and their sum exp(z - z_max), in one read of the row.
+
+    The read compares raw logits: z = RN(x / T) is monotone in x, so ordered32(z) > q holds
+    exactly when x >= x_q, the logit floor of q (logit_floor: ten scalar divisions), and a
+    token's mass is exp2((x - x_ref) * log2(e) / T) times one correction for x_ref, the
+    float nearest z_max * T. So the read divides nothing; at T = 1 its masses are the
+    exp(z - z_max) of a read in z bit for bit, and at other temperatures they differ from
+    them by the rounding of z (half an ulp of z in the exponent), as pass 1's sums do. Only
+    when a threshold has no logit floor (q near the float range's ends) does the read
+    divide every logit (_above3_z)."""
+    x1, ok1 = _logit_above(q1, temp)
+    x2, ok2 = _logit_above(q2, temp)
+    x3, ok3 = _logit_above(q3, temp)
+    if ok1 & ok2 & ok3:
+        tt = _temp(temp)
+        x_ref = z_max * tt
+        c = 1.4426950408889634 / tt  # log2(e) / T
+        corr = tl.exp(x_ref.to(tl.float64) / tt.to(tl.float64) - z_max.to(tl.float64))
+        n1, n2, n3, s1, s2, s3 = _above3_x(x_row, vocab, x1, x2, x3, x_ref, c, BLOCK)
+        corr32 = corr.to(tl.float32)
+        s1 = s1 * corr32
+        s2 = s2 * corr32
+        s3 = s3 * corr32
+    else:
+        n1, n2, n3, s1, s2, s3 = _above3_z(x_row, temp, vocab, q1, q2, q3, z_max, BLOCK)
+    return n1, n2, n3, s1, s2, s3
+
+
+@triton.jit
+def _temp(temp):
+    """The temperature scale() divides by (1 on greedy rows)."""
+    return tl.where(temp.to(tl.float64) < GREEDY_T, 1.0, temp).to(tl.float32)
+
+
+@triton.jit
+def _logit_above(q, temp):
+    """(x_q, ok): ordered32(scale(x, temp)) > q exactly when x >= x_q, if ok. z is never
+    -0.0 (scale folds it to +0.0), so q = -1, ordered32(-0.0), takes the next float below:
+    IEEE z > -0.0 would leave out z = 0."""
+    v = from_ordered32(tl.where(q == -1, -2, q))
+    return logit_floor(v, temp)
+
+
+@triton.jit
+def _above3_x(x_row, vocab, x1, x2, x3, x_ref, c, BLOCK: tl.constexpr):
+    """_above3's read in logits: counts of x >= x1, x2, x3 and their sums of
+    exp2((x - x_ref) * c)."""
+    c1 = tl.zeros([BLOCK], tl.int32)
+    c2 = tl.zeros([BLOCK], tl.int32)
+    c3 = tl.zeros([BLOCK], tl.int32)
+    m1 = tl.zeros([BLOCK], tl.float32)
+    m2 = tl.zeros([BLOCK], tl.float32)
+    m3 = tl.zeros([BLOCK], tl.float32)
+    x = _load_block(x_row, vocab, 0, BLOCK)
+    for start in range(0, vocab, BLOCK):
+        x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
+        xf = x.to(tl.float32)
+        e = tl.math.exp2((xf - x_ref) * c)
+        g1 = xf >= x1  # NaN and the padding's -inf: never
+        g2 = xf >= x2
+        g3 = xf >= x3
+        c1 += g1.to(tl.int32)
+        c2 += g2.to(tl.int32)
+        c3 += g3.to(tl.int32)
+        m1 += tl.where(g1, e, 0.0)
+        m2 += tl.where(g2, e, 0.0)
+        m3 += tl.where(g3, e, 0.0)
+        x = x_next
+    return _sums6(c1, c2, c3, m1, m2, m3)
+
+
+@triton.jit
+def _sums6(c1, c2, c3, m1, m2, m3):
+    # Separate sums, not one tuple reduction: once a read, and the interpreter (CI) runs a
+    # tuple reduction element by element.
+    return (
+        tl.sum(c1, axis=0),
+        tl.sum(c2, axis=0),
+        tl.sum(c3, axis=0),
+        tl.sum(m1, axis=0),
+        tl.sum(m2, axis=0),
+        tl.sum(m3, axis=0),
+    )
+
+
+@triton.jit
+def _above3_z(x_row, temp, vocab, q1, q2, q3, z_max, BLOCK: tl.constexpr):
+    """_above3's read in z: every logit divided, for thresholds with no logit floor."""
     c1 = tl.zeros([BLOCK], tl.int32)
     c2 = tl.zeros([BLOCK], tl.int32)
     c3 = tl.zeros([BLOCK], tl.int32)
@@ -88,16 +176,7 @@ def _above3(x_row, temp, vocab, q1, q2, q3, z_max, BLOCK: tl.constexpr):
         m2 += tl.where(g2, e, 0.0)
         m3 += tl.where(g3, e, 0.0)
         x = x_next
-    # Separate sums, not one tuple reduction: once a read, and the interpreter (CI) runs a
-    # tuple reduction element by element.
-    return (
-        tl.sum(c1, axis=0),
-        tl.sum(c2, axis=0),
-        tl.sum(c3, axis=0),
-        tl.sum(m1, axis=0),
-        tl.sum(m2, axis=0),
-        tl.sum(m3, axis=0),
-    )
+    return _sums6(c1, c2, c3, m1, m2, m3)
 
 
 @triton.jit

@@ -42,8 +42,8 @@ from kernels.triton_fallback import (
 # steps (search, rank, gather, sort), decide, draw, slot, and the exit (11, every row); then,
 # on rows the first tier leaves undecided, the ends of the second tier (or its skip) and of
 # the rescue's read, pick and decision (its last round), RESCUE_STAMPS of them; then, on
-# rows the whole-row fallback takes, the ends of its search, draw, position and gather (with
-# the sort of what it gathered), FALLBACK_STAMPS of them.
+# rows the whole-row fallback takes, the ends of its search, its draw, a read (the token's
+# position, or the gather of S) and the gather with its sort, FALLBACK_STAMPS of them.
 MAIN_STAMPS = tl.constexpr(11)
 RESCUE_STAMPS = tl.constexpr(4)
 FALLBACK_STAMPS = tl.constexpr(4)
@@ -353,7 +353,8 @@ def resolve_row(
         else:
             fallback = tl.full([], 1, tl.int8)
             k_eff = tl.where(k_on, k, vocab + 1)
-            # Bounded mode over the cap emits the best cap keys: the search finds their cut too.
+            # Bounded mode over the cap emits the best cap keys: the search finds their cut too,
+            # when S is too long for the gather below to list it.
             emit_cap = tl.where((midx >= 0) & bounded, cap, 0)
             t_cut, n, mass_s, t_emit = fallback_support(
                 x_row,
@@ -364,7 +365,7 @@ def resolve_row(
                 min_p,
                 z_max,
                 z_sum,
-                max_mask,
+                tl.maximum(max_mask, CAP_BLOCK),
                 emit_cap,
                 scratch + T1 + T2,  # room for T2 keys and more
                 T2,
@@ -372,31 +373,35 @@ def resolve_row(
             )
             if TIMING:
                 tl.store(stamp + 15, cycles(n))  # after the search
-            y_key = fallback_draw(x_row, temp, vocab, t_cut, k0, k1, FB_BLOCK)
-            if TIMING:
-                tl.store(stamp + 16, cycles(y_key))  # after the draw
-            token = unpack_id(y_key)
-            logprob = unpack_z(y_key) - (z_max + tl.log(mass_s))
-            if midx >= 0:
-                over = n > max_mask
-                if (~over) | bounded:
-                    j = position_of(x_row, temp, vocab, y_key, FB_BLOCK)
-                    if TIMING:
-                        tl.store(stamp + 17, cycles(j))  # after the position
-                    gather = scratch + T1 + T2
-                    got = fallback_gather(x_row, temp, vocab, t_emit, gather, FB_BLOCK)
-                    tl.debug_barrier()  # the gather's scattered stores before the load
-                    e_pos = tl.arange(0, CAP_BLOCK)
-                    e_keys = tl.load(gather + e_pos, mask=e_pos < got, other=EMPTY_KEY)
-                    e_keys = tl.sort(e_keys, 0, descending=True)
-                    if TIMING:
-                        tl.store(stamp + 18, cycles(tl.max(e_keys, axis=0)))  # gather, sort
+            gather = scratch + T1 + T2
+            e_pos = tl.arange(0, CAP_BLOCK)
+            if (midx >= 0) & (n <= CAP_BLOCK):
+                # A mask row whose S fits a block: one read lists S, and the draw, the
+                # token's position and the mask all come from the sorted list (a draw over
+                # the row, a count of the token's position and the gather took three reads).
+                # A row with no mask draws over the row: one read, with no sort.
+                got = fallback_gather(x_row, temp, vocab, t_cut, gather, FB_BLOCK)
+                if TIMING:
+                    tl.store(stamp + 17, cycles(got.to(tl.int64)))  # after the gather's read
+                tl.debug_barrier()  # the gather's scattered stores before the load
+                e_keys = tl.load(gather + e_pos, mask=e_pos < got, other=EMPTY_KEY)
+                e_keys = tl.sort(e_keys, 0, descending=True)
+                if TIMING:
+                    tl.store(stamp + 18, cycles(tl.max(e_keys, axis=0)))  # after the sort
+                e_z = tl.where(e_pos < n, unpack_z(e_keys), float("-inf"))
+                e_ids = unpack_id(e_keys)
+                token, logprob, j = draw(
+                    e_keys, e_z, e_ids, tl.exp(e_z - z_max), n, greedy, k0, k1, z_max, CAP_BLOCK
+                )
+                if TIMING:
+                    tl.store(stamp + 16, cycles(j))  # after the draw
+                if midx >= 0:
                     emitted = store_mask(
                         slot_row,
                         cnt_ptr,
                         status_ptr,
                         midx,
-                        unpack_id(e_keys),
+                        e_ids,
                         e_pos,
                         n,
                         j,
@@ -405,10 +410,44 @@ def resolve_row(
                         cap,
                         bounded,
                     )
-                else:
-                    emitted = tl.full([], 0, tl.int64)
-                    tl.store(cnt_ptr + midx, emitted)
-                    tl.store(status_ptr + midx, tl.full([], 1, tl.int8))
+            else:
+                # No mask, or S longer than any mask: the draw reads the row, and a bounded
+                # mask lists the best cap keys, with the token's position counted for the
+                # swap.
+                y_key = fallback_draw(x_row, temp, vocab, t_cut, k0, k1, FB_BLOCK)
+                if TIMING:
+                    tl.store(stamp + 16, cycles(y_key))  # after the draw
+                token = unpack_id(y_key)
+                logprob = unpack_z(y_key) - (z_max + tl.log(mass_s))
+                if midx >= 0:
+                    if bounded:
+                        j = position_of(x_row, temp, vocab, y_key, FB_BLOCK)
+                        if TIMING:
+                            tl.store(stamp + 17, cycles(j))  # after the position
+                        got = fallback_gather(x_row, temp, vocab, t_emit, gather, FB_BLOCK)
+                        tl.debug_barrier()  # the gather's scattered stores before the load
+                        e_keys = tl.load(gather + e_pos, mask=e_pos < got, other=EMPTY_KEY)
+                        e_keys = tl.sort(e_keys, 0, descending=True)
+                        if TIMING:
+                            tl.store(stamp + 18, cycles(tl.max(e_keys, axis=0)))  # gather, sort
+                        emitted = store_mask(
+                            slot_row,
+                            cnt_ptr,
+                            status_ptr,
+                            midx,
+                            unpack_id(e_keys),
+                            e_pos,
+                            n,
+                            j,
+                            token,
+                            max_mask,
+                            cap,
+                            bounded,
+                        )
+                    else:
+                        emitted = tl.full([], 0, tl.int64)
+                        tl.store(cnt_ptr + midx, emitted)
+                        tl.store(status_ptr + midx, tl.full([], 1, tl.int8))
     if TIMING:
         tl.store(
             stamp + 9, cycles(emitted + token + n)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import pathlib
 import time
 
 import pytest
@@ -340,6 +342,44 @@ def test_whole_row_fallback_matches_oracle(dtype: torch.dtype) -> None:
     want = torch.ones(rows, dtype=torch.bool)
     res = run_checked(f"whole-row fallback {dtype}", batch, want, 4096, bounded=batch["bounded"])
     assert int(res.fallback_rows.sum()) >= rows // 2
+
+
+# A real model's rows (bench/real_rows.py writes them; not committed: 100 MB).
+REAL_ROWS = pathlib.Path(os.environ.get("MASKGATE_REAL_ROWS", ".cache/real_rows/smollm2.pt"))
+
+
+@pytest.mark.skipif(not REAL_ROWS.exists(), reason="no real rows file (bench/real_rows.py)")
+@pytest.mark.parametrize(
+    ("top_k", "top_p", "min_p", "bounded"),
+    [(-1, 0.95, 0.0, False), (-1, 0.95, 0.0, True), (50, 0.9, 0.0, False), (-1, 1.0, 0.05, False)],
+)
+def test_real_rows_match_oracle(top_k: int, top_p: float, min_p: float, bounded: bool) -> None:
+    """SmolLM2's rows at temperature 1 (top-p 0.95 supports of 1 to about 3500 tokens, the
+    widest taking the rescue and the whole-row fallback) in launches of 128 rows, with a
+    mask cap of 2048 so that some exact-mode masks overflow and some bounded ones truncate."""
+    logits = torch.load(REAL_ROWS)["logits"]
+    for start in range(0, logits.shape[0] - 127, 128):
+        x = logits[start : start + 128].cuda()
+        rows = x.shape[0]
+        batch = {
+            "logits": x,
+            "temperature": torch.ones(rows, device="cuda"),
+            "top_k": torch.full((rows,), top_k, dtype=torch.int32, device="cuda"),
+            "top_p": torch.full((rows,), top_p, device="cuda"),
+            "min_p": torch.full((rows,), min_p, device="cuda"),
+            "seed": torch.arange(rows, dtype=torch.int64, device="cuda") + start,
+            "step": torch.zeros(rows, dtype=torch.int64, device="cuda"),
+        }
+        if bounded:
+            batch["bounded"] = torch.ones(rows, dtype=torch.bool, device="cuda")
+        want = torch.ones(rows, dtype=torch.bool)
+        run_checked(
+            f"real rows {start} k={top_k} p={top_p} min_p={min_p} bounded={bounded}",
+            batch,
+            want,
+            2048,
+            bounded=batch.get("bounded"),
+        )
 
 
 def test_seeded_tokens_batch_invariant_and_match_cpu() -> None:

@@ -851,6 +851,15 @@ for _name in ("_above3", "_level_ids3", "_cut_listed"):
 """
 
 WHOLE_ROW = """
+import kernels.triton_resolve
+
+DRAWS = []  # draws that read the whole row (the other fallback rows draw from their list)
+_draw = kernels.triton_resolve.fallback_draw
+def _drawn(*args):
+    DRAWS.append(1)
+    return _draw(*args)
+kernels.triton_resolve.fallback_draw = _drawn
+
 # Rows that only the fallback decides (the band of 64-token chunks with 8 candidates each
 # lists too few), chosen so that its cut lands inside a run of tied z: top-k and top-p
 # splitting a tie, a dyadic top-p boundary exactly on a token, min-p alone, nothing at all.
@@ -876,10 +885,11 @@ cfg = band_config(vocab, chunk=64, kc=8, lanes=16)
 out = {}
 for r in range(9):  # one row a call, so each row's reads are counted alone
     READS.clear()
+    DRAWS.clear()
     one = check_inputs(x[r:r+1], temp[r:r+1], k[r:r+1], p[r:r+1], mp[r:r+1], want[r:r+1],
                        max_mask_tokens=cap, seed=seed[r:r+1], bounded=bounded[r:r+1])
     tri = sample_triton(one, cfg)
-    out[r] = {"reads": len(READS), "fallback": bool(tri.fallback_rows[0])}
+    out[r] = {"reads": len(READS), "draws": len(DRAWS), "fallback": bool(tri.fallback_rows[0])}
 tri = sample_triton(inp, cfg)
 cpu = sample_torch(inp)
 ref = reference(x, temp, k, p, mp)
@@ -902,7 +912,9 @@ def test_fallback_cuts_inside_ties_and_reads_the_row_a_few_times(
     the row: at most 16 for the cut's z (three thresholds a read over 2^32 values), ending
     early with one read that lists the tokens left between the bracket's ends once they fit
     a tier, a few more to place a cut inside a long tie, one when only min-p or nothing
-    cuts (the old bisection: 64 to 128)."""
+    cuts (the old bisection: 64 to 128). A mask row whose support fits the mask's block
+    then reads the row once more, to list S, and draws from that list; a longer support
+    draws over the row."""
     out = interpreted(PRELUDE + COUNT_READS + WHOLE_ROW)
     assert out["ok"], out["errors"]
     assert not any(out["ambiguous"])
@@ -917,6 +929,11 @@ def test_fallback_cuts_inside_ties_and_reads_the_row_a_few_times(
     assert reads[1] < 10, reads  # few tokens per tie: the bracket is listed early
     assert reads[0] > 16, reads  # top-k 100 through 300 tied: the ids are searched
     assert max(reads) <= 2 * 16 + 9, reads  # top-k + top-p: two z searches, one id search
+    # A mask row whose support fits the mask's block (128 tokens) draws from the list it
+    # gathers; a longer one (rows 3 to 5: 299 tokens) reads the row to draw.
+    draws = [rows[str(r)]["draws"] for r in range(9)]
+    assert draws == [int(n > 128) for n in out["sizes"]], (draws, out["sizes"])
+    assert draws.count(0) >= 5, (draws, out["sizes"])
 
 
 PLAIN_ROWS = """
