@@ -395,21 +395,20 @@ def resolve_row(
                 )
                 if TIMING:
                     tl.store(stamp + 16, cycles(j))  # after the draw
-                if midx >= 0:
-                    emitted = store_mask(
-                        slot_row,
-                        cnt_ptr,
-                        status_ptr,
-                        midx,
-                        e_ids,
-                        e_pos,
-                        n,
-                        j,
-                        token,
-                        max_mask,
-                        cap,
-                        bounded,
-                    )
+                emitted = store_mask(
+                    slot_row,
+                    cnt_ptr,
+                    status_ptr,
+                    midx,
+                    e_ids,
+                    e_pos,
+                    n,
+                    j,
+                    token,
+                    max_mask,
+                    cap,
+                    bounded,
+                )
             else:
                 # No mask, or S longer than any mask: the draw reads the row, and a bounded
                 # mask lists the best cap keys, with the token's position counted for the
