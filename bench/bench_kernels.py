@@ -795,8 +795,9 @@ def real_row_cycles(out: pathlib.Path, batch: int, setting: str = "p0.95", calls
 
 
 MAIN_STAMPS_EXIT = 10  # resolve_row's exit stamp
-# resolve_row's fallback stamps: 17 ends the read of the token's position when the row draws
-# over the row, the gather's read when it draws from the gathered list; 18 the sort after it.
+# resolve_row's fallback stamps: 16 ends the draw (over the row, or over the sorted list), 17
+# the gather's read (a bounded row over the block counts the token's position before it), 18
+# the sort after it.
 FALLBACK_PARTS = (("search", 15), ("draw", 16), ("read", 17), ("gather_sort", 18))
 
 

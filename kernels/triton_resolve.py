@@ -373,28 +373,44 @@ def resolve_row(
             )
             if TIMING:
                 tl.store(stamp + 15, cycles(n))  # after the search
-            gather = scratch + T1 + T2
-            e_pos = tl.arange(0, CAP_BLOCK)
-            if (midx >= 0) & (n <= CAP_BLOCK):
-                # A mask row whose S fits a block: one read lists S, and the draw, the
-                # token's position and the mask all come from the sorted list (a draw over
-                # the row, a count of the token's position and the gather took three reads).
-                # A row with no mask draws over the row: one read, with no sort.
-                got = fallback_gather(x_row, temp, vocab, t_cut, gather, FB_BLOCK)
+            # A mask row whose S fits the mask block lists S in one read, and the draw, the
+            # token's position and the mask all come from the sorted list (a draw over the
+            # row, a count of the token's position and a gather took three reads). A row
+            # with no mask, or with S longer than the block, draws over the row (one read,
+            # no sort), and a bounded mask over the cap then counts the token's position and
+            # lists the best cap keys. One gather, sort and store serve both, so the block's
+            # sort is compiled once.
+            s_listed = (midx >= 0) & (n <= CAP_BLOCK)
+            best_cap = (midx >= 0) & bounded & ~s_listed
+            if ~s_listed:
+                y_key = fallback_draw(x_row, temp, vocab, t_cut, k0, k1, FB_BLOCK)
+                if TIMING:
+                    tl.store(stamp + 16, cycles(y_key))  # after the draw
+                token = unpack_id(y_key)
+                logprob = unpack_z(y_key) - (z_max + tl.log(mass_s))
+                if best_cap:
+                    j = position_of(x_row, temp, vocab, y_key, FB_BLOCK)
+            if s_listed | best_cap:
+                gather = scratch + T1 + T2
+                got = fallback_gather(
+                    x_row, temp, vocab, tl.where(s_listed, t_cut, t_emit), gather, FB_BLOCK
+                )
                 if TIMING:
                     tl.store(stamp + 17, cycles(got.to(tl.int64)))  # after the gather's read
                 tl.debug_barrier()  # the gather's scattered stores before the load
+                e_pos = tl.arange(0, CAP_BLOCK)
                 e_keys = tl.load(gather + e_pos, mask=e_pos < got, other=EMPTY_KEY)
                 e_keys = tl.sort(e_keys, 0, descending=True)
                 if TIMING:
                     tl.store(stamp + 18, cycles(tl.max(e_keys, axis=0)))  # after the sort
-                e_z = tl.where(e_pos < n, unpack_z(e_keys), float("-inf"))
                 e_ids = unpack_id(e_keys)
-                token, logprob, j = draw(
-                    e_keys, e_z, e_ids, tl.exp(e_z - z_max), n, greedy, k0, k1, z_max, CAP_BLOCK
-                )
-                if TIMING:
-                    tl.store(stamp + 16, cycles(j))  # after the draw
+                if s_listed:
+                    e_z = tl.where(e_pos < n, unpack_z(e_keys), float("-inf"))
+                    token, logprob, j = draw(
+                        e_keys, e_z, e_ids, tl.exp(e_z - z_max), n, greedy, k0, k1, z_max, CAP_BLOCK
+                    )
+                    if TIMING:
+                        tl.store(stamp + 16, cycles(j))  # after the draw
                 emitted = store_mask(
                     slot_row,
                     cnt_ptr,
@@ -409,44 +425,10 @@ def resolve_row(
                     cap,
                     bounded,
                 )
-            else:
-                # No mask, or S longer than any mask: the draw reads the row, and a bounded
-                # mask lists the best cap keys, with the token's position counted for the
-                # swap.
-                y_key = fallback_draw(x_row, temp, vocab, t_cut, k0, k1, FB_BLOCK)
-                if TIMING:
-                    tl.store(stamp + 16, cycles(y_key))  # after the draw
-                token = unpack_id(y_key)
-                logprob = unpack_z(y_key) - (z_max + tl.log(mass_s))
-                if midx >= 0:
-                    if bounded:
-                        j = position_of(x_row, temp, vocab, y_key, FB_BLOCK)
-                        if TIMING:
-                            tl.store(stamp + 17, cycles(j))  # after the position
-                        got = fallback_gather(x_row, temp, vocab, t_emit, gather, FB_BLOCK)
-                        tl.debug_barrier()  # the gather's scattered stores before the load
-                        e_keys = tl.load(gather + e_pos, mask=e_pos < got, other=EMPTY_KEY)
-                        e_keys = tl.sort(e_keys, 0, descending=True)
-                        if TIMING:
-                            tl.store(stamp + 18, cycles(tl.max(e_keys, axis=0)))  # gather, sort
-                        emitted = store_mask(
-                            slot_row,
-                            cnt_ptr,
-                            status_ptr,
-                            midx,
-                            unpack_id(e_keys),
-                            e_pos,
-                            n,
-                            j,
-                            token,
-                            max_mask,
-                            cap,
-                            bounded,
-                        )
-                    else:
-                        emitted = tl.full([], 0, tl.int64)
-                        tl.store(cnt_ptr + midx, emitted)
-                        tl.store(status_ptr + midx, tl.full([], 1, tl.int8))
+            elif midx >= 0:  # exact mode, S over the cap: no ids, status overflow
+                emitted = tl.full([], 0, tl.int64)
+                tl.store(cnt_ptr + midx, emitted)
+                tl.store(status_ptr + midx, tl.full([], 1, tl.int8))
     if TIMING:
         tl.store(
             stamp + 9, cycles(emitted + token + n)
