@@ -34,7 +34,8 @@ def ordered_bits(z: torch.Tensor) -> torch.Tensor:
 
 
 def order_keys(z: torch.Tensor) -> torch.Tensor:
-    """z: [B, V] float32 -> [B, V] int64 keys; sorting keys descending gives design order."""
+    """z: [B, V] float32 (no -0.0) -> [B, V] int64 keys; sorting keys descending gives design
+    order."""
     low = LOW32 - torch.arange(z.shape[-1], device=z.device, dtype=torch.int64)
     return (ordered_bits(z).to(torch.int64) << 32) | low
 

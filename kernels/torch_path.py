@@ -113,6 +113,9 @@ def sample_torch(inp: SampleInputs) -> SampleResult:
     greedy = inp.temperature.double() < GREEDY_T
     safe_t = torch.where(greedy, torch.ones_like(inp.temperature), inp.temperature)
     z = x / safe_t[:, None]  # IEEE float32 division (design 3.2); greedy rows keep x
+    # -0.0 is 0.0 (design 3.3: equal z tie on the id): the full sort's order keys would put
+    # it after +0.0.
+    z = torch.where(z == 0, 0.0, z)
     z_max = z.amax(dim=1)  # NaN propagates through amax
     # A NaN or +inf anywhere (also a z that overflowed), or no finite logit: never sampled.
     nan_rows = torch.isnan(z_max) | (z_max == NEG_INF) | (z_max == float("inf"))

@@ -69,18 +69,17 @@ def _above3(x_row, temp, vocab, q1, q2, q3, z_max, BLOCK: tl.constexpr):
     ordered32(z) > q, and their sum exp(z - z_max), in one read of the row.
 
     At temperature 1 (and on greedy rows, which scale by 1) z is x itself, so the read
-    compares raw logits with the thresholds' floats and divides nothing (_above3_x): the
-    same counts and masses bit for bit. Other temperatures divide every logit
-    (_above3_z). A read in logits there would compare exactly against each threshold's
-    logit floor, but its masses, exp((x - x_ref) / T), would differ from exp(z - z_max) by
-    the rounding of z: up to 2.7e-6 of a row's mass on SmolLM2's rows at T = 0.7, past the
-    oracle's 2e-6 band for a top-p boundary."""
+    compares raw logits with the thresholds' floats and divides nothing: the same counts
+    and masses bit for bit. Other temperatures divide every logit. A read in logits there
+    would compare exactly against each threshold's logit floor, but its masses,
+    exp((x - x_ref) / T), would differ from exp(z - z_max) by the rounding of z: up to
+    2.7e-6 of a row's mass on SmolLM2's rows at T = 0.7, past the oracle's 2e-6 band for a
+    top-p boundary."""
     if _temp(temp) == 1.0:
-        return _above3_x(
-            x_row, vocab, _float_above(q1), _float_above(q2), _float_above(q3), z_max, BLOCK
-        )
+        v1, v2, v3 = _float_above(q1), _float_above(q2), _float_above(q3)
+        return _read3(x_row, temp, vocab, v1, v2, v3, z_max, False, BLOCK)
     else:
-        return _above3_z(x_row, temp, vocab, q1, q2, q3, z_max, BLOCK)
+        return _read3(x_row, temp, vocab, q1, q2, q3, z_max, True, BLOCK)
 
 
 @triton.jit
@@ -98,9 +97,9 @@ def _float_above(q):
 
 
 @triton.jit
-def _above3_x(x_row, vocab, v1, v2, v3, z_max, BLOCK: tl.constexpr):
-    """_above3's read at temperature 1, where z = x: counts of x > v1, v2, v3 and their sums
-    of exp(x - z_max)."""
+def _read3(x_row, temp, vocab, t1, t2, t3, z_max, IN_Z: tl.constexpr, BLOCK: tl.constexpr):
+    """_above3's read: with IN_Z, every logit divided, t1..t3 ordered32 thresholds of z;
+    else (temperature 1, z = x) raw logits against float thresholds."""
     c1 = tl.zeros([BLOCK], tl.int32)
     c2 = tl.zeros([BLOCK], tl.int32)
     c3 = tl.zeros([BLOCK], tl.int32)
@@ -110,11 +109,16 @@ def _above3_x(x_row, vocab, v1, v2, v3, z_max, BLOCK: tl.constexpr):
     x = _load_block(x_row, vocab, 0, BLOCK)
     for start in range(0, vocab, BLOCK):
         x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
-        xf = x.to(tl.float32)
-        e = tl.exp(xf - z_max)
-        g1 = xf > v1  # NaN and the padding's -inf: never
-        g2 = xf > v2
-        g3 = xf > v3
+        if IN_Z:
+            z = _z_of(x, temp)
+            v = ordered32(z)  # -inf (padding included) is below every threshold
+        else:
+            z = x.to(tl.float32)
+            v = z  # NaN and the padding's -inf: above no threshold
+        e = tl.exp(z - z_max)
+        g1 = v > t1
+        g2 = v > t2
+        g3 = v > t3
         c1 += g1.to(tl.int32)
         c2 += g2.to(tl.int32)
         c3 += g3.to(tl.int32)
@@ -122,11 +126,6 @@ def _above3_x(x_row, vocab, v1, v2, v3, z_max, BLOCK: tl.constexpr):
         m2 += tl.where(g2, e, 0.0)
         m3 += tl.where(g3, e, 0.0)
         x = x_next
-    return _sums6(c1, c2, c3, m1, m2, m3)
-
-
-@triton.jit
-def _sums6(c1, c2, c3, m1, m2, m3):
     # Separate sums, not one tuple reduction: once a read, and the interpreter (CI) runs a
     # tuple reduction element by element.
     return (
@@ -137,34 +136,6 @@ def _sums6(c1, c2, c3, m1, m2, m3):
         tl.sum(m2, axis=0),
         tl.sum(m3, axis=0),
     )
-
-
-@triton.jit
-def _above3_z(x_row, temp, vocab, q1, q2, q3, z_max, BLOCK: tl.constexpr):
-    """_above3's read in z: every logit divided, for thresholds with no logit floor."""
-    c1 = tl.zeros([BLOCK], tl.int32)
-    c2 = tl.zeros([BLOCK], tl.int32)
-    c3 = tl.zeros([BLOCK], tl.int32)
-    m1 = tl.zeros([BLOCK], tl.float32)
-    m2 = tl.zeros([BLOCK], tl.float32)
-    m3 = tl.zeros([BLOCK], tl.float32)
-    x = _load_block(x_row, vocab, 0, BLOCK)
-    for start in range(0, vocab, BLOCK):
-        x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
-        z = _z_of(x, temp)
-        o = ordered32(z)  # -inf (padding included) is below every threshold
-        e = tl.exp(z - z_max)
-        g1 = o > q1
-        g2 = o > q2
-        g3 = o > q3
-        c1 += g1.to(tl.int32)
-        c2 += g2.to(tl.int32)
-        c3 += g3.to(tl.int32)
-        m1 += tl.where(g1, e, 0.0)
-        m2 += tl.where(g2, e, 0.0)
-        m3 += tl.where(g3, e, 0.0)
-        x = x_next
-    return _sums6(c1, c2, c3, m1, m2, m3)
 
 
 @triton.jit

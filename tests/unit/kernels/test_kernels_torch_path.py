@@ -171,6 +171,25 @@ def test_only_requesting_rows_get_masks_and_k_beyond_vocab() -> None:
     assert res.mask_ids.dtype == torch.int32 and res.mask_ids.numel() == 45
 
 
+def test_negative_zero_ties_with_zero_on_the_id() -> None:
+    """-0.0 and +0.0 are one z (design 3.3: equal values tie on the id), also where the
+    support is cut inside their tie and only the full sort of a row's keys decides it (a
+    fuzz run found the CPU path putting every -0.0 after the +0.0s there)."""
+    x = torch.zeros(2, 300)
+    x[:, 1::2] = -0.0
+    x[:, 250:] = -1.0
+    ones = torch.ones(2)
+    want = torch.ones(2, dtype=torch.bool)
+    top_p = torch.tensor([0.5, 1.0])
+    top_k = torch.tensor([-1, 101], dtype=torch.int32)
+    res = kernels.sample(x, ones, top_k, top_p, ones * 0.0, want, max_mask_tokens=300)
+    ref = reference(x, ones, top_k, top_p, ones * 0.0)
+    assert check_result(res, ref, want, None, 300).ok
+    masks = res.masks()
+    assert masks[1] == list(range(101))  # ids 0..100, -0.0 and +0.0 alike, by id
+    assert masks[0] == list(range(len(masks[0]))) and 100 < len(masks[0]) < 250
+
+
 def test_single_row_and_result_dtypes() -> None:
     res = kernels.sample(
         torch.randn(1, 111),
