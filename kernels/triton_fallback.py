@@ -5,9 +5,11 @@ Called from the resolve kernel, one program per row. gather_above is the cheap s
 the segments pass 1 left incomplete (twice: count, then write) and lists every token above a
 lower floor than pass 1's (resolve_kernel's rescue).
 The fallback proper (fallback_support, cut_key) reads the whole row several times: a search
-for the cut's z that counts three thresholds a read (at most 16 reads, usually 6-8 before
-the tokens left in its bracket fit a list it sorts; one read when only min-p or nothing
-cuts), then the draw; the caller counts the rows that take it.
+for the cut's z that counts three thresholds a read (at most Z_READS + 16 reads; 3-4 on a
+real model's wide rows, 7-10 on flat ones, before the tokens left in its bracket fit a list
+it sorts; one read when only min-p or nothing cuts), then the caller's draw (one read of
+the row, or a read that lists S and a draw over the list); the caller counts the rows that
+take it.
 S = {key >= t*} where t* is the smallest key t whose token would be kept:
   top-k: #{key > t} < k;  top-p: mass{key > t} / Z_k < top_p;  min-p: exp(z(t) - M) >= min_p.
 """

@@ -66,3 +66,42 @@ def adversarial_row(kind: str, vocab: int, generator: torch.Generator) -> torch.
 def adversarial_logits(kinds: list[str], vocab: int, generator: torch.Generator) -> torch.Tensor:
     """[len(kinds), V] float32, one adversarial row per kind."""
     return torch.stack([adversarial_row(k, vocab, generator) for k in kinds])
+
+
+def random_batch(seed: int, vocab_range: tuple[int, int] = (200, 700), rows: int = 12) -> dict:
+    """A seeded random batch of kernels.sample's arguments for fuzzing a path against the
+    oracle and the other path: V drawn from vocab_range, rows of normal logits at a random
+    scale, some rounded to halves (ties, -0.0 among them), some a third at exactly 0.0, some
+    with a fifth of their tokens at -inf; temperatures 1, 0.7, 1.3 and 2; top-k (5, 60, 250,
+    past V or off), top-p (0.5 to 1), min-p (0, 0.05, 0.3); about 80% of rows asking for a
+    mask, half of them bounded; a cap of 16 to 256 ids; fp32 or bf16 logits."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = int(torch.randint(vocab_range[0], vocab_range[1], (1,), generator=g))
+    x = torch.randn(rows, vocab, generator=g) * float(torch.empty(1).uniform_(0.5, 4, generator=g))
+    for r in range(rows):
+        kind = int(torch.randint(0, 4, (1,), generator=g))
+        if kind == 1:
+            x[r] = torch.round(x[r] * 2) / 2
+        elif kind == 2:
+            x[r, : vocab // 3] = 0.0
+        elif kind == 3:
+            x[r, torch.randint(0, vocab, (vocab // 5,), generator=g)] = float("-inf")
+
+    def pick(values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype)[
+            torch.randint(0, len(values), (rows,), generator=g)
+        ]
+
+    batch = {
+        "temperature": pick([1.0, 0.7, 1.3, 2.0]),
+        "top_k": pick([-1, -1, 5, 60, 250, vocab + 3], torch.int32),
+        "top_p": pick([1.0, 0.5, 0.9, 0.95, 0.999]),
+        "min_p": pick([0.0, 0.0, 0.05, 0.3]),
+        "want_mask": torch.rand(rows, generator=g) < 0.8,
+        "bounded": torch.rand(rows, generator=g) < 0.5,
+        "max_mask_tokens": [16, 64, 128, 256][int(torch.randint(0, 4, (1,), generator=g))],
+        "seed": torch.arange(rows) + seed,
+    }
+    dtype = [torch.float32, torch.bfloat16][int(torch.randint(0, 2, (1,), generator=g))]
+    batch["logits"] = x.to(dtype)
+    return batch
