@@ -803,9 +803,9 @@ FALLBACK_PARTS = (("search", 15), ("draw", 16), ("read", 17), ("gather_sort", 18
 
 def row_parts(st: list[int]) -> dict[str, int]:
     """One row's resolve stamps (the last call's) as cycles per part: the tiers (to the second
-    tier's end), the rescue (to its last stamp written), and the whole-row fallback's search,
-    draw, position and gather with its sort (each only when stamped, in the order run), then
-    the rest to the exit."""
+    tier's end), the rescue (to its last stamp written), and the whole-row fallback's parts
+    of FALLBACK_PARTS (each only when stamped, in the order run), then the rest to the
+    exit."""
     parts = {"tiers": st[11] - st[0]} if st[11] else {}
     at = max(st[11:15])
     if at and at > st[11]:

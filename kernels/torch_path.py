@@ -13,7 +13,7 @@ import torch
 
 from kernels.inputs import SampleInputs
 from kernels.noise import gumbel, row_keys
-from kernels.order import GREEDY_T, key_ids, order_keys, pack_keys
+from kernels.order import GREEDY_T, key_ids, order_keys, pack_keys, scaled_logits
 from kernels.resolve import exp64, resolve_support
 from kernels.result import STATUS_OK, STATUS_OVERFLOW, STATUS_TRUNCATED, SampleResult
 
@@ -111,11 +111,9 @@ def sample_torch(inp: SampleInputs) -> SampleResult:
     x = inp.logits.float()  # [B, V]
     batch, vocab = x.shape
     greedy = inp.temperature.double() < GREEDY_T
-    safe_t = torch.where(greedy, torch.ones_like(inp.temperature), inp.temperature)
-    z = x / safe_t[:, None]  # IEEE float32 division (design 3.2); greedy rows keep x
-    # -0.0 is 0.0 (design 3.3: equal z tie on the id): the full sort's order keys would put
-    # it after +0.0.
-    z = torch.where(z == 0, 0.0, z)
+    # IEEE float32 division (design 3.2), greedy rows unscaled, and -0.0 folded to 0.0: equal
+    # z tie on the id (design 3.3), and the full sort's order keys would put -0.0 after 0.0.
+    z = scaled_logits(x, inp.temperature)
     z_max = z.amax(dim=1)  # NaN propagates through amax
     # A NaN or +inf anywhere (also a z that overflowed), or no finite logit: never sampled.
     nan_rows = torch.isnan(z_max) | (z_max == NEG_INF) | (z_max == float("inf"))

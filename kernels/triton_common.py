@@ -102,8 +102,13 @@ def untruncated(k, top_p, min_p, temp, vocab):
 @triton.jit
 def scale(x, temp):
     """z = x / T (IEEE round-to-nearest), x unscaled on greedy rows, -0.0 folded to +0.0."""
-    greedy = temp.to(tl.float64) < GREEDY_T
-    return exact_z(x, tl.where(greedy, 1.0, temp))
+    return exact_z(x, scale_temp(temp))
+
+
+@triton.jit
+def scale_temp(temp):
+    """The temperature scale() divides by: T, or 1 on greedy rows."""
+    return tl.where(temp.to(tl.float64) < GREEDY_T, 1.0, temp)
 
 
 @triton.jit
@@ -122,8 +127,7 @@ def logit_floor(t, temp):
     ok is False only when x_t lies further away, which takes a finite t near the float
     range's ends (|t * T| overflowing) or a denormal t * T with T over about 1000, and then
     no x_t is given."""
-    greedy = temp.to(tl.float64) < GREEDY_T
-    tt = tl.where(greedy, 1.0, temp)
+    tt = scale_temp(temp)
     y = tl.where(t == float("-inf"), -FLT_MAX, t) * tt
     o = ordered32(tl.minimum(tl.maximum(y, -FLT_MAX), FLT_MAX))
     lo = tl.maximum(o - 512, ordered32(tl.full([], float("-inf"), tl.float32)))  # no NaN

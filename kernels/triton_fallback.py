@@ -21,7 +21,6 @@ import triton.language as tl
 
 from kernels.triton_common import (
     EMPTY_KEY,
-    GREEDY_T,
     INT32_MAX,
     MASK32,
     from_ordered32,
@@ -31,6 +30,7 @@ from kernels.triton_common import (
     race_step,
     race_winner,
     scale,
+    scale_temp,
     unpack_z,
 )
 
@@ -77,17 +77,11 @@ def _above3(x_row, temp, vocab, q1, q2, q3, z_max, BLOCK: tl.constexpr):
     exp((x - x_ref) / T), would differ from exp(z - z_max) by the rounding of z: up to
     2.7e-6 of a row's mass on SmolLM2's rows at T = 0.7, past the oracle's 2e-6 band for a
     top-p boundary."""
-    if _temp(temp) == 1.0:
+    if scale_temp(temp) == 1.0:
         v1, v2, v3 = _float_above(q1), _float_above(q2), _float_above(q3)
         return _read3(x_row, temp, vocab, v1, v2, v3, z_max, False, BLOCK)
     else:
         return _read3(x_row, temp, vocab, q1, q2, q3, z_max, True, BLOCK)
-
-
-@triton.jit
-def _temp(temp):
-    """The temperature scale() divides by (1 on greedy rows)."""
-    return tl.where(temp.to(tl.float64) < GREEDY_T, 1.0, temp).to(tl.float32)
 
 
 @triton.jit
