@@ -449,55 +449,31 @@ def resolve_row(
                 tl.debug_barrier()  # the gather's scattered stores before the load
                 # A sort's cost grows faster than its size: from mask blocks of HALF_SORT_MIN
                 # keys on, a listed S that fits half the block is sorted in half a block.
-                if CAP_BLOCK >= HALF_SORT_MIN:
-                    if s_listed & (n <= CAP_BLOCK // 2):
-                        token, logprob, j, emitted = sort_and_store(
-                            gather,
-                            got,
-                            n,
-                            s_listed,
-                            token,
-                            logprob,
-                            j,
-                            greedy,
-                            k0,
-                            k1,
-                            z_max,
-                            slot_row,
-                            cnt_ptr,
-                            status_ptr,
-                            midx,
-                            max_mask,
-                            cap,
-                            bounded,
-                            stamp,
-                            TIMING,
-                            CAP_BLOCK // 2,
-                        )
-                    else:
-                        token, logprob, j, emitted = sort_and_store(
-                            gather,
-                            got,
-                            n,
-                            s_listed,
-                            token,
-                            logprob,
-                            j,
-                            greedy,
-                            k0,
-                            k1,
-                            z_max,
-                            slot_row,
-                            cnt_ptr,
-                            status_ptr,
-                            midx,
-                            max_mask,
-                            cap,
-                            bounded,
-                            stamp,
-                            TIMING,
-                            CAP_BLOCK,
-                        )
+                half = s_listed & (n <= CAP_BLOCK // 2) if CAP_BLOCK >= HALF_SORT_MIN else False
+                if half:
+                    token, logprob, j, emitted = sort_and_store(
+                        gather,
+                        got,
+                        n,
+                        s_listed,
+                        token,
+                        logprob,
+                        j,
+                        greedy,
+                        k0,
+                        k1,
+                        z_max,
+                        slot_row,
+                        cnt_ptr,
+                        status_ptr,
+                        midx,
+                        max_mask,
+                        cap,
+                        bounded,
+                        stamp,
+                        TIMING,
+                        CAP_BLOCK // 2,
+                    )
                 else:
                     token, logprob, j, emitted = sort_and_store(
                         gather,
