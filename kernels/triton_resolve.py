@@ -48,6 +48,55 @@ MAIN_STAMPS = tl.constexpr(11)
 RESCUE_STAMPS = tl.constexpr(4)
 FALLBACK_STAMPS = tl.constexpr(4)
 PHASES = tl.constexpr(19)
+# Mask blocks (the cap rounded up to a power of two) from which a whole-row fallback row's S
+# that fits half the block is sorted in half a block.
+HALF_SORT_MIN = tl.constexpr(2048)
+
+
+@triton.jit
+def sort_and_store(
+    gather,
+    got,
+    n,
+    s_listed,
+    token,
+    logprob,
+    j,
+    greedy,
+    k0,
+    k1,
+    z_max,
+    slot_row,
+    cnt_ptr,
+    status_ptr,
+    midx,
+    max_mask,
+    cap,
+    bounded,
+    stamp,
+    TIMING: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """A fallback row's gathered keys (got of them, at most BLOCK, unsorted in `gather`):
+    sorts them and writes the row's mask slot. When they are the row's S (s_listed), draws
+    over them first (the tiers' draw: the same Gumbel race as a draw over the row);
+    otherwise they are the best cap keys and (token, logprob, j, the token's slot) are the
+    draw's over the row. Returns those and the ids written."""
+    pos = tl.arange(0, BLOCK)
+    keys = tl.load(gather + pos, mask=pos < got, other=EMPTY_KEY)
+    keys = tl.sort(keys, 0, descending=True)
+    if TIMING:
+        tl.store(stamp + 18, cycles(tl.max(keys, axis=0)))  # after the sort
+    ids = unpack_id(keys)
+    if s_listed:
+        z = tl.where(pos < n, unpack_z(keys), float("-inf"))
+        token, logprob, j = draw(keys, z, ids, tl.exp(z - z_max), n, greedy, k0, k1, z_max, BLOCK)
+        if TIMING:
+            tl.store(stamp + 16, cycles(j))  # after the draw
+    emitted = store_mask(
+        slot_row, cnt_ptr, status_ptr, midx, ids, pos, n, j, token, max_mask, cap, bounded
+    )
+    return token, logprob, j, emitted
 
 
 @triton.jit
@@ -398,33 +447,57 @@ def resolve_row(
                 if TIMING:
                     tl.store(stamp + 17, cycles(got.to(tl.int64)))  # after the gather's read
                 tl.debug_barrier()  # the gather's scattered stores before the load
-                e_pos = tl.arange(0, CAP_BLOCK)
-                e_keys = tl.load(gather + e_pos, mask=e_pos < got, other=EMPTY_KEY)
-                e_keys = tl.sort(e_keys, 0, descending=True)
-                if TIMING:
-                    tl.store(stamp + 18, cycles(tl.max(e_keys, axis=0)))  # after the sort
-                e_ids = unpack_id(e_keys)
-                if s_listed:
-                    e_z = tl.where(e_pos < n, unpack_z(e_keys), float("-inf"))
-                    token, logprob, j = draw(
-                        e_keys, e_z, e_ids, tl.exp(e_z - z_max), n, greedy, k0, k1, z_max, CAP_BLOCK
+                # A sort's cost grows faster than its size: from mask blocks of HALF_SORT_MIN
+                # keys on, a listed S that fits half the block is sorted in half a block.
+                half = s_listed & (n <= CAP_BLOCK // 2) if CAP_BLOCK >= HALF_SORT_MIN else False
+                if half:
+                    token, logprob, j, emitted = sort_and_store(
+                        gather,
+                        got,
+                        n,
+                        s_listed,
+                        token,
+                        logprob,
+                        j,
+                        greedy,
+                        k0,
+                        k1,
+                        z_max,
+                        slot_row,
+                        cnt_ptr,
+                        status_ptr,
+                        midx,
+                        max_mask,
+                        cap,
+                        bounded,
+                        stamp,
+                        TIMING,
+                        CAP_BLOCK // 2,
                     )
-                    if TIMING:
-                        tl.store(stamp + 16, cycles(j))  # after the draw
-                emitted = store_mask(
-                    slot_row,
-                    cnt_ptr,
-                    status_ptr,
-                    midx,
-                    e_ids,
-                    e_pos,
-                    n,
-                    j,
-                    token,
-                    max_mask,
-                    cap,
-                    bounded,
-                )
+                else:
+                    token, logprob, j, emitted = sort_and_store(
+                        gather,
+                        got,
+                        n,
+                        s_listed,
+                        token,
+                        logprob,
+                        j,
+                        greedy,
+                        k0,
+                        k1,
+                        z_max,
+                        slot_row,
+                        cnt_ptr,
+                        status_ptr,
+                        midx,
+                        max_mask,
+                        cap,
+                        bounded,
+                        stamp,
+                        TIMING,
+                        CAP_BLOCK,
+                    )
             elif midx >= 0:  # exact mode, S over the cap: no ids, status overflow
                 emitted = tl.full([], 0, tl.int64)
                 tl.store(cnt_ptr + midx, emitted)

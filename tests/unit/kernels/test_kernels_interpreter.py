@@ -936,6 +936,37 @@ def test_fallback_cuts_inside_ties_and_reads_the_row_a_few_times(
     assert draws.count(0) >= 5, (draws, out["sizes"])
 
 
+HALF_SORT = """
+import triton.language as tl
+import kernels.triton_resolve
+
+kernels.triton_resolve.HALF_SORT_MIN = tl.constexpr(64)  # cap 128: halves of 64 keys
+BLOCKS = []  # (|S|, the block its listed draw sorts in), one a call
+_sized_fn = kernels.triton_resolve.sort_and_store
+def _sized(*args):
+    BLOCKS.append((int(args[2]), int(args[-1])))
+    return _sized_fn(*args)
+kernels.triton_resolve.sort_and_store = _sized
+"""
+
+HALF_SORT_OUT = """
+print(json.dumps({"ok": rep.ok, "errors": rep.errors, "blocks": BLOCKS,
+                  "tokens": torch.equal(tri.tokens, cpu.tokens), "masks": tri.masks() == cpu.masks(),
+                  "logprob": bool(torch.allclose(tri.logprobs, cpu.logprobs, atol=1e-5))}))
+"""
+
+
+def test_fallback_sorts_a_short_support_in_half_the_block(interpreted: Interpreted) -> None:
+    """With mask blocks past HALF_SORT_MIN, a fallback row whose S fits half the block is
+    sorted, drawn and written in half a block, and the rest in the whole block: the
+    oracle's supports and the torch path's tokens, masks and log-probs either way."""
+    out = interpreted(PRELUDE + COUNT_READS + HALF_SORT + WHOLE_ROW + HALF_SORT_OUT)
+    assert out["ok"], out["errors"]
+    assert out["tokens"] and out["masks"] and out["logprob"]
+    assert all(block == (64 if n <= 64 else 128) for n, block in out["blocks"]), out["blocks"]
+    assert {block for _, block in out["blocks"]} == {64, 128}, out["blocks"]
+
+
 RANDOM_ROWS = """
 from bench.kernel_fuzz import run_batch
 
