@@ -5,9 +5,13 @@ counting the rescue's rounds (gather_above calls), the whole-row fallback's sear
 from bench/real_rows.py; top-p only.
 
     python bench/row_paths.py [--wide 6] [--mid 6] [--top-p 0.95] [--batch 128]
+        [--rows .cache/real_rows/smollm2_512.pt --buffers 0,1]
 
---wide picks rows whose support is past the tiers' 1024 keys, --mid rows of 300-1024 tokens.
-About 30 s a row on a 2-core machine. Writes row_paths.json under --out.
+--wide picks rows whose support is past the tiers' 1024 keys, --mid rows of 300-1024 tokens,
+from the file's rows in order, or with --buffers from those launches of --batch rows in the
+order bench_kernels.py --real times them (the rows shuffled once, seed 0; buffer b is the
+b-th slice of --batch rows). Each row's support is checked against the oracle
+(kernels.reference). About 30 s a row on a 2-core machine. Writes row_paths.json under --out.
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
 
 import kernels.triton_fallback as fallback
 import kernels.triton_resolve as resolve
+from bench.real_rows import DEFAULT_PATH, support_sizes
 from bench.real_rows import rows as real_rows
-from bench.real_rows import support_sizes
+from kernels.conformance import check_result
 from kernels.inputs import check_inputs
+from kernels.reference import reference
 from kernels.triton_path import band_config, sample_triton
 
 CALLS: dict[str, int] = {}
@@ -61,18 +67,27 @@ def main() -> None:
     ap.add_argument("--mid", type=int, default=6)
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--batch", type=int, default=128, help="the pass-1 shape of this batch size")
+    ap.add_argument("--rows", type=pathlib.Path, default=DEFAULT_PATH, help="real_rows.py file")
+    ap.add_argument("--buffers", default="", help="e.g. 0,1: those launches' rows only")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     count_calls()
-    z = real_rows()
+    z = real_rows(args.rows)
     s = support_sizes(z, args.top_p)
-    pick = torch.nonzero(s > 1024).flatten()[: args.wide].tolist()
-    pick += torch.nonzero((s > 300) & (s <= 1024)).flatten()[: args.mid].tolist()
+    order = torch.arange(z.shape[0])
+    if args.buffers:  # bench_kernels.load_real's shuffle, then make_inputs' slices
+        perm = torch.randperm(z.shape[0], generator=torch.Generator().manual_seed(0))
+        order = torch.cat(
+            [perm[b * args.batch : (b + 1) * args.batch] for b in map(int, args.buffers.split(","))]
+        )
+    wide = order[s[order] > 1024][: args.wide].tolist()
+    pick = wide + order[(s[order] > 300) & (s[order] <= 1024)][: args.mid].tolist()
     cfg = band_config(z.shape[1], batch=args.batch)
     one = torch.ones(1)
     out = []
     print(
-        f"{'row':>5} {'|S|':>5} {'fallback':>8} {'rounds':>6} {'search reads':>12} {'whole row':>9}"
+        f"{'row':>5} {'|S|':>5} {'fallback':>8} {'rounds':>6} {'search reads':>12} "
+        f"{'whole row':>9} {'oracle':>6}"
     )
     for r in pick:
         CALLS.clear()
@@ -88,10 +103,13 @@ def main() -> None:
         )
         t0 = time.perf_counter()
         res = sample_triton(inp, cfg)
+        ref = reference(inp.logits, one, inp.top_k, inp.top_p, inp.min_p)
+        conf = check_result(res, ref, inp.want_mask, None, 4096)
         rec = {
             "row": r,
             "support": int(s[r]),
             "kernel_support": int(res.support_sizes[0]),
+            "oracle_ok": conf.ok,
             "fallback": bool(res.fallback_rows[0]),
             "rescue_rounds": CALLS.get("gather_above", 0),
             "search_reads": CALLS.get("_above3", 0) + CALLS.get("_level_ids3", 0),
@@ -102,7 +120,7 @@ def main() -> None:
         out.append(rec)
         print(
             f"{r:>5} {rec['support']:>5} {rec['fallback']!s:>8} {rec['rescue_rounds']:>6} "
-            f"{rec['search_reads']:>12} {rec['whole_row']!s:>9}",
+            f"{rec['search_reads']:>12} {rec['whole_row']!s:>9} {rec['oracle_ok']!s:>6}",
             flush=True,
         )
     path = pathlib.Path(args.out)

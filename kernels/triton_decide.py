@@ -10,6 +10,7 @@ import triton.language as tl
 from kernels.triton_common import (
     EMPTY_KEY,
     add2,
+    add3,
     add3_max3,
     add3_max3_add3,
     add4,
@@ -245,16 +246,75 @@ def decide(keys, d_max, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, BLOCK: 
     return tl.maximum(n, 1), undecided, z, ids, mass
 
 
+# A bound on the mass of a tier's best keys must clear top_p * z_sum by this factor before a
+# row is sent past the tiers: the bound and the tiers' own cumulative sums round differently
+# (float32 sums, pass 1's sums in logit space), so a row within 1e-4 of the boundary keeps
+# its rescue. (support_goal's margin.)
+TIER_MARGIN = tl.constexpr(1.0001)
+
+
 @triton.jit
-def past_tier(n, z, floor, k_on, p_on, m_on, BLOCK: tl.constexpr):
-    """Whether decide() proved a top-p row's support longer than its BLOCK slots: every slot
-    listed above the floor and kept, and the token after them kept too (n past BLOCK). With
-    top-p alone that last rule is exact (it compares the listed mass with the row's own
-    normaliser), so no tier of BLOCK keys, the rescue's included, can hold the support and
-    the row goes to the whole-row fallback at once. With top-k or min-p on, the token after
-    the slots may still be cut, and the rescue runs as before."""
-    full = tl.min(z, axis=0) > floor  # no empty slot (z = -inf), none at or below the floor
-    return p_on & ~k_on & ~m_on & (n > BLOCK) & full
+def past_tier(n, z, mass, floor, z_max, z_sum, top_p, k_on, p_on, m_on, BLOCK: tl.constexpr):
+    """Whether decide() proved a top-p row's support longer than its BLOCK slots, so that no
+    tier of BLOCK keys, the rescue's included, can hold it and the row goes to the whole-row
+    fallback at once. decide() kept every listed slot and the token after them (n past
+    BLOCK); then either every slot is listed above the floor, or the listed mass plus one
+    token of z = floor for each slot left (every token not listed has z <= floor) is still
+    short of top_p: either way the first BLOCK tokens of design order leave the next one
+    kept. With top-p alone that is exact (the row's own normaliser); with top-k or min-p on,
+    the token after the slots may still be cut, and the rescue runs as before."""
+    listed = z > floor  # a prefix of the sorted slots
+    n_listed, m_listed = tl.reduce((listed.to(tl.int32), mass), 0, add2)
+    head = m_listed + (BLOCK - n_listed).to(tl.float32) * tl.exp(floor - z_max)
+    short = (n_listed == BLOCK) | (head * TIER_MARGIN < top_p * z_sum)
+    return p_on & ~k_on & ~m_on & (n > BLOCK) & short
+
+
+@triton.jit
+def band_past_tier(
+    z, d_slot, m_c, s_c, d_c, in_ch, t1, t2, t3, z_max, z_sum, top_p, BLOCK: tl.constexpr
+):
+    """Whether pass 1's candidates and segment sums alone prove a top-p-only support longer
+    than BLOCK tokens (the rescue's tier): before the rescue reads anything.
+
+    Segment c lists every token it holds above its floor d_c (z > d_slot, the floor of the
+    candidate's segment): a known mass a each. Its other tokens have z <= d_c, mass at most
+    e_c = exp(d_c - z_max) each and U_c = S_c - (its known mass) in all, S_c its pass-1 sum.
+    For any level tau, the best BLOCK tokens of the row have mass at most
+    BLOCK * tau + sum over all tokens of max(a - tau, 0), and an unknown token of segment c
+    adds at most a * w_c, w_c = max(1 - tau / e_c, 0), so U_c * w_c for the segment: the
+    head bound BLOCK * tau + sum_known (max(a - tau, 0) - a * w_c) + sum_c S_c * w_c. When
+    it is short of top_p * z_sum at any tau, token BLOCK + 1 is kept and |S| > BLOCK. tau
+    is taken at the three segment floors t1 > t2 > t3 below the highest (the floors of the
+    rescue's rounds): on SmolLM2 rows the best level lies there."""
+    known = z > d_slot  # not the empty slots (z = -inf) nor the padding (d_slot = inf)
+    a = tl.where(known, tl.exp(z - z_max), 0.0)
+    e_slot = tl.exp(d_slot - z_max)
+    u1 = tl.exp(t1 - z_max)
+    u2 = tl.exp(t2 - z_max)
+    u3 = tl.exp(t3 - z_max)
+    k1, k2, k3 = tl.reduce(
+        (
+            tl.maximum(a - u1, 0.0) - a * tl.where(e_slot > u1, 1.0 - u1 / e_slot, 0.0),
+            tl.maximum(a - u2, 0.0) - a * tl.where(e_slot > u2, 1.0 - u2 / e_slot, 0.0),
+            tl.maximum(a - u3, 0.0) - a * tl.where(e_slot > u3, 1.0 - u3 / e_slot, 0.0),
+        ),
+        0,
+        add3,
+    )
+    seg = tl.where(in_ch & (m_c > float("-inf")), s_c * tl.exp(m_c - z_max), 0.0)
+    e_c = tl.exp(d_c - z_max)
+    c1, c2, c3 = tl.reduce(
+        (
+            seg * tl.where(e_c > u1, 1.0 - u1 / e_c, 0.0),
+            seg * tl.where(e_c > u2, 1.0 - u2 / e_c, 0.0),
+            seg * tl.where(e_c > u3, 1.0 - u3 / e_c, 0.0),
+        ),
+        0,
+        add3,
+    )
+    head = tl.minimum(BLOCK * u1 + k1 + c1, tl.minimum(BLOCK * u2 + k2 + c2, BLOCK * u3 + k3 + c3))
+    return head * TIER_MARGIN < top_p * z_sum
 
 
 @triton.jit

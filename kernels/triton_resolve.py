@@ -28,7 +28,15 @@ from kernels.triton_common import (
     unpack_z,
     untruncated,
 )
-from kernels.triton_decide import best_sorted, decide, draw, past_tier, store_mask, support_goal
+from kernels.triton_decide import (
+    band_past_tier,
+    best_sorted,
+    decide,
+    draw,
+    past_tier,
+    store_mask,
+    support_goal,
+)
 from kernels.triton_emit import pack_row
 from kernels.triton_fallback import (
     fallback_draw,
@@ -263,17 +271,39 @@ def resolve_row(
             )
     else:
         beyond = n < 0  # the support proved longer than T2: no rescue can decide it
-        if (floor > d_max) & ~whole:  # the first tier left listed candidates out
+        # Each candidate slot's segment floor (segment c's slots: [c * KC, (c + 1) * KC)).
+        seg_slot = pos // (ncand // n_chunks)
+        d_slot = tl.load(
+            d_ptr + row * n_chunks + seg_slot,
+            mask=pos < ncand,
+            other=float("inf"),
+            cache_modifier=".cg",
+        )
+        if p_on & ~k_on & ~m_on & ~whole:
+            # A top-p support that pass 1's lists and sums already prove longer than T2 (a
+            # wide real row: every segment floor in S) goes to the whole-row fallback with no
+            # second tier and no rescue: neither can decide it (band_past_tier). The levels
+            # tried are the floors of the rescue's rounds.
+            t1 = tl.max(tl.where(in_ch & (d_c < d_max), d_c, float("-inf")), axis=0)
+            t2 = tl.max(tl.where(in_ch & (d_c < t1), d_c, float("-inf")), axis=0)
+            t3 = tl.max(tl.where(in_ch & (d_c < t2), d_c, float("-inf")), axis=0)
+            beyond = band_past_tier(
+                z_all, d_slot, m_c, s_c, d_c, in_ch, t1, t2, t3, z_max, z_sum, top_p, T2
+            )
+        if (floor > d_max) & ~whole & ~beyond:  # the first tier left listed candidates out
             best2, floor2 = best_sorted(cands, scratch + T1, T2, NBISECT, T2, stamp, False)
             n, undecided, z2, ids2, mass2 = decide(
                 best2, floor2, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
             )
-            beyond = undecided & past_tier(n, z2, floor2, k_on, p_on, m_on, T2)
+            beyond = undecided & past_tier(
+                n, z2, mass2, floor2, z_max, z_sum, top_p, k_on, p_on, m_on, T2
+            )
         else:
             # The first tier sorted every candidate above the band floor, so the second would
             # sort the same ones and decide the same way: straight to the rescue. (A row the
             # rescue takes has its floor inside S, usually with fewer than T1 tokens above
-            # it: the second tier's 1024-key sort was pure cost there.)
+            # it: the second tier's 1024-key sort was pure cost there.) Or the support is
+            # past the tiers: straight to the whole-row fallback.
             best2 = tl.full([T2], EMPTY_KEY, tl.int64)
             z2 = tl.full([T2], float("-inf"), tl.float32)
             ids2 = tl.zeros([T2], tl.int64)
@@ -297,10 +327,6 @@ def resolve_row(
             # pick takes the best T2 of them (t the floor, or the largest gathered z left
             # out): a row whose support fits in T2 decides even with a few thousand tokens
             # above t. When more than RESCUE lie above t the bisection below decides.
-            seg_slot = pos // (ncand // n_chunks)
-            d_slot = tl.load(
-                d_ptr + row * n_chunks + seg_slot, mask=pos < ncand, other=float("inf")
-            )
             t = d_max
             fits = d_max > float("-inf")  # a floor at -inf lists the whole row already
             rounds = 0
@@ -363,7 +389,9 @@ def resolve_row(
                         n, undecided, z2, ids2, mass2 = decide(
                             best2, r_floor, z_max, z_sum, k, k_on, top_p, p_on, min_p, m_on, T2
                         )
-                        beyond = undecided & past_tier(n, z2, r_floor, k_on, p_on, m_on, T2)
+                        beyond = undecided & past_tier(
+                            n, z2, mass2, r_floor, z_max, z_sum, top_p, k_on, p_on, m_on, T2
+                        )
                         if TIMING:
                             tl.store(stamp + 14, cycles(n))  # after the decision
                 fits = fits & (t > float("-inf"))  # t at -inf: every segment was read

@@ -789,38 +789,52 @@ def test_rescue_reads_two_bad_segments_in_a_second_round(
 
 
 PAST_TIER = """
-# A top-p row whose support (about 150 tokens) outgrows the tiers' 64 keys: 160 high tokens
-# spread over the 16 segments of 64, four written by each (KC = 4), so every floor lies in
-# S. The rescue's first round gathers more than 64 tokens, keeps its best 64 and decides
-# that the support runs past them: with top-p alone that is exact, so no later round can
-# decide the row and it goes to the whole-row fallback at once. The same row with top-k on
-# (k = 150 may cut right after the tier) runs the rescue's rounds as before.
+# Top-p rows whose supports (about 140 tokens) outgrow the tiers' 64 keys, 160 high tokens
+# z = 10 - 0.01 * rank over the 16 segments of 64, four written by each (KC = 4), so every
+# floor lies in S. Row 0 spreads them evenly: the rescue's first round gathers more than 64
+# tokens, keeps its best 64 and decides that the support runs past them. Row 1 puts ranks
+# 0-9 in segments 0 and 1 (five each) and the rest in the other 14: the first round gathers
+# the few tokens above the second floor (3), all kept, and the tier's 61 slots left can only
+# hold tokens of z <= that floor, too little mass for top-p either way (before, a second
+# round read two segments to fill the tier). Both are exact with
+# top-p alone, so no later round can decide them; and pass 1's lists and segment sums
+# already prove it (band_past_tier), so with it on they take no round at all. Row 0 with
+# top-k on (k = 150 may cut right after the tier) runs the rescue's rounds as before.
 import kernels.triton_resolve
 
 GATHERS = []
 _gather_above = kernels.triton_resolve.gather_above
+_band_past_tier = kernels.triton_resolve.band_past_tier
 
 def counting_gather_above(*args):  # the interpreter runs resolve_row as Python
     GATHERS.append(1)
     return _gather_above(*args)
 
+def no_band_past_tier(*args):  # pass 1's proof off: the rescue's rounds must stop the row
+    return args[9] != args[9]  # False, as a Triton value (z_max is not NaN)
+
 kernels.triton_resolve.gather_above = counting_gather_above
 vocab = 1000
 g = torch.Generator().manual_seed(23)
-x = torch.randn(1, vocab, generator=g) * 0.5
+x = torch.randn(2, vocab, generator=g) * 0.5
 rank = torch.arange(160)
 x[0, (rank % 16) * 64 + (rank // 16) * 4 + (rank % 3)] = 10.0 - 0.01 * rank
+top, rest = rank[:10], rank[10:] - 10
+x[1, (top % 2) * 64 + top // 2] = 10.0 - 0.01 * top
+x[1, (2 + rest % 14) * 64 + rest // 14] = 10.0 - 0.01 * (rest + 10)
 temp = torch.ones(1)
 p = torch.tensor([0.95])
 mp = torch.zeros(1)
 want = torch.ones(1, dtype=torch.bool)
 out = {"ok": True, "errors": [], "gathers": [], "fallback": [], "sizes": []}
-for k in (-1, 150):
+for r, k, proof in ((0, -1, True), (0, 150, True), (0, -1, False), (1, -1, True), (1, -1, False)):
+    kernels.triton_resolve.band_past_tier = _band_past_tier if proof else no_band_past_tier
     kk = torch.tensor([k], dtype=torch.int32)
-    inp = check_inputs(x, temp, kk, p, mp, want, max_mask_tokens=256, seed=torch.arange(1))
+    xr = x[r : r + 1]
+    inp = check_inputs(xr, temp, kk, p, mp, want, max_mask_tokens=256, seed=torch.arange(1))
     GATHERS.clear()
     tri = sample_triton(inp, band_config(vocab, chunk=64, kc=4, lanes=16))
-    rep = check_result(tri, reference(x, temp, kk, p, mp), want, None, 256)
+    rep = check_result(tri, reference(xr, temp, kk, p, mp), want, None, 256)
     out["ok"] &= rep.ok
     out["errors"] += rep.errors
     out["gathers"].append(len(GATHERS))
@@ -833,10 +847,14 @@ print(json.dumps(out))
 def test_rescue_stops_once_a_top_p_support_outgrows_the_tier(interpreted: Interpreted) -> None:
     out = interpreted(PRELUDE + PAST_TIER)
     assert out["ok"], out["errors"]
-    assert out["fallback"] == [True, True]
+    assert out["fallback"] == [True] * 5
     assert min(out["sizes"]) > 64  # longer than the tiers' 64 keys
-    assert out["gathers"][0] == 1  # top-p alone: one round, then the whole row
-    assert out["gathers"][1] > 1  # with top-k on: the later rounds still run
+    # top-p alone: pass 1 proves it, no round; with top-k on: the rounds still run
+    assert out["gathers"][0] == 0 and out["gathers"][1] > 1
+    # without that proof, one round each: a full tier kept (row 0), or too little mass in
+    # a tier that holds every token above the floor and the floor's z after them (row 1)
+    assert out["gathers"][2] == 1 and out["gathers"][4] == 1
+    assert out["gathers"][3] == 0
 
 
 COUNT_READS = """
