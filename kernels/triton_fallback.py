@@ -38,6 +38,16 @@ INT64_MAX = tl.constexpr(2**63 - 1)
 
 
 @triton.jit
+def _row_keys(x_row, temp, vocab, start, BLOCK: tl.constexpr):
+    """Keys, z (NaN-free) and ids of one block of a row."""
+    ids = start + tl.arange(0, BLOCK)
+    x = tl.load(x_row + ids, mask=ids < vocab, other=float("-inf"))
+    z = _z_of(x, temp)
+    ids64 = ids.to(tl.int64)
+    return pack_key(z, ids64), z, ids64
+
+
+@triton.jit
 def _z_of(x, temp):
     """z of raw logits, NaN taken as -inf (a NaN row never gets here: it is flagged)."""
     z = scale(x.to(tl.float32), temp)
@@ -519,22 +529,14 @@ def _next_segment(todo, ch, c, seg_len, vocab):
 
 @triton.jit
 def fallback_gather(x_row, temp, vocab, t_cut, scratch_row, BLOCK: tl.constexpr):
-    """Writes the keys >= t_cut (at most the scratch capacity) to scratch_row, unsorted.
-    Like the reads above, it issues the next block's load before the current block's scan:
-    waiting for each load in turn, this read took about three times a plain read's cycles
-    on a real model's wide rows (75k against 25k, bench_kernels.py --phases --real)."""
+    """Writes the keys >= t_cut (at most the scratch capacity) to scratch_row, unsorted."""
     written = tl.full([], 0, tl.int32)
-    lane = tl.arange(0, BLOCK)
-    x = _load_block(x_row, vocab, 0, BLOCK)
     for start in range(0, vocab, BLOCK):
-        x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
-        z = _z_of(x, temp)
-        keys = pack_key(z, (start + lane).to(tl.int64))
+        keys, z, _ = _row_keys(x_row, temp, vocab, start, BLOCK)
         sel = (keys >= t_cut) & (z > float("-inf"))
         rank = tl.cumsum(sel.to(tl.int32), axis=0) - 1
         tl.store(scratch_row + written + rank, keys, mask=sel)
         written += tl.sum(sel.to(tl.int32), axis=0)
-        x = x_next
     return written
 
 
