@@ -63,33 +63,18 @@ HALF_SORT_MIN = tl.constexpr(2048)
 
 @triton.jit
 def sort_and_store(
-    gather,
-    got,
-    n,
-    s_listed,
-    token,
-    logprob,
-    j,
-    greedy,
-    k0,
-    k1,
-    z_max,
-    slot_row,
-    cnt_ptr,
-    status_ptr,
-    midx,
-    max_mask,
-    cap,
-    bounded,
-    stamp,
-    TIMING: tl.constexpr,
-    BLOCK: tl.constexpr,
+    gather, got, n, s_listed, drawn, noise, dest, stamp, TIMING: tl.constexpr, BLOCK: tl.constexpr
 ):
     """A fallback row's gathered keys (got of them, at most BLOCK, unsorted in `gather`):
     sorts them and writes the row's mask slot. When they are the row's S (s_listed), draws
     over them first (the tiers' draw: the same Gumbel race as a draw over the row);
-    otherwise they are the best cap keys and (token, logprob, j, the token's slot) are the
-    draw's over the row. Returns those and the ids written."""
+    otherwise they are the best cap keys and drawn = (token, logprob, j: the token's slot)
+    is the draw's over the row. noise: (greedy, k0, k1, z_max); dest: the mask slot's
+    (slot_row, cnt_ptr, status_ptr, midx, max_mask, cap, bounded). Returns the draw and
+    the ids written."""
+    token, logprob, j = drawn
+    greedy, k0, k1, z_max = noise
+    slot_row, cnt_ptr, status_ptr, midx, max_mask, cap, bounded = dest
     pos = tl.arange(0, BLOCK)
     keys = tl.load(gather + pos, mask=pos < got, other=EMPTY_KEY)
     keys = tl.sort(keys, 0, descending=True)
@@ -478,53 +463,16 @@ def resolve_row(
                 # A sort's cost grows faster than its size: from mask blocks of HALF_SORT_MIN
                 # keys on, a listed S that fits half the block is sorted in half a block.
                 half = s_listed & (n <= CAP_BLOCK // 2) if CAP_BLOCK >= HALF_SORT_MIN else False
+                drawn = (token, logprob, j)
+                noise = (greedy, k0, k1, z_max)
+                dest = (slot_row, cnt_ptr, status_ptr, midx, max_mask, cap, bounded)
                 if half:
                     token, logprob, j, emitted = sort_and_store(
-                        gather,
-                        got,
-                        n,
-                        s_listed,
-                        token,
-                        logprob,
-                        j,
-                        greedy,
-                        k0,
-                        k1,
-                        z_max,
-                        slot_row,
-                        cnt_ptr,
-                        status_ptr,
-                        midx,
-                        max_mask,
-                        cap,
-                        bounded,
-                        stamp,
-                        TIMING,
-                        CAP_BLOCK // 2,
+                        gather, got, n, s_listed, drawn, noise, dest, stamp, TIMING, CAP_BLOCK // 2
                     )
                 else:
                     token, logprob, j, emitted = sort_and_store(
-                        gather,
-                        got,
-                        n,
-                        s_listed,
-                        token,
-                        logprob,
-                        j,
-                        greedy,
-                        k0,
-                        k1,
-                        z_max,
-                        slot_row,
-                        cnt_ptr,
-                        status_ptr,
-                        midx,
-                        max_mask,
-                        cap,
-                        bounded,
-                        stamp,
-                        TIMING,
-                        CAP_BLOCK,
+                        gather, got, n, s_listed, drawn, noise, dest, stamp, TIMING, CAP_BLOCK
                     )
             elif midx >= 0:  # exact mode, S over the cap: no ids, status overflow
                 emitted = tl.full([], 0, tl.int64)
