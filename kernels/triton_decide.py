@@ -271,6 +271,13 @@ def past_tier(n, z, mass, floor, z_max, z_sum, top_p, k_on, p_on, m_on, BLOCK: t
 
 
 @triton.jit
+def _share_above(e, u):
+    """w = max(1 - u / e, 0): at most this share of an unlisted token's mass (at most e) lies
+    above the level u (band_past_tier's bound)."""
+    return tl.where(e > u, 1.0 - u / e, 0.0)
+
+
+@triton.jit
 def band_past_tier(
     z, d_slot, m_c, s_c, d_c, in_ch, t1, t2, t3, z_max, z_sum, top_p, BLOCK: tl.constexpr
 ):
@@ -295,9 +302,9 @@ def band_past_tier(
     u3 = tl.exp(t3 - z_max)
     k1, k2, k3 = tl.reduce(
         (
-            tl.maximum(a - u1, 0.0) - a * tl.where(e_slot > u1, 1.0 - u1 / e_slot, 0.0),
-            tl.maximum(a - u2, 0.0) - a * tl.where(e_slot > u2, 1.0 - u2 / e_slot, 0.0),
-            tl.maximum(a - u3, 0.0) - a * tl.where(e_slot > u3, 1.0 - u3 / e_slot, 0.0),
+            tl.maximum(a - u1, 0.0) - a * _share_above(e_slot, u1),
+            tl.maximum(a - u2, 0.0) - a * _share_above(e_slot, u2),
+            tl.maximum(a - u3, 0.0) - a * _share_above(e_slot, u3),
         ),
         0,
         add3,
@@ -306,9 +313,9 @@ def band_past_tier(
     e_c = tl.exp(d_c - z_max)
     c1, c2, c3 = tl.reduce(
         (
-            seg * tl.where(e_c > u1, 1.0 - u1 / e_c, 0.0),
-            seg * tl.where(e_c > u2, 1.0 - u2 / e_c, 0.0),
-            seg * tl.where(e_c > u3, 1.0 - u3 / e_c, 0.0),
+            seg * _share_above(e_c, u1),
+            seg * _share_above(e_c, u2),
+            seg * _share_above(e_c, u3),
         ),
         0,
         add3,
