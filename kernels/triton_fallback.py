@@ -8,8 +8,9 @@ The fallback proper (fallback_support, cut_key) reads the whole row several time
 for the cut's z that counts three thresholds a read (at most Z_READS + 16 reads; 3-4 on a
 real model's wide rows, 7-10 on flat ones, before the tokens left in its bracket fit a list
 it sorts; one read when only min-p or nothing cuts), then the caller's draw (one read of
-the row, or a read that lists S and a draw over the list); the caller counts the rows that
-take it.
+the row, or a read that lists S and a draw over the list; when everything above the
+bracket's lower end fits the mask block, the bracket's read lists S as well and the caller
+reads nothing more); the caller counts the rows that take it.
 S = {key >= t*} where t* is the smallest key t whose token would be kept:
   top-k: #{key > t} < k;  top-p: mass{key > t} / Z_k < top_p;  min-p: exp(z(t) - M) >= min_p.
 """
@@ -186,11 +187,13 @@ def cut_key(
     min_p,
     z_max,
     scratch_row,
+    s_row,
+    list_cap,
     need_key,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """The kept prefix of design order: (t, n, mass) with the kept tokens exactly those with
+    """The kept prefix of design order: (t, n, mass, s_out) with the kept tokens exactly those with
     key >= t, n of them, of mass sum exp(z - z_max) (float32). k: int64 (above vocab: off);
     top_p: float32 of z_norm (>= 1: off); min_p (<= 0: off). t is not always
     needed (n and mass are), and with need_key False it is left at the cut's z when the cut
@@ -206,7 +209,10 @@ def cut_key(
     they give the cut directly. A bracket closed on one z with more than G tokens (a long
     tie) is cut with no read: its tokens (ids ascending) have the same mass each, so the
     kept count J follows from the counts, and only when J splits them does a search over
-    the ids (three counts a read) find the J-th id."""
+    the ids (three counts a read) find the J-th id.
+
+    s_out: the kept tokens are in s_row, unsorted (_cut_listed, when every token above the
+    bracket's lower end fits list_cap slots; list_cap 0 never lists)."""
     # The bracket (lo, hi] in ordered32 space, held as int64 (its span exceeds int32): P(lo)
     # false, P(hi) true, each end's count and mass above it once counted (c < 0: not yet).
     lo = ordered32(tl.full([], float("-inf"), tl.float32)).to(tl.int64)  # P(-inf) is false
@@ -245,8 +251,9 @@ def cut_key(
         )
     # At most G tokens between the ends: list them, sort them and cut there (one read);
     # else the bracket is one z, and its tokens share their mass.
+    s_out = tl.full([], 0, tl.int1)
     if hi - lo > 1:
-        t, n, mass = _cut_listed(
+        t, n, mass, s_out = _cut_listed(
             x_row,
             temp,
             vocab,
@@ -261,6 +268,8 @@ def cut_key(
             min_p,
             z_max,
             scratch_row,
+            s_row,
+            list_cap,
             G,
             BLOCK,
         )
@@ -280,7 +289,7 @@ def cut_key(
             need_key,
             BLOCK,
         )
-    return t, n, mass
+    return t, n, mass, s_out
 
 
 Z_READS = tl.constexpr(4)  # cut_key's reads at most that take quarter points in z
@@ -385,12 +394,16 @@ def fallback_support(
     max_mask,
     emit_cap,
     scratch_row,
+    s_row,
+    list_cap,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """(t*, |S|, sum_{S} exp(z - z_max), t_emit) of one row: S = {key >= t*}, and the mask
-    it emits is {key >= t_emit}: t* itself, or with emit_cap > 0 (bounded mode) and |S| over
-    max_mask, the best emit_cap keys.
+    """(t*, |S|, sum_{S} exp(z - z_max), t_emit, s_out) of one row: S = {key >= t*}, and
+    the mask it emits is {key >= t_emit}: t* itself, or with emit_cap > 0 (bounded mode) and
+    |S| over max_mask, the best emit_cap keys. scratch_row: G slots for the search's list;
+    s_out: S is in s_row, unsorted (the cut's search lists it when every token above its
+    bracket fits list_cap slots).
 
     k: int64 (above vocab: off). With top-k and top-p both on, top-p renormalises over the
     top-k mass, found first. The up to three searches run in one loop, so cut_key's code is
@@ -402,11 +415,12 @@ def fallback_support(
     n = tl.full([], 0, tl.int64)
     mass = tl.full([], 0.0, tl.float32)
     t_emit = tl.full([], 0, tl.int64)
+    s_out = tl.full([], 0, tl.int1)
     # 0: the top-k mass (top-k with top-p), 1: the cut, 2: the best emit_cap keys; 3: done
     phase = tl.where((k < vocab) & (top_p < 1.0), 0, 1)
     while phase < 3:
         cut = phase == 1
-        t, c, m = cut_key(
+        t, c, m, l_s = cut_key(
             x_row,
             temp,
             vocab,
@@ -416,6 +430,8 @@ def fallback_support(
             tl.where(cut, min_p, 0.0),
             z_max,
             scratch_row,
+            s_row,
+            tl.where(cut, list_cap, 0),
             phase > 0,
             G,
             BLOCK,
@@ -425,8 +441,9 @@ def fallback_support(
         n = tl.where(cut, c, n)
         mass = tl.where(cut, m, mass)
         t_emit = tl.where(cut, t, tl.where(phase == 2, t, t_emit))
+        s_out = tl.where(cut, l_s, s_out)
         phase = tl.where(cut & (emit_cap > 0) & (c > max_mask), 2, tl.where(phase == 0, 1, 3))
-    return t_cut, n, mass, t_emit
+    return t_cut, n, mass, t_emit, s_out
 
 
 @triton.jit
@@ -571,25 +588,43 @@ def _cut_listed(
     min_p,
     z_max,
     scratch_row,
+    s_row,
+    list_cap,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """cut_key's end when at most G tokens have lo < ordered32(z) <= hi: one read lists them
     in scratch_row, a sort puts them in design order, and the kept prefix is counted there
-    (the tokens above hi, c_hi of mass m_hi, are all kept; none at or below lo is)."""
-    tl.debug_barrier()  # earlier reads of the scratch row before the stores below
+    (the tokens above hi, c_hi of mass m_hi, are all kept; none at or below lo is).
+
+    When every token above lo fits list_cap slots (c_hi plus the bracket's), the same read
+    lists the tokens above hi in s_row, and the bracket's kept prefix is written after them:
+    s_row then holds S, unsorted, and the caller needs no read of its own to list it (the
+    fourth value returned says so)."""
+    tl.debug_barrier()  # earlier reads of the scratch rows before the stores below
     lane = tl.arange(0, BLOCK)
+    s_out = c_hi + n_between <= list_cap
+    top = tl.where(s_out, hi, INT32_MAX)  # nothing is above it: nothing listed in s_row
     written = tl.full([], 0, tl.int32)
+    above = tl.full([], 0, tl.int32)
     x = _load_block(x_row, vocab, 0, BLOCK)
     for start in range(0, vocab, BLOCK):
         x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
         z = _z_of(x, temp)
         o = ordered32(z)
         sel = (o > lo) & (o <= hi)
-        rank = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        sel_s = o > top
+        # One scan ranks both lists: the bracket's count in the low 16 bits (a block holds
+        # fewer than 2^16 tokens), the count above hi in the high ones.
+        both = tl.cumsum(sel.to(tl.int32) | (sel_s.to(tl.int32) << 16), axis=0)
+        rank = (both & 0xFFFF) - 1
+        rank_s = (both >> 16) - 1
         keys = pack_key(z, (start + lane).to(tl.int64))
         tl.store(scratch_row + written + rank, keys, mask=sel & (written + rank < G))
-        written += tl.sum(sel.to(tl.int32), axis=0)
+        tl.store(s_row + above + rank_s, keys, mask=sel_s & (above + rank_s < list_cap))
+        total = tl.max(both, axis=0)  # the scan's last value
+        written += total & 0xFFFF
+        above += total >> 16
         x = x_next
     tl.debug_barrier()  # the scattered stores before the block load
     pos = tl.arange(0, G)
@@ -611,4 +646,6 @@ def _cut_listed(
     t = tl.min(tl.where(first, keys, INT64_MAX), axis=0)
     t = tl.where(n_keep > 0, t, (hi.to(tl.int64) + 1) << 32)  # none: every key above hi
     mass = m_hi + tl.sum(tl.where(first, e, 0.0), axis=0)
-    return t, (c_hi + n_keep).to(tl.int64), mass
+    if s_out:  # S: the c_hi tokens above hi, then the bracket's kept prefix
+        tl.store(s_row + c_hi + pos, keys, mask=first)
+    return t, (c_hi + n_keep).to(tl.int64), mass, s_out

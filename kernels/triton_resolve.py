@@ -418,7 +418,7 @@ def resolve_row(
             # Bounded mode over the cap emits the best cap keys: the search finds their cut too,
             # when S is too long for the gather below to list it.
             emit_cap = tl.where((midx >= 0) & bounded, cap, 0)
-            t_cut, n, mass_s, t_emit = fallback_support(
+            t_cut, n, mass_s, t_emit, s_read = fallback_support(
                 x_row,
                 temp,
                 vocab,
@@ -429,13 +429,16 @@ def resolve_row(
                 z_sum,
                 tl.maximum(max_mask, CAP_BLOCK),
                 emit_cap,
-                scratch + T1 + T2,  # room for T2 keys and more
+                scratch + T1,  # T2 slots for the search's list
+                scratch + T1 + T2,  # S, when the search lists it
+                tl.where(midx >= 0, CAP_BLOCK, 0),
                 T2,
                 FB_BLOCK,
             )
             if TIMING:
                 tl.store(stamp + 15, cycles(n))  # after the search
-            # A mask row whose S fits the mask block lists S in one read, and the draw, the
+            # A mask row whose S fits the mask block lists S in one read (none when the
+            # search's last read, which lists its bracket, could list S too), and the draw, the
             # token's position and the mask all come from the sorted list (a draw over the
             # row, a count of the token's position and a gather took three reads). A row
             # with no mask, or with S longer than the block, draws over the row (one read,
@@ -454,9 +457,12 @@ def resolve_row(
                     j = position_of(x_row, temp, vocab, y_key, FB_BLOCK)
             if s_listed | best_cap:
                 gather = scratch + T1 + T2
-                got = fallback_gather(
-                    x_row, temp, vocab, tl.where(s_listed, t_cut, t_emit), gather, FB_BLOCK
-                )
+                if s_read:  # the search's last read listed S here
+                    got = n.to(tl.int32)
+                else:
+                    got = fallback_gather(
+                        x_row, temp, vocab, tl.where(s_listed, t_cut, t_emit), gather, FB_BLOCK
+                    )
                 if TIMING:
                     tl.store(stamp + 17, cycles(got.to(tl.int64)))  # after the gather's read
                 tl.debug_barrier()  # the gather's scattered stores before the load

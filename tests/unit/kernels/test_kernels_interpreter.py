@@ -877,6 +877,12 @@ def _drawn(*args):
     DRAWS.append(1)
     return _draw(*args)
 kernels.triton_resolve.fallback_draw = _drawn
+GATHERS = []  # reads that list S after the search (the search's last read lists it when it can)
+_gather = kernels.triton_resolve.fallback_gather
+def _gathered(*args):
+    GATHERS.append(1)
+    return _gather(*args)
+kernels.triton_resolve.fallback_gather = _gathered
 
 # Rows that only the fallback decides (the band of 64-token chunks with 8 candidates each
 # lists too few), chosen so that its cut lands inside a run of tied z: top-k and top-p
@@ -904,10 +910,12 @@ out = {}
 for r in range(9):  # one row a call, so each row's reads are counted alone
     READS.clear()
     DRAWS.clear()
+    GATHERS.clear()
     one = check_inputs(x[r:r+1], temp[r:r+1], k[r:r+1], p[r:r+1], mp[r:r+1], want[r:r+1],
                        max_mask_tokens=cap, seed=seed[r:r+1], bounded=bounded[r:r+1])
     tri = sample_triton(one, cfg)
-    out[r] = {"reads": len(READS), "draws": len(DRAWS), "fallback": bool(tri.fallback_rows[0])}
+    out[r] = {"reads": len(READS), "draws": len(DRAWS), "fallback": bool(tri.fallback_rows[0]),
+              "gathers": len(GATHERS), "listing_reads": READS.count("_cut_listed")}
 tri = sample_triton(inp, cfg)
 cpu = sample_torch(inp)
 ref = reference(x, temp, k, p, mp)
@@ -931,7 +939,8 @@ def test_fallback_cuts_inside_ties_and_reads_the_row_a_few_times(
     early with one read that lists the tokens left between the bracket's ends once they fit
     a tier, a few more to place a cut inside a long tie, one when only min-p or nothing
     cuts (the old bisection: 64 to 128). A mask row whose support fits the mask's block
-    then reads the row once more, to list S, and draws from that list; a longer support
+    then reads the row once more, to list S, and draws from that list, unless the search's
+    last read (the one that lists the bracket) had room to list S as well; a longer support
     draws over the row."""
     out = interpreted(PRELUDE + COUNT_READS + WHOLE_ROW)
     assert out["ok"], out["errors"]
@@ -952,6 +961,12 @@ def test_fallback_cuts_inside_ties_and_reads_the_row_a_few_times(
     draws = [rows[str(r)]["draws"] for r in range(9)]
     assert draws == [int(n > 128) for n in out["sizes"]], (draws, out["sizes"])
     assert draws.count(0) >= 5, (draws, out["sizes"])
+    # Rows 1 and 6 end on a listed bracket with all of S in the block: that read listed S,
+    # and no read follows. Rows 0 and 2 cut inside a tie (no bracket list): one read lists S.
+    gathers = [rows[str(r)]["gathers"] for r in range(9)]
+    assert gathers[1] == gathers[6] == 0, gathers
+    assert rows["1"]["listing_reads"] >= 1 and rows["6"]["listing_reads"] >= 1, rows
+    assert gathers[0] == gathers[2] == 1, gathers
 
 
 HALF_SORT = """
