@@ -186,10 +186,11 @@ def plot(before: dict, after: dict, path: pathlib.Path, title: str) -> None:
     ax.bar([x - w for x in xs], [old.get(k, 0) for k in keys], w, label=before["label"])
     ax.bar(xs, [new[k]["us"] for k in keys], w, label=after["label"])
     ax.bar([x + w for x in xs], [new[k]["sort_us"] for k in keys], w, label="sort path")
-    ax.set_xticks(list(xs), [f"{c}\nB={b}" for c, b in keys], fontsize=7, rotation=30)
+    labels = [f"{c}\nB={b} V={new[(c, b)]['vocab']}" for c, b in keys]
+    ax.set_xticks(list(xs), labels, fontsize=7, rotation=30)
     ax.set_yscale("log")
     ax.set_ylabel("us per sample (graph replay, median)")
-    ax.set_title(f"{title}, V = {VOCAB}, H200")
+    ax.set_title(f"{title}, H200")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
