@@ -1001,23 +1001,45 @@ def test_fallback_sorts_a_short_support_in_half_the_block(interpreted: Interpret
 
 
 RANDOM_ROWS = """
+import kernels.triton_fallback
+import kernels.triton_resolve
 from bench.kernel_fuzz import run_batch
 
+S_OUT = []  # per bracket list of the whole-row search: whether that read listed S too
+_cut_listed = kernels.triton_fallback._cut_listed
+def _listing(*args):
+    out = _cut_listed(*args)
+    S_OUT.append(bool(out[3]))
+    return out
+kernels.triton_fallback._cut_listed = _listing
+GATHERS = []  # reads that list S after the search
+_gather = kernels.triton_resolve.fallback_gather
+def _gathered(*args):
+    GATHERS.append(1)
+    return _gather(*args)
+kernels.triton_resolve.fallback_gather = _gathered
+
 # kernels.workloads.random_batch's seeds 112 and 115 cut ties of 0.0 and -0.0.
-print(json.dumps({"runs": [run_batch(seed) for seed in (112, 115, 100)]}))
+runs = [run_batch(seed) for seed in (112, 115, 100)]
+print(json.dumps({"runs": runs, "s_out": S_OUT, "gathers": len(GATHERS)}))
 """
 
 
 def test_random_rows_match_oracle_and_torch_path(interpreted: Interpreted) -> None:
     """Seeded random batches (bench/kernel_fuzz.py: ties at 0.0 and -0.0, -inf tokens,
     temperatures 0.7 to 2, fp32 and bf16, every setting, caps of 16 to 256), most rows in the
-    rescue or the whole-row fallback: the oracle's supports, and the torch path's tokens and
+    rescue or the whole-row fallback, whose S is listed both by the search's last read and
+    by a read of its own: the oracle's supports, and the torch path's tokens and
     masks on every row the oracle does not flag (the torch path once put -0.0 after 0.0 in
     its full sort; these seeds found it)."""
-    runs = interpreted(PRELUDE + RANDOM_ROWS)["runs"]
+    out = interpreted(PRELUDE + RANDOM_ROWS)
+    runs = out["runs"]
     assert all(r["ok"] for r in runs), [r["errors"] for r in runs]
     assert sum(r["rows"] for r in runs) == 36 and sum(r["fallback"] for r in runs) >= 12, runs
     assert all(r["token_diff"] == [] and r["mask_diff"] == [] for r in runs), runs
+    # Both ways of listing a fallback row's S ran: by the search's bracket read (S_OUT) and
+    # by a read of its own after the search.
+    assert any(out["s_out"]) and not all(out["s_out"]) and out["gathers"] >= 1, out
 
 
 PLAIN_ROWS = """
