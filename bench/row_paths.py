@@ -1,7 +1,9 @@
 """Which path each real row takes in resolve, on the CPU: the Triton path under the
 interpreter (TRITON_INTERPRET=1, set here) at one batch size's pass-1 shape, one row a call,
 counting the rescue's rounds (gather_above calls), the whole-row fallback's search reads
-(_above3, _level_ids3), its listing read (_cut_listed) and whether it ran at all. Rows come
+(_above3, _level_ids3), its bracket's listing read (_cut_listed), the read that lists S after
+the search (fallback_gather: none when the bracket's read listed S too) and whether it ran
+at all. Rows come
 from bench/real_rows.py; top-p only.
 
     python bench/row_paths.py [--wide 6] [--mid 6] [--top-p 0.95] [--batch 128]
@@ -43,7 +45,7 @@ CALLS: dict[str, int] = {}
 # resolve_row runs as Python under the interpreter, so the module names it calls can be wrapped
 COUNTED = {
     fallback: ("_above3", "_level_ids3", "_cut_listed"),
-    resolve: ("gather_above", "fallback_support"),
+    resolve: ("gather_above", "fallback_support", "fallback_gather"),
 }
 
 
@@ -87,7 +89,7 @@ def main() -> None:
     out = []
     print(
         f"{'row':>5} {'|S|':>5} {'fallback':>8} {'rounds':>6} {'search reads':>12} "
-        f"{'whole row':>9} {'oracle':>6}"
+        f"{'S read':>6} {'whole row':>9} {'oracle':>6}"
     )
     for r in pick:
         CALLS.clear()
@@ -114,13 +116,15 @@ def main() -> None:
             "rescue_rounds": CALLS.get("gather_above", 0),
             "search_reads": CALLS.get("_above3", 0) + CALLS.get("_level_ids3", 0),
             "listing_reads": CALLS.get("_cut_listed", 0),
+            "s_reads": CALLS.get("fallback_gather", 0),
             "whole_row": CALLS.get("fallback_support", 0) > 0,
             "seconds": round(time.perf_counter() - t0, 1),
         }
         out.append(rec)
         print(
             f"{r:>5} {rec['support']:>5} {rec['fallback']!s:>8} {rec['rescue_rounds']:>6} "
-            f"{rec['search_reads']:>12} {rec['whole_row']!s:>9} {rec['oracle_ok']!s:>6}",
+            f"{rec['search_reads']:>12} {rec['s_reads']:>6} {rec['whole_row']!s:>9} "
+            f"{rec['oracle_ok']!s:>6}",
             flush=True,
         )
     path = pathlib.Path(args.out)
