@@ -85,21 +85,25 @@ def make_inputs(case: str, batch: int) -> dict:
     }
 
 
-def run(batches: list[int], rep_ms: int, cases: list[str], fb_blocks: list[int]) -> list[dict]:
+def run(
+    batches: list[int], rep_ms: int, cases: list[str], fb_blocks: list[int], variant: str = ""
+) -> list[dict]:
     from kernels import triton_path
 
     rows = []
     for fb_block in fb_blocks:
         triton_path.FB_BLOCK = fb_block  # read at every launch: one compile per size
-        rows += run_cases(batches, rep_ms, cases, fb_block)
+        rows += run_cases(batches, rep_ms, cases, fb_block, variant)
     return rows
 
 
-def run_cases(batches: list[int], rep_ms: int, cases: list[str], fb_block: int) -> list[dict]:
-    from bench.bench_kernels import bench, replay_time
+def run_cases(
+    batches: list[int], rep_ms: int, cases: list[str], fb_block: int, variant: str = ""
+) -> list[dict]:
+    from bench.bench_kernels import VARIANTS, bench, replay_time
     from bench.kernel_baselines import sort_path
     from kernels.inputs import check_inputs
-    from kernels.triton_path import mask_index, sample_triton
+    from kernels.triton_path import band_config, mask_index, sample_triton
 
     rows = []
     for case in cases:
@@ -107,8 +111,12 @@ def run_cases(batches: list[int], rep_ms: int, cases: list[str], fb_block: int) 
             b = make_inputs(case, batch)
             inp = check_inputs(**b, max_mask_tokens=CAP)
             index = mask_index(inp.want_mask, inp.logits.device)
-            res = sample_triton(inp, index=index)
-            us = replay_time(lambda inp=inp, index=index: sample_triton(inp, index=index), rep_ms)
+            vocab = b["logits"].shape[1]
+            cfg = band_config(vocab, batch=batch, **VARIANTS[variant]) if variant else None
+            res = sample_triton(inp, cfg, index=index)
+            us = replay_time(
+                lambda inp=inp, index=index, cfg=cfg: sample_triton(inp, cfg, index=index), rep_ms
+            )
             args = [b[n] for n in ("logits", "temperature", "top_k", "top_p", "min_p")]
             sort_us = bench(lambda args=args: sort_path(*args), rep_ms)  # eager: it syncs
             row = {
@@ -116,6 +124,7 @@ def run_cases(batches: list[int], rep_ms: int, cases: list[str], fb_block: int) 
                 "batch": batch,
                 "vocab": b["logits"].shape[1],
                 "fb_block": fb_block,
+                "variant": variant or "default",
                 "us": round(us, 1),
                 "sort_us": round(sort_us, 1),
                 "fallback": float(res.fallback_rows.float().mean()),
@@ -209,6 +218,7 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="the CPU path, rows nothing truncates")
     ap.add_argument("--real", metavar="PT", help="a real model's rows: adds case real_p0.95")
     ap.add_argument("--fb-blocks", default="", help="FB_BLOCK sizes to time (default: the one set)")
+    ap.add_argument("--variant", default="", help="a bench_kernels.py variant (band_config's)")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -238,7 +248,8 @@ def main() -> None:
     else:
         cases = [c for c in cases if CASES[c][0] != "real"]
     fb_blocks = [int(v) for v in args.fb_blocks.split(",") if v] or [triton_path.FB_BLOCK]
-    rows = run([int(b) for b in args.batches.split(",")], args.rep_ms, cases, fb_blocks)
+    batches = [int(b) for b in args.batches.split(",")]
+    rows = run(batches, args.rep_ms, cases, fb_blocks, args.variant)
     name = f"fallback_bench_{args.label}.json" if args.label else "fallback_bench.json"
     doc = {
         "label": args.label or "run",

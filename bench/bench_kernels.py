@@ -82,6 +82,9 @@ VARIANTS = {
     "l512s25kk3": {"lanes": 512, "chunk": 25600, "keep": 3},
     "r2": {"resolve_warps": 2},
     "r4": {"resolve_warps": 4},
+    # 16 warps (128 registers a thread, one program an SM): twice the threads for the
+    # whole-row fallback's reads and sorts, at the cost of spills and wider reductions
+    "r16": {"resolve_warps": 16},
     "rr128": {"resolve_regs": 128},  # resolve_kernel capped at 128 registers: 2 programs an SM
     "rrc": {"resolve_regs": 0},  # the compiler's count (255) at any batch, the cap's A/B
     "norace": {"race": False},  # rows nothing truncates read their row in resolve_kernel
