@@ -395,7 +395,8 @@ def main() -> None:
     if args.phases and args.real:
         load_real(args.real)
         for batch in [int(b) for b in args.phase_batches.split(",")]:
-            real_row_cycles(out, batch)
+            for variant in variants or [""]:
+                real_row_cycles(out, batch, variant=variant)
         return
     if args.phases:
         resolve_phases(out, [int(b) for b in args.phase_batches.split(",")])
@@ -749,14 +750,20 @@ def resolve_phases(out: pathlib.Path, batches: list[int], calls: int = 20) -> No
     (out / "kernels_phases.json").write_text(json.dumps(rows, indent=1))
 
 
-def real_row_cycles(out: pathlib.Path, batch: int, setting: str = "p0.95", calls: int = 5) -> None:
+def real_row_cycles(
+    out: pathlib.Path, batch: int, setting: str = "p0.95", calls: int = 5, variant: str = ""
+) -> None:
     """Each --real row's resolve cycles (entry to exit stamp, median over calls) at `batch`
     rows a launch, over every buffer the rows fill, with its support size and whether it
     took the rescue (its stamps written) or the fallback at all: which rows hold a launch,
-    and by how much. Prints the slowest 20; writes real_row_cycles.json."""
+    and by how much. Prints the slowest 20; writes real_row_cycles.json
+    (real_row_cycles_VARIANT.json for a variant of VARIANTS)."""
     from kernels.triton_resolve import MAIN_STAMPS, PHASES
 
     n_buf = REAL["logits"].shape[0] // batch
+    vocab = REAL["logits"].shape[1]
+    cfg = band_config(vocab, batch=batch, **VARIANTS[variant]) if variant else None
+    print(f"# resolve stamps, B = {batch}, variant {variant or 'default'}", flush=True)
     recs = []
     for buf in range(n_buf):
         b = make_inputs(batch, REAL["logits"].shape[1], torch.float32, setting, "real", buf)
@@ -766,7 +773,7 @@ def real_row_cycles(out: pathlib.Path, batch: int, setting: str = "p0.95", calls
         totals = []
         for i in range(calls + 1):
             stamps.zero_()
-            res = sample_triton(inp, index=index, phase_cycles=stamps)
+            res = sample_triton(inp, cfg, index=index, phase_cycles=stamps)
             st = stamps.cpu()
             if i:  # the first call compiles
                 totals.append(st[:, MAIN_STAMPS.value - 1] - st[:, 0])
@@ -794,7 +801,8 @@ def real_row_cycles(out: pathlib.Path, batch: int, setting: str = "p0.95", calls
         )
     plain = [d["cycles"] for d in recs if not d["fallback"]]
     print(f"rows without the fallback: median {statistics.median(plain):.0f} cycles")
-    (out / "real_row_cycles.json").write_text(json.dumps(recs, indent=1))
+    name = f"real_row_cycles_{variant}.json" if variant else "real_row_cycles.json"
+    (out / name).write_text(json.dumps(recs, indent=1))
 
 
 MAIN_STAMPS_EXIT = 10  # resolve_row's exit stamp
