@@ -2,6 +2,9 @@
 (computed on the GPU too), batch sizes, dtypes, determinism and the draw distribution.
 
 Run with `pytest -m gpu -s tests/gpu/test_kernels_gpu.py`; each test prints one SUMMARY line.
+Most of a test's time is Triton compiling the configs it meets (a minute or two each, more
+when several pytest processes compile at once, as in `-k` groups run side by side), so the
+module allows a test 20 minutes instead of the suite's 300 s (pytest-timeout).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits, peaked_logi
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.timeout(1200),
 ]
 VOCABS = [111, 1000, 32000, 151936, 262144]
 # Pass-1 variants run on their own (band_config keywords); the default is tested everywhere.
