@@ -100,10 +100,10 @@ def run(
 def run_cases(
     batches: list[int], rep_ms: int, cases: list[str], fb_block: int, variant: str = ""
 ) -> list[dict]:
-    from bench.bench_kernels import VARIANTS, bench, replay_time
+    from bench.bench_kernels import bench, replay_time, variant_config
     from bench.kernel_baselines import sort_path
     from kernels.inputs import check_inputs
-    from kernels.triton_path import band_config, mask_index, sample_triton
+    from kernels.triton_path import mask_index, sample_triton
 
     rows = []
     for case in cases:
@@ -112,7 +112,7 @@ def run_cases(
             inp = check_inputs(**b, max_mask_tokens=CAP)
             index = mask_index(inp.want_mask, inp.logits.device)
             vocab = b["logits"].shape[1]
-            cfg = band_config(vocab, batch=batch, **VARIANTS[variant]) if variant else None
+            cfg = variant_config(vocab, batch, variant)
             res = sample_triton(inp, cfg, index=index)
             us = replay_time(
                 lambda inp=inp, index=index, cfg=cfg: sample_triton(inp, cfg, index=index), rep_ms
@@ -122,7 +122,7 @@ def run_cases(
             row = {
                 "case": case,
                 "batch": batch,
-                "vocab": b["logits"].shape[1],
+                "vocab": vocab,
                 "fb_block": fb_block,
                 "variant": variant or "default",
                 "us": round(us, 1),

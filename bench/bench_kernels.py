@@ -243,13 +243,17 @@ def replay_time(fn, rep_ms: int, calls: int = 1) -> float:
     return bench(graph.replay, rep_ms) / calls
 
 
+def variant_config(vocab: int, batch: int, variant: str | None):
+    """band_config under a VARIANTS entry; None for the default (sample_triton's own)."""
+    return band_config(vocab, batch=batch, **VARIANTS[variant]) if variant else None
+
+
 def graph_time(inp_list, rep_ms: int, variant: str | None = None, calls: int = 1) -> float:
     """kernels.sample launches captured once in a CUDA graph, replayed; calls > 1: that many
     samples in one graph, over the rotating input buffers, time per sample."""
     inps = [check_inputs(**_args(b), max_mask_tokens=CAP) for b in inp_list]
     batch, vocab = inps[0].logits.shape
-    kw = VARIANTS[variant] if variant else None
-    cfg = band_config(vocab, batch=batch, **kw) if kw is not None else None
+    cfg = variant_config(vocab, batch, variant)
     index = mask_index(inps[0].want_mask, inps[0].logits.device)
     it = itertools.cycle(inps if calls > 1 else inps[:1])
     return replay_time(lambda: sample_triton(next(it), cfg, index=index), rep_ms, calls)
@@ -762,11 +766,11 @@ def real_row_cycles(
 
     n_buf = REAL["logits"].shape[0] // batch
     vocab = REAL["logits"].shape[1]
-    cfg = band_config(vocab, batch=batch, **VARIANTS[variant]) if variant else None
+    cfg = variant_config(vocab, batch, variant)
     print(f"# resolve stamps, B = {batch}, variant {variant or 'default'}", flush=True)
     recs = []
     for buf in range(n_buf):
-        b = make_inputs(batch, REAL["logits"].shape[1], torch.float32, setting, "real", buf)
+        b = make_inputs(batch, vocab, torch.float32, setting, "real", buf)
         inp = check_inputs(**_args(b), max_mask_tokens=CAP)
         index = mask_index(inp.want_mask, inp.logits.device)
         stamps = torch.zeros(batch, PHASES.value, dtype=torch.int64, device="cuda")
