@@ -9,6 +9,12 @@ CUDA graph replays of 128 programs:
   reduce16    16 dependent block-wide sums over 2048 values (a bisection's cost)
   bracket2    two 16-way threshold brackets over 2048 values (replacing an 8-step bisection)
 
+with --sort, the sort of a fallback row's S (up to the mask block, unsorted in scratch), each
+checked against torch.sort:
+
+  sort<T>     one tl.sort of the T-key block
+  sort<T>r<R> triton_sort.sort_desc: tl.sort on runs of R keys, then merges of run pairs
+
 and, with --read, the rescue's read of one pass-1 segment (16384 tokens of a Zipf row, about
 40 of them above the floor t), one program a row, taken apart block by block:
 
@@ -20,9 +26,10 @@ and, with --read, the rescue's read of one pass-1 segment (16384 tokens of a Zip
   gather      triton_fallback.gather_above itself (two reads, no block-wide step inside
               either)
 
-  python bench/bench_resolve_parts.py [--warps 4,8] [--read]
+  python bench/bench_resolve_parts.py [--warps 4,8] [--read | --sort]
 
-Writes bench/results/resolve_parts.json (resolve_read_parts.json with --read).
+Writes bench/results/resolve_parts.json (resolve_read_parts.json with --read,
+resolve_sort_parts.json with --sort).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from bench.bench_kernels import replay_time
 from kernels.order import key_ids
 from kernels.triton_common import EMPTY_KEY, pack_key, scale
 from kernels.triton_fallback import gather_above
+from kernels.triton_sort import sort_desc
 from kernels.workloads import peaked_logits
 
 
@@ -52,6 +60,18 @@ def sort_kernel(k_ptr, out_ptr, T: tl.constexpr):
     pos = tl.arange(0, T)
     keys = tl.load(k_ptr + row * T + pos)
     tl.store(out_ptr + row * T + pos, tl.sort(keys, 0, descending=True))
+
+
+@triton.jit
+def block_sort_kernel(k_ptr, n_ptr, buf_ptr, out_ptr, T: tl.constexpr, RUN: tl.constexpr):
+    """A fallback row's sort: its n keys copied to scratch (as the gather leaves them), then
+    sorted by sort_desc (RUN == T: one tl.sort)."""
+    row = tl.program_id(0).to(tl.int64)
+    n = tl.load(n_ptr + row)
+    pos = tl.arange(0, T)
+    tl.store(buf_ptr + row * T + pos, tl.load(k_ptr + row * T + pos), mask=pos < n)
+    tl.debug_barrier()
+    tl.store(out_ptr + row * T + pos, sort_desc(buf_ptr + row * T, n, T, RUN))
 
 
 @triton.jit
@@ -191,6 +211,33 @@ def check_gather(x: torch.Tensor, got: torch.Tensor, scratch: torch.Tensor) -> N
     assert torch.equal(ids.sort(dim=1).values, want.sort(dim=1).values), "wrong tokens gathered"
 
 
+def plot_sort(results: list[dict], path: pathlib.Path) -> None:
+    """--sort: us a launch against the run length, one line per block size and warps (the
+    run equal to the block is the single tl.sort)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    lines: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    for r in results:
+        block, _, run = r["part"].removeprefix("sort").partition("r")
+        lines.setdefault((int(block), r["warps"]), []).append((int(run or block), r["us"]))
+    for (block, warps), pts in sorted(lines.items()):
+        pts.sort()
+        ax.plot(
+            [p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{block} keys, {warps} warps"
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("run length (tl.sort on runs, then merges; run = block: one tl.sort)")
+    ax.set_ylabel("us a launch (128 programs, one row each)")
+    ax.set_title("Sorting a fallback row's keys in one program")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def plot_read(results: list[dict], path: pathlib.Path) -> None:
     """Bars of the --read parts, one group per (block, warps)."""
     import matplotlib
@@ -237,12 +284,39 @@ def launch_us(kernel, rows: int, *args, **meta) -> float:
     return replay_time(ten, 50) / 10
 
 
+def sort_parts(rows: int, warps_list, record) -> None:
+    """Times the fallback's sort of S at each mask block, one tl.sort against sort_desc's
+    runs, on rows of random keys whose S fills 55-100% of the block (what reaches a block:
+    an S past half of it), and checks every result against torch.sort."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for t in (256, 512, 1024, 2048, 4096):
+        keys = torch.randint(0, 2**62, (rows, t), device="cuda", generator=gen)
+        n = torch.randint(t * 55 // 100, t + 1, (rows,), device="cuda", generator=gen)
+        valid = torch.arange(t, device="cuda")[None, :] < n[:, None]
+        want = (
+            torch.where(valid, keys, torch.iinfo(torch.int64).min)
+            .sort(dim=1, descending=True)
+            .values
+        )
+        buf, out = torch.empty_like(keys), torch.empty_like(keys)
+        for warps in warps_list:
+            for run in sorted({t} | {r for r in (1024, 512, 256, 128, 64, 32) if r < t})[::-1]:
+                out.zero_()
+                us = launch_us(
+                    block_sort_kernel, rows, keys, n, buf, out, T=t, RUN=run, num_warps=warps
+                )
+                if not torch.equal(out, want):
+                    raise SystemExit(f"sort{t} run {run}: wrong order")
+                record(f"sort{t}" + ("" if run == t else f"r{run}"), warps, us)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--rows", type=int, default=128)
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--read", action="store_true", help="the rescue's read, taken apart")
+    ap.add_argument("--sort", action="store_true", help="the fallback's sort of S")
     args = ap.parse_args()
     rows, dev = args.rows, "cuda"
     results = []
@@ -257,6 +331,12 @@ def main() -> None:
         read_parts(rows, [int(w) for w in args.warps.split(",")], record)
         (out_dir / "resolve_read_parts.json").write_text(json.dumps(results, indent=1))
         plot_read(results, out_dir / "resolve_read_parts.png")
+        return
+
+    if args.sort:
+        sort_parts(rows, [int(w) for w in args.warps.split(",")], record)
+        (out_dir / "resolve_sort_parts.json").write_text(json.dumps(results, indent=1))
+        plot_sort(results, out_dir / "resolve_sort_parts.png")
         return
 
     z = torch.randn(rows, 2048, device=dev)

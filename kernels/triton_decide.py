@@ -23,6 +23,7 @@ from kernels.triton_common import (
     unpack_id,
     unpack_z,
 )
+from kernels.triton_sort import sort_block
 
 
 @triton.jit
@@ -121,8 +122,8 @@ def best_sorted(
     (support_goal's tuple) and the candidates' mass exp(z - z_max): a row whose support is a
     few dozen tokens stops after a step or two instead of picking STOP. With TIMING, stamps
     the cycle counter at stamp[0..3] after the threshold search, the pick count (a reduction
-    only when the search left hi at the row max), the gather (the scan that ranks the picks,
-    their scatter and the block load) and the sort.
+    only when the search left hi at the row max), the gather (the scan that ranks the picks
+    and their scatter) and the sort (triton_sort.sort_block, its block load included).
     """
     keys, z, listed, d_max, z_max, lo, n_lo, below_lo = cands
     n_pick = n_lo
@@ -177,11 +178,9 @@ def best_sorted(
         tl.store(stamp + 1, cycles(n_pick.to(tl.int64)))  # n_pick known (the scan is in the gather)
     tl.store(scratch + rank, keys, mask=pick)
     tl.debug_barrier()  # the scattered stores before the block load
-    slots = tl.arange(0, LIMIT)
-    best = tl.load(scratch + slots, mask=slots < n_pick, other=EMPTY_KEY)
-    if TIMING:  # the reduction that orders the stamp after the load counts in the sort
-        tl.store(stamp + 2, cycles(tl.max(best, axis=0)))  # after the gather
-    best = tl.sort(best, 0, descending=True)
+    if TIMING:  # the reduction that orders the stamp after the stores counts in the sort
+        tl.store(stamp + 2, cycles(tl.max(rank, axis=0).to(tl.int64)))  # after the gather
+    best = sort_block(scratch, n_pick, LIMIT)
     if TIMING:
         tl.store(stamp + 3, cycles(tl.max(best, axis=0)))  # after the sort
     return best, floor

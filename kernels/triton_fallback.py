@@ -34,6 +34,7 @@ from kernels.triton_common import (
     scale_temp,
     unpack_z,
 )
+from kernels.triton_sort import sort_block
 
 INT64_MAX = tl.constexpr(2**63 - 1)
 
@@ -50,8 +51,15 @@ def _row_keys(x_row, temp, vocab, start, BLOCK: tl.constexpr):
 
 @triton.jit
 def _z_of(x, temp):
-    """z of raw logits, NaN taken as -inf (a NaN row never gets here: it is flagged)."""
-    z = scale(x.to(tl.float32), temp)
+    """z of raw logits, NaN taken as -inf (a NaN row never gets here: it is flagged).
+
+    At temperature 1 (greedy rows too) z = RN(x / 1) is x itself, so the reads of the row
+    skip the IEEE division (a few dozen instructions a token) and give the same bits."""
+    x = x.to(tl.float32)
+    if scale_temp(temp) == 1.0:  # noqa: SIM108 (a branch: the division is not computed)
+        z = tl.where(x == 0.0, 0.0, x)  # scale() folds -0.0 to +0.0
+    else:
+        z = scale(x, temp)
     return tl.where(z != z, float("-inf"), z)
 
 
@@ -507,7 +515,7 @@ def gather_above(
     todo = d_c > t  # the segments to read (the padding's -inf never is)
     n_todo = tl.sum(todo.to(tl.int32), axis=0)
     # Both reads select by x >= x_t: the tokens with z > t, with no division (the second
-    # read still divides to pack the keys). Without an x_t (t at the float range's ends)
+    # read divides to pack the keys, except at temperature 1). Without an x_t (t at the float range's ends)
     # nothing is read and the count is over LIMIT: the caller takes the bisection.
     x_t, exact = logit_floor(t, temp)
     n_todo = tl.where(exact, n_todo, 0)
@@ -530,7 +538,7 @@ def gather_above(
                 x = tl.load(x_row + b + lane, mask=b + lane < end, other=float("-inf"))
                 x = x.to(tl.float32)
                 b_sel = x >= x_t
-                tl.store(slot, pack_key(scale(x, temp), (b + lane).to(tl.int64)), mask=b_sel)
+                tl.store(slot, pack_key(_z_of(x, temp), (b + lane).to(tl.int64)), mask=b_sel)
                 slot += b_sel.to(tl.int32)
     tl.debug_barrier()  # the scattered stores before the caller's block load
     return written + read
@@ -628,9 +636,8 @@ def _cut_listed(
         x = x_next
     tl.debug_barrier()  # the scattered stores before the block load
     pos = tl.arange(0, G)
-    keys = tl.load(scratch_row + pos, mask=pos < n_between, other=EMPTY_KEY)
+    keys = sort_block(scratch_row, n_between, G)
     tl.debug_barrier()  # every thread's load before the scratch row is written again
-    keys = tl.sort(keys, 0, descending=True)
     listed = keys != EMPTY_KEY
     z = tl.where(listed, unpack_z(keys), float("-inf"))
     e = tl.exp(z - z_max)

@@ -45,6 +45,7 @@ from kernels.triton_fallback import (
     gather_above,
     position_of,
 )
+from kernels.triton_sort import sort_block
 
 # Cycle stamps per row with TIMING: entry, then the ends of stats, keys, the tier sort's four
 # steps (search, rank, gather, sort), decide, draw, slot, and the exit (11, every row); then,
@@ -76,8 +77,7 @@ def sort_and_store(
     greedy, k0, k1, z_max = noise
     slot_row, cnt_ptr, status_ptr, midx, max_mask, cap, bounded = dest
     pos = tl.arange(0, BLOCK)
-    keys = tl.load(gather + pos, mask=pos < got, other=EMPTY_KEY)
-    keys = tl.sort(keys, 0, descending=True)
+    keys = sort_block(gather, got, BLOCK)
     if TIMING:
         tl.store(stamp + 18, cycles(tl.max(keys, axis=0)))  # after the sort
     ids = unpack_id(keys)
@@ -347,9 +347,7 @@ def resolve_row(
                             # (t is the floor), with no search over a block of RESCUE keys
                             # (a rescued row's pick took 44600 cycles with it, 23900
                             # without, on the H200).
-                            s_pos = tl.arange(0, T2)
-                            best2 = tl.load(gathered + s_pos, mask=s_pos < got, other=EMPTY_KEY)
-                            best2 = tl.sort(best2, 0, descending=True)
+                            best2 = sort_block(gathered, got, T2)
                             r_floor = t
                         else:
                             r_pos = tl.arange(0, RESCUE)

@@ -974,6 +974,9 @@ import triton.language as tl
 import kernels.triton_resolve
 
 kernels.triton_resolve.HALF_SORT_MIN = tl.constexpr(64)  # cap 128: halves of 64 keys
+import kernels.triton_sort
+kernels.triton_sort.SORT_RUN = tl.constexpr(16)  # sorts in runs of 16, then merges
+kernels.triton_sort.MERGE_MIN = tl.constexpr(32)
 BLOCKS = []  # (|S|, the block its listed draw sorts in), one a call
 _sized_fn = kernels.triton_resolve.sort_and_store
 def _sized(*args):
@@ -992,12 +995,49 @@ print(json.dumps({"ok": rep.ok, "errors": rep.errors, "blocks": BLOCKS,
 def test_fallback_sorts_a_short_support_in_half_the_block(interpreted: Interpreted) -> None:
     """With mask blocks past HALF_SORT_MIN, a fallback row whose S fits half the block is
     sorted, drawn and written in half a block, and the rest in the whole block: the
-    oracle's supports and the torch path's tokens, masks and log-probs either way."""
+    oracle's supports and the torch path's tokens, masks and log-probs either way. The
+    sorts go through runs of 16 keys and their merges (SORT_RUN)."""
     out = interpreted(PRELUDE + COUNT_READS + HALF_SORT + WHOLE_ROW + HALF_SORT_OUT)
     assert out["ok"], out["errors"]
     assert out["tokens"] and out["masks"] and out["logprob"]
     assert all(block == (64 if n <= 64 else 128) for n, block in out["blocks"]), out["blocks"]
     assert {block for _, block in out["blocks"]} == {64, 128}, out["blocks"]
+
+
+SORT_DESC = """
+import json
+import torch, triton, triton.language as tl
+from kernels.triton_sort import sort_desc
+
+@triton.jit
+def sort_rows(src, n_ptr, buf, out, T: tl.constexpr, RUN: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    n = tl.load(n_ptr + row)
+    pos = tl.arange(0, T)
+    tl.store(buf + row * T + pos, tl.load(src + row * T + pos), mask=pos < n)
+    tl.store(out + row * T + pos, sort_desc(buf + row * T, n, T, RUN))
+
+g = torch.Generator().manual_seed(1)
+out = {}
+for t, run in [(256, 256), (256, 32), (128, 8)]:
+    keys = torch.randint(-2**62, 2**62, (5, t), generator=g)
+    keys[0, : t // 2] = keys[0, 0]  # equal keys across runs
+    n = torch.tensor([t, t - 1, 1, 0, t // 2 + 3])
+    got = torch.full_like(keys, 7)
+    sort_rows[(5,)](keys, n, torch.zeros_like(keys), got, T=t, RUN=run)
+    valid = torch.arange(t)[None, :] < n[:, None]
+    want = torch.where(valid, keys, -2**63).sort(dim=1, descending=True).values
+    out[f"{t}/{run}"] = torch.equal(got, want)
+print(json.dumps(out))
+"""
+
+
+def test_sort_desc_sorts_runs_then_merges_them(interpreted: Interpreted) -> None:
+    """triton_sort.sort_desc equals torch's descending sort, the unused slots last as
+    EMPTY_KEY: one tl.sort (RUN == the block), or runs of 32 and 8 keys and 3 and 4 merge
+    levels; with equal keys across runs, and with 0, 1, an odd number and all slots used."""
+    out = interpreted(SORT_DESC)
+    assert out == {"256/256": True, "256/32": True, "128/8": True}, out
 
 
 RANDOM_ROWS = """
