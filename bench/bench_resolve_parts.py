@@ -9,6 +9,18 @@ CUDA graph replays of 128 programs:
   reduce16    16 dependent block-wide sums over 2048 values (a bisection's cost)
   bracket2    two 16-way threshold brackets over 2048 values (replacing an 8-step bisection)
 
+with --search ROWS.pt, the whole-row fallback's reads of one row (SmolLM2's rows, V = 49152,
+one program a row, the first 128 rows of bench/real_rows.py's file):
+
+  max<B>      the loads and an elementwise max (blocks of B tokens, the next one loaded ahead)
+  above3<B>   triton_fallback._above3 at three thresholds 8, 10 and 12 nats below the max
+              (a search read; _t07: at temperature 0.7, where each logit is divided)
+  above7<B>   the same counts and masses at seven thresholds (what a read with more
+              thresholds, and fewer reads a search, would cost)
+  listed      triton_fallback._cut_listed: the read that lists a bracket and S, its
+              1024-key sort and the cut
+  draw        triton_fallback.fallback_draw: the Gumbel race over the row
+
 with --sort, the sort of a fallback row's S (up to the mask block, unsorted in scratch), each
 checked against torch.sort:
 
@@ -26,10 +38,10 @@ and, with --read, the rescue's read of one pass-1 segment (16384 tokens of a Zip
   gather      triton_fallback.gather_above itself (two reads, no block-wide step inside
               either)
 
-  python bench/bench_resolve_parts.py [--warps 4,8] [--read | --sort]
+  python bench/bench_resolve_parts.py [--warps 4,8] [--read | --sort | --search ROWS.pt]
 
 Writes bench/results/resolve_parts.json (resolve_read_parts.json with --read,
-resolve_sort_parts.json with --sort).
+resolve_sort_parts.json with --sort, resolve_search_parts.json with --search).
 """
 
 from __future__ import annotations
@@ -48,8 +60,8 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
 
 from bench.bench_kernels import replay_time
 from kernels.order import key_ids
-from kernels.triton_common import EMPTY_KEY, pack_key, scale
-from kernels.triton_fallback import gather_above
+from kernels.triton_common import EMPTY_KEY, ordered32, pack_key, scale
+from kernels.triton_fallback import _above3, _cut_listed, _load_block, fallback_draw, gather_above
 from kernels.triton_sort import sort_desc
 from kernels.workloads import peaked_logits
 
@@ -72,6 +84,75 @@ def block_sort_kernel(k_ptr, n_ptr, buf_ptr, out_ptr, T: tl.constexpr, RUN: tl.c
     tl.store(buf_ptr + row * T + pos, tl.load(k_ptr + row * T + pos), mask=pos < n)
     tl.debug_barrier()
     tl.store(out_ptr + row * T + pos, sort_desc(buf_ptr + row * T, n, T, RUN))
+
+
+@triton.jit
+def search_kernel(
+    x_ptr, zmax_ptr, out_ptr, scratch_ptr, stride_x, vocab, temp_ptr,
+    PART: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One of the whole-row fallback's reads of a row (module docstring), the row's z max
+    given."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    z_max = tl.load(zmax_ptr + row)
+    temp = tl.load(temp_ptr)
+    if PART == 0:  # loads and a max
+        acc = tl.full([BLOCK], float("-inf"), tl.float32)
+        x = _load_block(x_row, vocab, 0, BLOCK)
+        for start in range(0, vocab, BLOCK):
+            x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
+            acc = tl.maximum(acc, x.to(tl.float32))
+            x = x_next
+        tl.store(out_ptr + row, tl.max(acc, axis=0))
+    elif PART == 1:  # a search read, three thresholds
+        q1, q2, q3 = ordered32(z_max - 8.0), ordered32(z_max - 10.0), ordered32(z_max - 12.0)
+        n1, n2, n3, s1, s2, s3 = _above3(x_row, temp, vocab, q1, q2, q3, z_max, BLOCK)
+        tl.store(out_ptr + row, (n1 + n2 + n3).to(tl.float32) + s1 + s2 + s3)
+    elif PART == 2:  # seven thresholds, compared in logits (temperature 1)
+        c = tl.zeros([BLOCK], tl.int32)
+        m = tl.zeros([BLOCK], tl.float32)
+        c2, c3, c4, c5, c6, c7 = c, c, c, c, c, c
+        m2, m3, m4, m5, m6, m7 = m, m, m, m, m, m
+        x = _load_block(x_row, vocab, 0, BLOCK)
+        for start in range(0, vocab, BLOCK):
+            x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
+            v = x.to(tl.float32)
+            e = tl.exp(v - z_max)
+            c += (v > z_max - 6.0).to(tl.int32)
+            c2 += (v > z_max - 7.0).to(tl.int32)
+            c3 += (v > z_max - 8.0).to(tl.int32)
+            c4 += (v > z_max - 9.0).to(tl.int32)
+            c5 += (v > z_max - 10.0).to(tl.int32)
+            c6 += (v > z_max - 11.0).to(tl.int32)
+            c7 += (v > z_max - 12.0).to(tl.int32)
+            m += tl.where(v > z_max - 6.0, e, 0.0)
+            m2 += tl.where(v > z_max - 7.0, e, 0.0)
+            m3 += tl.where(v > z_max - 8.0, e, 0.0)
+            m4 += tl.where(v > z_max - 9.0, e, 0.0)
+            m5 += tl.where(v > z_max - 10.0, e, 0.0)
+            m6 += tl.where(v > z_max - 11.0, e, 0.0)
+            m7 += tl.where(v > z_max - 12.0, e, 0.0)
+            x = x_next
+        n = c + c2 + c3 + c4 + c5 + c6 + c7
+        mass = m + m2 + m3 + m4 + m5 + m6 + m7
+        tl.store(out_ptr + row, tl.sum(n, axis=0).to(tl.float32) + tl.sum(mass, axis=0))
+    elif PART == 3:  # the read that lists a bracket (12 to 12.25 nats down) and S, then cuts
+        lo, hi = ordered32(z_max - 12.25), ordered32(z_max - 12.0)
+        scratch = scratch_ptr + row * 6144
+        n_between, c_hi = tl.full([], 1024, tl.int32), tl.full([], 2000, tl.int32)
+        m_hi, z_norm = tl.full([], 0.5, tl.float32), tl.full([], 1.0, tl.float32)
+        k = tl.full([], 1 << 40, tl.int64)
+        top_p, min_p = tl.full([], 0.95, tl.float32), tl.full([], 0.0, tl.float32)
+        t, n, mass, _ = _cut_listed(
+            x_row, temp, vocab, lo, hi, n_between, c_hi, m_hi, k, z_norm, top_p, min_p, z_max,
+            scratch, scratch + 1024, tl.full([], 4096, tl.int32), 1024, BLOCK,
+        )  # fmt: skip
+        tl.store(out_ptr + row, mass + n.to(tl.float32) + (t & 1).to(tl.float32))
+    else:  # the draw: a Gumbel race over the tokens 12 nats from the max
+        t_cut = ordered32(z_max - 12.0).to(tl.int64) << 32
+        key = fallback_draw(x_row, temp, vocab, t_cut, row, row + 1, BLOCK)
+        tl.store(out_ptr + row, (key & 0xFFFF).to(tl.float32))
 
 
 @triton.jit
@@ -211,6 +292,23 @@ def check_gather(x: torch.Tensor, got: torch.Tensor, scratch: torch.Tensor) -> N
     assert torch.equal(ids.sort(dim=1).values, want.sort(dim=1).values), "wrong tokens gathered"
 
 
+def plot_search(results: list[dict], path: pathlib.Path) -> None:
+    """--search: one bar a read (us a launch of 128 programs, one row each)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = [f"{r['part']} ({r['warps']}w)" for r in results]
+    ax.barh(names, [r["us"] for r in results], color="tab:blue")
+    ax.invert_yaxis()
+    ax.set_xlabel("us a launch (128 programs, one 49152-token row each)")
+    ax.set_title("The whole-row fallback's reads of a real row")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def plot_sort(results: list[dict], path: pathlib.Path) -> None:
     """--sort: us a launch against the run length, one line per block size and warps (the
     run equal to the block is the single tl.sort)."""
@@ -310,6 +408,33 @@ def sort_parts(rows: int, warps_list, record) -> None:
                 record(f"sort{t}" + ("" if run == t else f"r{run}"), warps, us)
 
 
+def search_parts(path: str, warps_list, record) -> None:
+    """Times the whole-row fallback's reads on the first 128 rows of a real rows file."""
+    x = torch.load(path)["logits"][:128].float().cuda()
+    rows, vocab = x.shape
+    out = torch.empty(rows, device="cuda")
+    scratch = torch.empty(rows, 6144, dtype=torch.int64, device="cuda")
+    parts = [("max", 0, 1.0), ("above3", 1, 1.0), ("above3_t07", 1, 0.7), ("above7", 2, 1.0)]
+    for warps in warps_list:
+        for name, part, temp in parts:
+            z_max = (x / temp).amax(dim=1).contiguous()
+            t = torch.full((1,), temp, device="cuda")
+            for block in (1024, 2048, 4096):
+                us = launch_us(
+                    search_kernel, rows, x, z_max, out, scratch, x.stride(0), vocab, t,
+                    PART=part, BLOCK=block, num_warps=warps,
+                )  # fmt: skip
+                record(f"{name}{block}", warps, us)
+        z_max = x.amax(dim=1).contiguous()
+        one = torch.ones(1, device="cuda")
+        for name, part in (("listed", 3), ("draw", 4)):
+            us = launch_us(
+                search_kernel, rows, x, z_max, out, scratch, x.stride(0), vocab, one,
+                PART=part, BLOCK=2048, num_warps=warps,
+            )  # fmt: skip
+            record(name, warps, us)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--warps", default="4,8")
@@ -317,6 +442,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--read", action="store_true", help="the rescue's read, taken apart")
     ap.add_argument("--sort", action="store_true", help="the fallback's sort of S")
+    ap.add_argument("--search", metavar="PT", help="the whole-row fallback's reads, real rows")
     args = ap.parse_args()
     rows, dev = args.rows, "cuda"
     results = []
@@ -331,6 +457,12 @@ def main() -> None:
         read_parts(rows, [int(w) for w in args.warps.split(",")], record)
         (out_dir / "resolve_read_parts.json").write_text(json.dumps(results, indent=1))
         plot_read(results, out_dir / "resolve_read_parts.png")
+        return
+
+    if args.search:
+        search_parts(args.search, [int(w) for w in args.warps.split(",")], record)
+        (out_dir / "resolve_search_parts.json").write_text(json.dumps(results, indent=1))
+        plot_search(results, out_dir / "resolve_search_parts.png")
         return
 
     if args.sort:
