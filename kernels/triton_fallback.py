@@ -586,6 +586,15 @@ def position_of(x_row, temp, vocab, key, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _in_lists(x, temp, lo, hi, top):
+    """_cut_listed's two lists over a block of logits: z, whether lo < ordered32(z) <= hi (the
+    bracket) and whether ordered32(z) > top (above it, listed as part of S)."""
+    z = _z_of(x, temp)
+    o = ordered32(z)
+    return z, (o > lo) & (o <= hi), o > top
+
+
+@triton.jit
 def _cut_listed(
     x_row,
     temp,
@@ -629,19 +638,16 @@ def _cut_listed(
         x = _load_block(x_row, vocab, 0, BLOCK)
         for start in range(0, vocab, BLOCK):
             x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
-            o = ordered32(_z_of(x, temp))
-            on += ((o > lo) & (o <= hi)).to(tl.int32)
-            on_s += (o > top).to(tl.int32)
+            _, sel, sel_s = _in_lists(x, temp, lo, hi, top)
+            on += sel.to(tl.int32)
+            on_s += sel_s.to(tl.int32)
             x = x_next
         slot = tl.cumsum(on, axis=0) - on
         slot_s = tl.cumsum(on_s, axis=0) - on_s
         x = _load_block(x_row, vocab, 0, BLOCK)
         for start in range(0, vocab, BLOCK):
             x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
-            z = _z_of(x, temp)
-            o = ordered32(z)
-            sel = (o > lo) & (o <= hi)
-            sel_s = o > top
+            z, sel, sel_s = _in_lists(x, temp, lo, hi, top)
             keys = pack_key(z, (start + lane).to(tl.int64))
             tl.store(scratch_row + slot, keys, mask=sel & (slot < G))
             tl.store(s_row + slot_s, keys, mask=sel_s & (slot_s < list_cap))
@@ -654,10 +660,7 @@ def _cut_listed(
         x = _load_block(x_row, vocab, 0, BLOCK)
         for start in range(0, vocab, BLOCK):
             x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
-            z = _z_of(x, temp)
-            o = ordered32(z)
-            sel = (o > lo) & (o <= hi)
-            sel_s = o > top
+            z, sel, sel_s = _in_lists(x, temp, lo, hi, top)
             # One scan ranks both lists: the bracket's count in the low 16 bits (a block
             # holds fewer than 2^16 tokens), the count above hi in the high ones.
             both = tl.cumsum(sel.to(tl.int32) | (sel_s.to(tl.int32) << 16), axis=0)
