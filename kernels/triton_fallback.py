@@ -520,8 +520,9 @@ def gather_above(
     todo = d_c > t  # the segments to read (the padding's -inf never is)
     n_todo = tl.sum(todo.to(tl.int32), axis=0)
     # Both reads select by x >= x_t: the tokens with z > t, with no division (the second
-    # read divides to pack the keys, except at temperature 1). Without an x_t (t at the float range's ends)
-    # nothing is read and the count is over LIMIT: the caller takes the bisection.
+    # read divides to pack the keys, except at temperature 1). Without an x_t (t at the
+    # float range's ends) nothing is read and the count is over LIMIT: the caller takes
+    # the bisection.
     x_t, exact = logit_floor(t, temp)
     n_todo = tl.where(exact, n_todo, 0)
     lane = tl.arange(0, BLOCK)
@@ -616,12 +617,13 @@ def _cut_listed(
     BLOCK: tl.constexpr,
     LIST_READS: tl.constexpr = 1,
 ):
-    """cut_key's end when at most G tokens have lo < ordered32(z) <= hi: one read lists them
-    in scratch_row, a sort puts them in design order, and the kept prefix is counted there
-    (the tokens above hi, c_hi of mass m_hi, are all kept; none at or below lo is).
+    """cut_key's end when at most G tokens have lo < ordered32(z) <= hi: one read (two with
+    LIST_READS 2) lists them in scratch_row, a sort puts them in design order, and the kept
+    prefix is counted there (the tokens above hi, c_hi of mass m_hi, are all kept; none at
+    or below lo is).
 
-    When every token above lo fits list_cap slots (c_hi plus the bracket's), the same read
-    lists the tokens above hi in s_row, and the bracket's kept prefix is written after them:
+    When every token above lo fits list_cap slots (c_hi plus the bracket's), the same reads
+    list the tokens above hi in s_row, and the bracket's kept prefix is written after them:
     s_row then holds S, unsorted, and the caller needs no read of its own to list it (the
     fourth value returned says so)."""
     tl.debug_barrier()  # earlier reads of the scratch rows before the stores below
