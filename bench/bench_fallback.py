@@ -180,22 +180,29 @@ def run_cpu(repeats: int = 5) -> list[dict]:
     return rows
 
 
-def plot(before: dict, after: dict, path: pathlib.Path, title: str) -> None:
+def _by_case(doc: dict) -> dict:
+    return {(r["case"], r["batch"]): r for r in doc["rows"]}
+
+
+def plot(docs: list[dict], path: pathlib.Path, title: str) -> None:
+    """One bar a run for each case of the last run, then the last run's sort path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [(r["case"], r["batch"]) for r in after["rows"]]
-    old = {(r["case"], r["batch"]): r["us"] for r in before["rows"]}
-    new = {(r["case"], r["batch"]): r for r in after["rows"]}
+    last = _by_case(docs[-1])
+    keys = list(last)
     fig, ax = plt.subplots(figsize=(12, 4.5))
     xs = range(len(keys))
-    w = 0.28
-    ax.bar([x - w for x in xs], [old.get(k, 0) for k in keys], w, label=before["label"])
-    ax.bar(xs, [new[k]["us"] for k in keys], w, label=after["label"])
-    ax.bar([x + w for x in xs], [new[k]["sort_us"] for k in keys], w, label="sort path")
-    labels = [f"{c}\nB={b} V={new[(c, b)]['vocab']}" for c, b in keys]
+    w = 0.8 / (len(docs) + 1)
+    for i, doc in enumerate(docs):
+        rows = _by_case(doc)
+        us = [rows[k]["us"] if k in rows else 0 for k in keys]
+        ax.bar([x + (i - len(docs) / 2) * w for x in xs], us, w, label=doc["label"])
+    sort_us = [last[k]["sort_us"] for k in keys]
+    ax.bar([x + len(docs) / 2 * w for x in xs], sort_us, w, label="sort path")
+    labels = [f"{c}\nB={b} V={last[(c, b)]['vocab']}" for c, b in keys]
     ax.set_xticks(list(xs), labels, fontsize=7, rotation=30)
     ax.set_yscale("log")
     ax.set_ylabel("us per sample (graph replay, median)")
@@ -212,7 +219,9 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES), help="cases to time")
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--plot", nargs=2, metavar="JSON", help="two runs: before, after")
+    ap.add_argument(
+        "--plot", nargs="+", metavar="JSON", help="runs to compare (the first: before), no timing"
+    )
     ap.add_argument("--png", default="fallback_bench.png", help="--plot: the file to draw")
     ap.add_argument("--title", default="Rows decided by the whole-row fallback", help="--plot")
     ap.add_argument("--cpu", action="store_true", help="the CPU path, rows nothing truncates")
@@ -223,15 +232,14 @@ def main() -> None:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.plot:
-        before, after = (json.loads(pathlib.Path(p).read_text()) for p in args.plot)
-        plot(before, after, out / args.png, args.title)
-        old = {(r["case"], r["batch"]): r["us"] for r in before["rows"]}
-        print(f"{'case':>20} {'B':>4} {before['label']:>12} {after['label']:>12} {'sort':>10}")
-        for r in after["rows"]:
-            was = old.get((r["case"], r["batch"]), float("nan"))
-            print(
-                f"{r['case']:>20} {r['batch']:>4} {was:>12.1f} {r['us']:>12.1f} {r['sort_us']:>10.1f}"
-            )
+        docs = [json.loads(pathlib.Path(p).read_text()) for p in args.plot]
+        plot(docs, out / args.png, args.title)
+        runs = [_by_case(doc) for doc in docs]
+        print(f"{'case':>20} {'B':>4}" + "".join(f" {d['label']:>12}" for d in docs) + "   sort")
+        for key, r in runs[-1].items():
+            us = [run[key]["us"] if key in run else float("nan") for run in runs]
+            print(f"{key[0]:>20} {key[1]:>4}" + "".join(f" {u:>12.1f}" for u in us), end="")
+            print(f" {r['sort_us']:>6.0f}")
         return
     if args.cpu:
         name = f"fallback_bench_cpu_{args.label}.json" if args.label else "fallback_bench_cpu.json"
