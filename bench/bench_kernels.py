@@ -75,7 +75,6 @@ VARIANTS = {
     "l1024s32kw16": {"lanes": 1024, "chunk": 32768, "warps": 16},
     "k3": {"keep": 3},
     "l512s32kk3": {"lanes": 512, "chunk": 32768, "keep": 3},
-    "list2": {"list_reads": 2},  # the whole-row search lists its bracket in two reads
     "nopdl": {"pdl": False},  # resolve and emit launched after the kernel before them ends
     "n0": {"regs": 0},  # pass 1's registers left to the compiler (64 with the 4-step end)
     "n48": {"regs": 48},

@@ -200,7 +200,6 @@ def cut_key(
     need_key,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
-    LIST_READS: tl.constexpr = 1,
 ):
     """The kept prefix of design order: (t, n, mass, s_out) with the kept tokens exactly those with
     key >= t, n of them, of mass sum exp(z - z_max) (float32). k: int64 (above vocab: off);
@@ -221,8 +220,7 @@ def cut_key(
     the ids (three counts a read) find the J-th id.
 
     s_out: the kept tokens are in s_row, unsorted (_cut_listed, when every token above the
-    bracket's lower end fits list_cap slots; list_cap 0 never lists). LIST_READS: the
-    bracket's list in one read with a scan a block (1) or in two reads (2, a bench variant)."""
+    bracket's lower end fits list_cap slots; list_cap 0 never lists)."""
     # The bracket (lo, hi] in ordered32 space, held as int64 (its span exceeds int32): P(lo)
     # false, P(hi) true, each end's count and mass above it once counted (c < 0: not yet).
     lo = ordered32(tl.full([], float("-inf"), tl.float32)).to(tl.int64)  # P(-inf) is false
@@ -282,7 +280,6 @@ def cut_key(
             list_cap,
             G,
             BLOCK,
-            LIST_READS,
         )
     else:
         t, n, mass = _cut_in_level(
@@ -409,7 +406,6 @@ def fallback_support(
     list_cap,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
-    LIST_READS: tl.constexpr = 1,
 ):
     """(t*, |S|, sum_{S} exp(z - z_max), t_emit, s_out) of one row: S = {key >= t*}, and
     the mask it emits is {key >= t_emit}: t* itself, or with emit_cap > 0 (bounded mode) and
@@ -447,7 +443,6 @@ def fallback_support(
             phase > 0,
             G,
             BLOCK,
-            LIST_READS,
         )
         z_norm = tl.where(phase == 0, m, z_norm)
         t_cut = tl.where(cut, t, t_cut)
@@ -587,15 +582,6 @@ def position_of(x_row, temp, vocab, key, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _in_lists(x, temp, lo, hi, top):
-    """_cut_listed's two lists over a block of logits: z, whether lo < ordered32(z) <= hi (the
-    bracket) and whether ordered32(z) > top (above it, listed as part of S)."""
-    z = _z_of(x, temp)
-    o = ordered32(z)
-    return z, (o > lo) & (o <= hi), o > top
-
-
-@triton.jit
 def _cut_listed(
     x_row,
     temp,
@@ -615,66 +601,41 @@ def _cut_listed(
     list_cap,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
-    LIST_READS: tl.constexpr = 1,
 ):
-    """cut_key's end when at most G tokens have lo < ordered32(z) <= hi: one read (two with
-    LIST_READS 2) lists them in scratch_row, a sort puts them in design order, and the kept
-    prefix is counted there (the tokens above hi, c_hi of mass m_hi, are all kept; none at
-    or below lo is).
+    """cut_key's end when at most G tokens have lo < ordered32(z) <= hi: one read lists them
+    in scratch_row, a sort puts them in design order, and the kept prefix is counted there
+    (the tokens above hi, c_hi of mass m_hi, are all kept; none at or below lo is).
 
-    When every token above lo fits list_cap slots (c_hi plus the bracket's), the same reads
-    list the tokens above hi in s_row, and the bracket's kept prefix is written after them:
+    When every token above lo fits list_cap slots (c_hi plus the bracket's), the same read
+    lists the tokens above hi in s_row, and the bracket's kept prefix is written after them:
     s_row then holds S, unsorted, and the caller needs no read of its own to list it (the
     fourth value returned says so)."""
     tl.debug_barrier()  # earlier reads of the scratch rows before the stores below
     lane = tl.arange(0, BLOCK)
     s_out = c_hi + n_between <= list_cap
     top = tl.where(s_out, hi, INT32_MAX)  # nothing is above it: nothing listed in s_row
-    if LIST_READS == 2:
-        # Two reads with no block-wide step inside either (gather_above's form): the first
-        # counts each lane's tokens of both lists, one scan a list gives each lane its
-        # first slot, the second writes them. The one-read form's loop (below) takes 17
-        # barriers a 2048-token step for its scan and max (session 28's sm_90 code).
-        on = tl.zeros([BLOCK], tl.int32)
-        on_s = tl.zeros([BLOCK], tl.int32)
-        x = _load_block(x_row, vocab, 0, BLOCK)
-        for start in range(0, vocab, BLOCK):
-            x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
-            _, sel, sel_s = _in_lists(x, temp, lo, hi, top)
-            on += sel.to(tl.int32)
-            on_s += sel_s.to(tl.int32)
-            x = x_next
-        slot = tl.cumsum(on, axis=0) - on
-        slot_s = tl.cumsum(on_s, axis=0) - on_s
-        x = _load_block(x_row, vocab, 0, BLOCK)
-        for start in range(0, vocab, BLOCK):
-            x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
-            z, sel, sel_s = _in_lists(x, temp, lo, hi, top)
-            keys = pack_key(z, (start + lane).to(tl.int64))
-            tl.store(scratch_row + slot, keys, mask=sel & (slot < G))
-            tl.store(s_row + slot_s, keys, mask=sel_s & (slot_s < list_cap))
-            slot += sel.to(tl.int32)
-            slot_s += sel_s.to(tl.int32)
-            x = x_next
-    else:
-        written = tl.full([], 0, tl.int32)
-        above = tl.full([], 0, tl.int32)
-        x = _load_block(x_row, vocab, 0, BLOCK)
-        for start in range(0, vocab, BLOCK):
-            x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
-            z, sel, sel_s = _in_lists(x, temp, lo, hi, top)
-            # One scan ranks both lists: the bracket's count in the low 16 bits (a block
-            # holds fewer than 2^16 tokens), the count above hi in the high ones.
-            both = tl.cumsum(sel.to(tl.int32) | (sel_s.to(tl.int32) << 16), axis=0)
-            rank = (both & 0xFFFF) - 1
-            rank_s = (both >> 16) - 1
-            keys = pack_key(z, (start + lane).to(tl.int64))
-            tl.store(scratch_row + written + rank, keys, mask=sel & (written + rank < G))
-            tl.store(s_row + above + rank_s, keys, mask=sel_s & (above + rank_s < list_cap))
-            total = tl.max(both, axis=0)  # the scan's last value
-            written += total & 0xFFFF
-            above += total >> 16
-            x = x_next
+    written = tl.full([], 0, tl.int32)
+    above = tl.full([], 0, tl.int32)
+    x = _load_block(x_row, vocab, 0, BLOCK)
+    for start in range(0, vocab, BLOCK):
+        x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
+        z = _z_of(x, temp)
+        o = ordered32(z)
+        sel = (o > lo) & (o <= hi)
+        sel_s = o > top
+        # One scan ranks both lists: the bracket's count in the low 16 bits (a block holds
+        # fewer than 2^16 tokens), the count above hi in the high ones. (Two reads with no
+        # block-wide step inside either, gather_above's form, timed no faster on the H200.)
+        both = tl.cumsum(sel.to(tl.int32) | (sel_s.to(tl.int32) << 16), axis=0)
+        rank = (both & 0xFFFF) - 1
+        rank_s = (both >> 16) - 1
+        keys = pack_key(z, (start + lane).to(tl.int64))
+        tl.store(scratch_row + written + rank, keys, mask=sel & (written + rank < G))
+        tl.store(s_row + above + rank_s, keys, mask=sel_s & (above + rank_s < list_cap))
+        total = tl.max(both, axis=0)  # the scan's last value
+        written += total & 0xFFFF
+        above += total >> 16
+        x = x_next
     tl.debug_barrier()  # the scattered stores before the block load
     pos = tl.arange(0, G)
     keys = sort_block(scratch_row, n_between, G)

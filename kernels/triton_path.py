@@ -187,9 +187,6 @@ class BandConfig:
     resolve_regs: int = 0  # resolve_kernel's registers per thread (.maxnreg); 0: the compiler's
     early: bool = True  # the first tier's pick stops once it holds the support (best_sorted)
     race: bool = True  # pass 1 races the rows nothing truncates (lanes, not fused)
-    # the whole-row fallback's bracket list: one read with a scan a block (1), or a counting
-    # read and a writing read with one scan between (2; split launch only)
-    list_reads: int = 1
 
     @property
     def ncand(self) -> int:
@@ -227,7 +224,6 @@ def band_config(
     programs: int = LANE_PROGRAMS,
     early: bool = True,
     race: bool = True,
-    list_reads: int = 1,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
@@ -262,8 +258,6 @@ def band_config(
         raise ValueError("fused needs the lanes pass 1 (lanes > 0)")
     if keep not in (2, 3):
         raise ValueError(f"keep must be 2 or 3 (tokens a pass-1 lane keeps), got {keep}")
-    if list_reads not in (1, 2) or (list_reads == 2 and fused):
-        raise ValueError(f"list_reads must be 1, or 2 with the split launch, got {list_reads}")
     if reread is None:
         reread = REREAD_BELOW_LONG if long else REREAD_BELOW
     elif reread is True:
@@ -295,7 +289,6 @@ def band_config(
         pack=pack,
         early=early,
         race=race,
-        list_reads=list_reads,
     )
 
 
@@ -630,7 +623,6 @@ def sample_triton(
             g_ptr=race_g,
             w_ptr=race_w,
             raced=int(raced),
-            LIST_READS=cfg.list_reads,
             num_warps=cfg.resolve_warps or (8 if cand_block >= 2048 else 4),
             **({"maxnreg": cfg.resolve_regs} if cfg.resolve_regs else {}),
             **({"launch_pdl": True} if pdl else {}),

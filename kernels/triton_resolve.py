@@ -144,7 +144,6 @@ def resolve_row(
     TIMING: tl.constexpr,
     EARLY: tl.constexpr,  # the first tier's pick stops once it holds the support
     race,  # (g, w, raced): pass 1's race outputs (band_lanes_kernel), read when raced != 0
-    LIST_READS: tl.constexpr = 1,  # the whole-row search's bracket list: 1 or 2 reads
 ):
     """One row's whole pass 2. Pass 1's outputs are read through L2 (".cg"): in the fused
     launch (triton_fused.py) other programs wrote them moments ago. With TIMING, the row
@@ -433,7 +432,6 @@ def resolve_row(
                 tl.where(midx >= 0, CAP_BLOCK, 0),
                 T2,
                 FB_BLOCK,
-                LIST_READS,
             )
             if TIMING:
                 tl.store(stamp + 15, cycles(n))  # after the search
@@ -557,7 +555,6 @@ def resolve_kernel(
     g_ptr=None,  # pass 1's race (band_lanes_kernel's g_ptr, w_ptr), read when raced != 0
     w_ptr=None,
     raced=0,  # a run-time value: one compile serves launches with and without the race
-    LIST_READS: tl.constexpr = 1,  # the whole-row search's bracket list: 1 or 2 reads
 ):
     if PDL:
         # Launched early (while pass 1's last programs run): wait until pass 1 has finished
@@ -614,5 +611,4 @@ def resolve_kernel(
         TIMING,
         EARLY,
         (g_ptr, w_ptr, raced),
-        LIST_READS,
     )

@@ -29,7 +29,6 @@ from kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
 FUSED = True  # lanes pass 1: resolve in the same launch (band_resolve_kernel) or after it
 KEEP = 2  # tokens a pass-1 lane keeps
 REREAD = False  # two-token lanes with three tokens in the band read their column again
-LIST_READS = 1  # the whole-row search lists its bracket in one read, or two
 
 def both(logits, temp, k, p, mp, want, cap, seed=None, step=None, bounded=None, lanes=0):
     inp = check_inputs(logits, temp, k, p, mp, want, max_mask_tokens=cap, seed=seed,
@@ -906,7 +905,7 @@ bounded = torch.tensor([False, True, False, False, True, False, True, False, Tru
 seed = torch.arange(9, dtype=torch.int64) * 7 + 1
 cap = 128
 inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=cap, seed=seed, bounded=bounded)
-cfg = band_config(vocab, chunk=64, kc=8, lanes=16, list_reads=LIST_READS)
+cfg = band_config(vocab, chunk=64, kc=8, lanes=16)
 out = {}
 for r in range(9):  # one row a call, so each row's reads are counted alone
     READS.clear()
@@ -978,7 +977,6 @@ kernels.triton_resolve.HALF_SORT_MIN = tl.constexpr(64)  # cap 128: halves of 64
 import kernels.triton_sort
 kernels.triton_sort.SORT_RUN = tl.constexpr(16)  # sorts in runs of 16, then merges
 kernels.triton_sort.MERGE_MIN = tl.constexpr(32)
-LIST_READS = 2  # and the search's bracket listed in two reads (bench variant list2)
 BLOCKS = []  # (|S|, the block its listed draw sorts in), one a call
 _sized_fn = kernels.triton_resolve.sort_and_store
 def _sized(*args):
@@ -998,8 +996,7 @@ def test_fallback_sorts_a_short_support_in_half_the_block(interpreted: Interpret
     """With mask blocks past HALF_SORT_MIN, a fallback row whose S fits half the block is
     sorted, drawn and written in half a block, and the rest in the whole block: the
     oracle's supports and the torch path's tokens, masks and log-probs either way. The
-    sorts go through runs of 16 keys and their merges (SORT_RUN), and the whole-row
-    search lists its bracket in two reads (list_reads=2)."""
+    sorts go through runs of 16 keys and their merges (SORT_RUN)."""
     out = interpreted(PRELUDE + COUNT_READS + HALF_SORT + WHOLE_ROW + HALF_SORT_OUT)
     assert out["ok"], out["errors"]
     assert out["tokens"] and out["masks"] and out["logprob"]
