@@ -5,8 +5,8 @@ Called from the resolve kernel, one program per row. gather_above is the cheap s
 the segments pass 1 left incomplete (twice: count, then write) and lists every token above a
 lower floor than pass 1's (resolve_kernel's rescue).
 The fallback proper (fallback_support, cut_key) reads the whole row several times: a search
-for the cut's z that counts three thresholds a read (at most Z_READS + 16 reads; 3-4 on a
-real model's wide rows, 7-10 on flat ones, before the tokens left in its bracket fit a list
+for the cut's z that counts three thresholds a read (at most Z_READS + 16 reads; 2-3 on a
+real model's wide rows, 4-9 on flat ones, before the tokens left in its bracket fit a list
 it sorts; one read when only min-p or nothing cuts), then the caller's draw (one read of
 the row, or a read that lists S and a draw over the list; when everything above the
 bracket's lower end fits the mask block, the bracket's read lists S as well and the caller
@@ -210,7 +210,7 @@ def cut_key(
     A token is kept when the tokens before it, c of mass m, leave c < k, m / z_norm < top_p,
     and its own exp(z - z_max) >= min_p. First the cut's z: P(v), "a token of z = v with every
     token of larger z before it is kept", is false below it and true from it, and is counted
-    at three thresholds a read (_quarters: in z at first, then in the row's ordered32 space,
+    at three thresholds a read (_thresholds: in z at first, then in the row's ordered32 space,
     2^32 values: Z_READS + 16 reads at most; none when only min-p is on, since P then depends
     on v alone), until at most G tokens lie
     between the bracket's ends: one more read lists them in scratch_row (G slots), sorted
@@ -241,7 +241,9 @@ def cut_key(
             lo = tl.where(up, lo, mid)
         c_hi = tl.full([], -1, tl.int32)
     while (hi - lo > 1) & ((c_lo < 0) | (c_lo - c_hi > G)):
-        q1, q2, q3 = _quarters(lo, hi, top, reads)
+        q1, q2, q3 = _thresholds(
+            lo, hi, top, reads, (c_lo, m_lo, c_hi, m_hi), (k, z_norm, top_p, min_p, z_max), G
+        )
         reads += 1
         n1, n2, n3, s1, s2, s3 = _above3(
             x_row, temp, vocab, q1.to(tl.int32), q2.to(tl.int32), q3.to(tl.int32), z_max, BLOCK
@@ -300,26 +302,33 @@ def cut_key(
     return t, n, mass, s_out
 
 
-Z_READS = tl.constexpr(4)  # cut_key's reads at most that take quarter points in z
+Z_READS = tl.constexpr(4)  # cut_key's reads at most that take thresholds in z
+AIM = tl.constexpr(0.25)  # an aimed read's outer thresholds: this many G tokens either side
 
 
 @triton.jit
-def _quarters(lo, hi, top, reads):
-    """cut_key's three thresholds inside the bracket (lo, hi) (ordered32 values as int64;
-    top: the row max's, where hi starts; reads: the search's reads so far). For its first
-    Z_READS reads, the bracket's quarter points in z, where a row's tokens lie, when it spans
-    at most 64 nats; else, or when those do not split it, its quarter points in ordered32
-    space, which reach any single float in 16 reads: a search takes Z_READS + 16 at most.
+def _thresholds(lo, hi, top, reads, ends, cut, G: tl.constexpr):
+    """cut_key's three thresholds inside the bracket (lo, hi), ascending (ordered32 values as
+    int64; top: the row max's, where hi starts; reads: the search's reads so far; ends:
+    (c_lo, m_lo, c_hi, m_hi), the counts and masses above the ends, c_lo < 0 before the
+    first read; cut: cut_key's (k, z_norm, top_p, min_p, z_max)).
 
-    The first read, with no lower end yet (lo at -inf), takes 48, 32 and 16 nats below the
-    max: a top-p cut lies above that on any row whose mass past it float32 sums can see,
-    and a cut further down (a top-k or min-p one) costs that one read. Ordered32 quarters
-    alone spend their first reads on floats no logit takes (every magnitude below 1 lies
-    between -1 and 1): on a real model's wide rows the search took 6-7 reads, 3-4 with these
-    (bench/row_paths.py); flat rows take 7 either way. A cut inside a long tie at exactly
-    0.0 pays the Z_READS reads in z for nothing (quarters in z halve their way toward 0
-    through every magnitude below their width), hence the cap. Any three thresholds keep
-    the search exact: each is counted, not assumed."""
+    For its first Z_READS reads the thresholds are in z, where a row's tokens lie. With no
+    lower end yet, they are 16, 8 and 4 nats below the max on the first read, then 48, 32
+    and 16 below hi: ordered32 quarters alone spend their first reads on floats no logit
+    takes (every magnitude below 1 lies between -1 and 1). Once both ends are counted the
+    read is aimed (_aimed): at the cut's z estimated from the ends' counts and masses, with
+    the two other thresholds about AIM * G tokens above and below it, so that a good
+    estimate leaves a bracket the listing read takes. Else, or when those do not split the
+    bracket, its quarter points in z (a bracket of at most 64 nats) or in ordered32 space,
+    which reach any single float in 16 reads: a search takes Z_READS + 16 at most.
+
+    On SmolLM2's rows at top-p 0.95 whose support is past the tiers (bench/row_paths.py)
+    the search takes 2 reads (3 on one row of 16) with these, against 3-4 with quarters in
+    z after a first read at 48, 32 and 16 nats (session 28's rule). A cut inside a long
+    tie at exactly 0.0 pays the Z_READS reads in z for nothing (quarters in z halve their
+    way toward 0 through every magnitude below their width), hence the cap. Any three
+    thresholds keep the search exact: each is counted, not assumed."""
     span = hi - lo
     o1 = lo + span // 4
     o2 = lo + span // 2
@@ -327,14 +336,62 @@ def _quarters(lo, hi, top, reads):
     v_hi = from_ordered32(hi.to(tl.int32))
     v_lo = from_ordered32(lo.to(tl.int32))
     open_below = v_lo == float("-inf")
-    base = tl.where(open_below, v_hi - 64.0, v_lo)
-    width = tl.where(open_below, 64.0, v_hi - v_lo)
-    z1 = ordered32(base + 0.25 * width).to(tl.int64)
-    z2 = ordered32(base + 0.5 * width).to(tl.int64)
-    z3 = ordered32(base + 0.75 * width).to(tl.int64)
-    split = (reads < Z_READS) & (width <= 64.0) & (~open_below | (hi == top))
+    first = open_below & (hi == top)
+    width = v_hi - v_lo
+    a1, a2, a3 = _aimed(v_lo, v_hi, ends, cut, G)
+    z1 = tl.where(open_below, v_hi - tl.where(first, 16.0, 48.0), v_lo + 0.25 * width)
+    z2 = tl.where(open_below, v_hi - tl.where(first, 8.0, 32.0), v_lo + 0.5 * width)
+    z3 = tl.where(open_below, v_hi - tl.where(first, 4.0, 16.0), v_lo + 0.75 * width)
+    aim = ~open_below & (a1 > v_lo) & (a1 < a2) & (a2 < a3) & (a3 < v_hi)
+    z1 = ordered32(tl.where(aim, a1, z1)).to(tl.int64)
+    z2 = ordered32(tl.where(aim, a2, z2)).to(tl.int64)
+    z3 = ordered32(tl.where(aim, a3, z3)).to(tl.int64)
+    split = (reads < Z_READS) & (open_below | (width <= 64.0))
     split = split & (lo < z1) & (z1 < z2) & (z2 < z3) & (z3 < hi)
     return tl.where(split, z1, o1), tl.where(split, z2, o2), tl.where(split, z3, o3)
+
+
+@triton.jit
+def _aimed(v_lo, v_hi, ends, cut, G: tl.constexpr):
+    """An aimed read's thresholds in the bracket (v_lo, v_hi], ascending when the estimate
+    holds (else out of order or NaN, and the caller takes quarters).
+
+    Models, fitted to the ends alone: the count of tokens above v grows exponentially as v
+    falls (log-linear between c_hi, at least 1, and c_lo), and so does the mass below v
+    (z_norm less the mass above; log-linear between the ends, the lower end's taken as at
+    least a thousandth of the target's: its float32 difference can round to 0 or below).
+    The cut's estimate is the highest of the top-p one (the mass below v reaching
+    (1 - top_p) z_norm), the top-k one (the count reaching k) and the min-p one (exact:
+    z_max + ln min_p) among those that bind inside the bracket. The outer thresholds sit
+    AIM * G modelled tokens from it, at most halfway to the bracket's ends."""
+    c_lo, m_lo, c_hi, m_hi = ends
+    k, z_norm, top_p, min_p, z_max = cut
+    ok = ~(v_lo == float("-inf")) & (c_lo > tl.maximum(c_hi, 1))
+    width = tl.where(ok, v_hi - v_lo, 1.0)
+    ch = tl.maximum(c_hi, 1).to(tl.float32)
+    cl = tl.where(ok, c_lo.to(tl.float32), 2.0 * ch)
+    rate = tl.log(cl / ch) / width  # d ln(count above v) / d(-v), > 0
+    tail = z_norm * (1.0 - top_p)
+    tail_hi = z_norm - m_hi
+    tail_lo = tl.maximum(z_norm - m_lo, tail * 0.001)
+    p_on = (top_p < 1.0) & (tail_hi > tail) & (tail > tail_lo)
+    span = tl.where(p_on, tl.log(tail_hi) - tl.log(tail_lo), 1.0)
+    est = tl.where(p_on, v_hi - (tl.log(tail_hi) - tl.log(tail)) / span * width, float("-inf"))
+    k_on = (k > c_hi) & (k <= c_lo) & (k > 1)
+    kf = tl.where(k_on, k, 2).to(tl.float32)
+    est = tl.maximum(est, tl.where(k_on, v_hi - tl.log(kf / ch) / rate, float("-inf")))
+    m_cut = z_max + tl.log(tl.maximum(min_p, 1e-30))
+    m_on = (min_p > 0.0) & (m_cut > v_lo) & (m_cut < v_hi)
+    est = tl.maximum(est, tl.where(m_on, m_cut, float("-inf")))
+    ok = ok & (est > v_lo) & (est < v_hi)
+    est = tl.where(ok, est, 0.5 * (v_lo + v_hi))
+    c_est = ch * tl.exp(rate * (v_hi - est))
+    up = tl.maximum(c_est - AIM * G, ch)
+    down = tl.minimum(c_est + AIM * G, cl)
+    a1 = tl.maximum(v_hi - tl.log(down / ch) / rate, est - 0.5 * (est - v_lo))
+    a3 = tl.minimum(v_hi - tl.log(up / ch) / rate, est + 0.5 * (v_hi - est))
+    nan = float("nan")
+    return tl.where(ok, a1, nan), tl.where(ok, est, nan), tl.where(ok, a3, nan)
 
 
 @triton.jit

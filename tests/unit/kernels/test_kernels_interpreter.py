@@ -8,6 +8,8 @@ tiered sort and the bisection fallback are all exercised.
 
 from __future__ import annotations
 
+import math
+import struct
 from collections.abc import Callable
 
 import pytest
@@ -1038,6 +1040,88 @@ def test_sort_desc_sorts_runs_then_merges_them(interpreted: Interpreted) -> None
     levels; with equal keys across runs, and with 0, 1, an odd number and all slots used."""
     out = interpreted(SORT_DESC)
     assert out == {"256/256": True, "256/32": True, "128/8": True}, out
+
+
+THRESHOLDS = """
+import json, math
+import numpy as np
+import torch, triton, triton.language as tl
+from kernels.triton_common import ordered32
+from kernels.triton_fallback import _thresholds
+
+@triton.jit
+def thresholds(f_ptr, i_ptr, out, G: tl.constexpr):
+    v_lo, v_hi, v_top = tl.load(f_ptr), tl.load(f_ptr + 1), tl.load(f_ptr + 2)
+    m_lo, m_hi, z_norm = tl.load(f_ptr + 3), tl.load(f_ptr + 4), tl.load(f_ptr + 5)
+    top_p, min_p, z_max = tl.load(f_ptr + 6), tl.load(f_ptr + 7), tl.load(f_ptr + 8)
+    c_lo, c_hi = tl.load(i_ptr).to(tl.int32), tl.load(i_ptr + 1).to(tl.int32)
+    k, reads = tl.load(i_ptr + 2), tl.load(i_ptr + 3).to(tl.int32)
+    lo = ordered32(v_lo).to(tl.int64)
+    hi = ordered32(v_hi).to(tl.int64)
+    top = ordered32(v_top).to(tl.int64)
+    q1, q2, q3 = _thresholds(
+        lo, hi, top, reads, (c_lo, m_lo, c_hi, m_hi), (k, z_norm, top_p, min_p, z_max), G
+    )
+    tl.store(out, q1)
+    tl.store(out + 1, q2)
+    tl.store(out + 2, q3)
+
+def as_float(o):
+    o = int(o)
+    return float(np.array([o ^ (0x7FFFFFFF if o < 0 else 0)], np.int64).astype(np.int32).view(np.float32)[0])
+
+inf, OFF = float("inf"), 2**40
+cases = {  # v_lo, v_hi, top, m_lo, m_hi, z_norm, top_p, min_p, z_max; c_lo, c_hi, k, reads
+    "first": ([-inf, 3.0, 3.0, 0, 0, 10, 0.95, 0, 3.0], [-1, 0, OFF, 0]),
+    "open": ([-inf, -13.0, 3.0, 0, 9.9, 10, 0.95, 0, 3.0], [-1, 40000, OFF, 1]),
+    "top_p": ([-16.0, -8.0, 0.0, 9.99, 9.0, 10, 0.95, 0, 0.0], [20000, 1000, OFF, 1]),
+    "top_k": ([-16.0, -8.0, 0.0, 9.99, 9.0, 10, 2.0, 0, 0.0], [20000, 1000, 5000, 1]),
+    "min_p": ([-16.0, -8.0, 0.0, 9.99, 9.0, 10, 2.0, math.exp(-10.0), 0.0], [20000, 1000, OFF, 1]),
+    "missed": ([-16.0, -8.0, 0.0, 9.99, 9.0, 10, 0.9995, 0, 0.0], [20000, 1000, OFF, 1]),
+    "late": ([-16.0, -1.0, 0.0, 9.99, 9.0, 10, 0.95, 0, 0.0], [20000, 1000, OFF, 4]),
+}
+out = {}
+for name, (f, i) in cases.items():
+    q = torch.zeros(3, dtype=torch.int64)
+    thresholds[(1,)](torch.tensor(f, dtype=torch.float32), torch.tensor(i, dtype=torch.int64), q, G=1024)
+    out[name] = {"z": [as_float(v) for v in q.tolist()], "o": q.tolist()}
+print(json.dumps(out))
+"""
+
+
+def test_search_thresholds_first_open_aimed_and_quartered(interpreted: Interpreted) -> None:
+    """cut_key's thresholds (_thresholds): 16, 8 and 4 nats under the max first, 48, 32 and
+    16 under the upper end while the lower one is open; once both ends are counted, aimed
+    at the cut that models fitted to the ends give (the mass below v and the count above v
+    exponential in v): top-p, top-k and min-p (exact), the outer ones AIM * G = 256
+    modelled tokens either side; quarters in z when the estimate falls outside the bracket,
+    and in ordered32 space after Z_READS reads."""
+    out = interpreted(THRESHOLDS)
+    assert out["first"]["z"] == [-13.0, -5.0, -1.0], out["first"]
+    assert out["open"]["z"] == [-61.0, -45.0, -29.0], out["open"]
+    rate = math.log(20000 / 1000) / 8  # the count model between the ends
+    count = lambda v: 1000 * math.exp(rate * (-8.0 - v))  # noqa: E731
+    cuts = {
+        "top_p": -8.0 - 8.0 * math.log(1.0 / 0.5) / math.log(1.0 / 0.01),  # the tail model
+        "top_k": -8.0 - math.log(5000 / 1000) / rate,
+        "min_p": -10.0,
+    }
+    for name, cut in cuts.items():
+        z1, z2, z3 = out[name]["z"]
+        assert -16.0 < z1 < z2 < z3 < -8.0, (name, out[name])
+        assert z2 == pytest.approx(cut, abs=1e-4), (name, out[name], cut)
+        assert count(z1) == pytest.approx(count(z2) + 256, rel=1e-3), (name, out[name])
+        assert count(z3) == pytest.approx(count(z2) - 256, rel=1e-3), (name, out[name])
+    assert out["missed"]["z"] == [-14.0, -12.0, -10.0], out["missed"]
+    lo, hi = _ordered32(-16.0), _ordered32(-1.0)  # four binades: not the quarters in z
+    span = hi - lo
+    assert out["late"]["o"] == [lo + span // 4, lo + span // 2, lo + span * 3 // 4], out["late"]
+
+
+def _ordered32(v: float) -> int:
+    """kernels.triton_common.ordered32 of a float32, in Python."""
+    bits = struct.unpack("<i", struct.pack("<f", v))[0]
+    return bits ^ 0x7FFFFFFF if bits < 0 else bits
 
 
 RANDOM_ROWS = """
