@@ -42,7 +42,9 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 def sum_errors(x: torch.Tensor, temperature: float, launch_rows: int) -> dict[str, dict]:
     """Pass 1 on x ([B, V] float32) at one temperature with launch_rows' shape: the relative
-    errors of each segment's s_c and of each row's Z, summarised."""
+    errors of each segment's s_c and of each row's Z (combined in float64 from the segments'
+    s_c and maxima m_c, so only pass 1's rounding is in it), summarised. Rows must be
+    finite somewhere; segments of -inf only are left out."""
     from kernels.triton_path import band_config, launch_band
 
     rows, vocab = x.shape
@@ -59,6 +61,8 @@ def sum_errors(x: torch.Tensor, temperature: float, launch_rows: int) -> dict[st
         top = float(m[r].max())
         for c in range(cfg.n_chunks):
             part = slice(c * cfg.chunk, min((c + 1) * cfg.chunk, vocab))
+            if not math.isfinite(float(m[r, c])):
+                continue  # a segment of -inf only: s_c is 0 and adds nothing
             exact = torch.exp(z[part] - z[part].max()).sum().item()
             errors["seg_z"].append(abs(float(s[r, c]) / exact - 1))
             combined += float(s[r, c]) * math.exp(float(m[r, c]) - top)
