@@ -375,8 +375,9 @@ def _aimed(v_lo, v_hi, ends, cut, G: tl.constexpr):
     tail_hi = z_norm - m_hi
     tail_lo = tl.maximum(z_norm - m_lo, tail * 0.001)
     p_on = (top_p < 1.0) & (tail_hi > tail) & (tail > tail_lo)
-    span = tl.where(p_on, tl.log(tail_hi) - tl.log(tail_lo), 1.0)
-    est = tl.where(p_on, v_hi - (tl.log(tail_hi) - tl.log(tail)) / span * width, float("-inf"))
+    log_hi = tl.log(tail_hi)
+    span = tl.where(p_on, log_hi - tl.log(tail_lo), 1.0)
+    est = tl.where(p_on, v_hi - (log_hi - tl.log(tail)) / span * width, float("-inf"))
     k_on = (k > c_hi) & (k <= c_lo) & (k > 1)
     kf = tl.where(k_on, k, 2).to(tl.float32)
     est = tl.maximum(est, tl.where(k_on, v_hi - tl.log(kf / ch) / rate, float("-inf")))
