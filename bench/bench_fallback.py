@@ -39,6 +39,7 @@ CASES = {
     "flat_untruncated": ("flat", torch.float32, 1.0, -1, 1.0, 0.0, False, False),
     "flat_p0.95": ("flat", torch.float32, 2.0, -1, 0.95, 0.0, True, False),
     "flat_p0.95_bounded": ("flat", torch.float32, 2.0, -1, 0.95, 0.0, True, True),
+    "flat_p0.5": ("flat", torch.float32, 2.0, -1, 0.5, 0.0, True, False),
     "flat_k2000_p0.9": ("flat", torch.float32, 2.0, 2000, 0.9, 0.0, True, False),
     "flat_minp0.05": ("flat", torch.float32, 2.0, -1, 1.0, 0.05, True, False),
     "flat_bf16_p0.9": ("flat", torch.bfloat16, 1.0, -1, 0.9, 0.0, True, False),

@@ -6,7 +6,7 @@ the segments pass 1 left incomplete (twice: count, then write) and lists every t
 lower floor than pass 1's (resolve_kernel's rescue).
 The fallback proper (fallback_support, cut_key) reads the whole row several times: a search
 for the cut's z that counts three thresholds a read (at most Z_READS + 16 reads; 2-3 on a
-real model's wide rows, 4-9 on flat ones, before the tokens left in its bracket fit a list
+real model's wide rows, 3-5 on flat ones, before the tokens left in its bracket fit a list
 it sorts; one read when only min-p or nothing cuts), then the caller's draw (one read of
 the row, or a read that lists S and a draw over the list; when everything above the
 bracket's lower end fits the mask block, the bracket's read lists S as well and the caller
@@ -302,8 +302,9 @@ def cut_key(
     return t, n, mass, s_out
 
 
-Z_READS = tl.constexpr(4)  # cut_key's reads at most that take thresholds in z
+Z_READS = tl.constexpr(5)  # cut_key's reads at most that take thresholds in z
 AIM = tl.constexpr(0.25)  # an aimed read's outer thresholds: this many G tokens either side
+AIM_SPAN = tl.constexpr(64)  # reads are aimed only at brackets of at most this many G tokens
 
 
 @triton.jit
@@ -316,19 +317,23 @@ def _thresholds(lo, hi, top, reads, ends, cut, G: tl.constexpr):
     For its first Z_READS reads the thresholds are in z, where a row's tokens lie. With no
     lower end yet, they are 16, 8 and 4 nats below the max on the first read, then 48, 32
     and 16 below hi: ordered32 quarters alone spend their first reads on floats no logit
-    takes (every magnitude below 1 lies between -1 and 1). Once both ends are counted the
-    read is aimed (_aimed): at the cut's z estimated from the ends' counts and masses, with
-    the two other thresholds about AIM * G tokens above and below it, so that a good
-    estimate leaves a bracket the listing read takes. Else, or when those do not split the
-    bracket, its quarter points in z (a bracket of at most 64 nats) or in ordered32 space,
-    which reach any single float in 16 reads: a search takes Z_READS + 16 at most.
+    takes (every magnitude below 1 lies between -1 and 1). Once both ends are counted and at
+    most AIM_SPAN * G tokens lie between them, the read is aimed (_aimed): at the cut's z
+    estimated from the ends' counts and masses, with the two other thresholds about AIM * G
+    tokens above and below it, so that a good estimate leaves a bracket the listing read
+    takes. Else, or when those do not split the bracket, its quarter points in z (a bracket
+    of at most 64 nats) or in ordered32 space, which reach any single float in 16 reads: a
+    search takes Z_READS + 16 at most.
 
     On SmolLM2's rows at top-p 0.95 whose support is past the tiers (bench/row_paths.py)
     the search takes 2 reads (3 on one row of 16) with these, against 3-4 with quarters in
-    z after a first read at 48, 32 and 16 nats (session 28's rule). A cut inside a long
-    tie at exactly 0.0 pays the Z_READS reads in z for nothing (quarters in z halve their
-    way toward 0 through every magnitude below their width), hence the cap. Any three
-    thresholds keep the search exact: each is counted, not assumed."""
+    z after a first read at 48, 32 and 16 nats (session 28's rule). The models fit a tail,
+    not a row's bulk: on flat rows (N(0, 1) logits at T = 2) a bracket of 150000 tokens
+    aimed at estimates that each fell on the same side of the cut and took 7 reads at top-p
+    0.95 and 10-11 at 0.5, where quarters in z first take 4.5 and 5 (bench/search_reads.py).
+    A cut inside a long tie at exactly 0.0 pays the Z_READS reads in z for nothing (quarters
+    in z halve their way toward 0 through every magnitude below their width), hence the
+    cap. Any three thresholds keep the search exact: each is counted, not assumed."""
     span = hi - lo
     o1 = lo + span // 4
     o2 = lo + span // 2
@@ -339,10 +344,12 @@ def _thresholds(lo, hi, top, reads, ends, cut, G: tl.constexpr):
     first = open_below & (hi == top)
     width = v_hi - v_lo
     a1, a2, a3 = _aimed(v_lo, v_hi, ends, cut, G)
+    c_lo, _, c_hi, _ = ends
     z1 = tl.where(open_below, v_hi - tl.where(first, 16.0, 48.0), v_lo + 0.25 * width)
     z2 = tl.where(open_below, v_hi - tl.where(first, 8.0, 32.0), v_lo + 0.5 * width)
     z3 = tl.where(open_below, v_hi - tl.where(first, 4.0, 16.0), v_lo + 0.75 * width)
-    aim = ~open_below & (a1 > v_lo) & (a1 < a2) & (a2 < a3) & (a3 < v_hi)
+    aim = ~open_below & (c_lo - c_hi <= AIM_SPAN * G)
+    aim = aim & (a1 > v_lo) & (a1 < a2) & (a2 < a3) & (a3 < v_hi)
     z1 = ordered32(tl.where(aim, a1, z1)).to(tl.int64)
     z2 = ordered32(tl.where(aim, a2, z2)).to(tl.int64)
     z3 = ordered32(tl.where(aim, a3, z3)).to(tl.int64)

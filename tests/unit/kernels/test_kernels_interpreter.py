@@ -1078,7 +1078,10 @@ cases = {  # v_lo, v_hi, top, m_lo, m_hi, z_norm, top_p, min_p, z_max; c_lo, c_h
     "top_k": ([-16.0, -8.0, 0.0, 9.99, 9.0, 10, 2.0, 0, 0.0], [20000, 1000, 5000, 1]),
     "min_p": ([-16.0, -8.0, 0.0, 9.99, 9.0, 10, 2.0, math.exp(-10.0), 0.0], [20000, 1000, OFF, 1]),
     "missed": ([-16.0, -8.0, 0.0, 9.99, 9.0, 10, 0.9995, 0, 0.0], [20000, 1000, OFF, 1]),
-    "late": ([-16.0, -1.0, 0.0, 9.99, 9.0, 10, 0.95, 0, 0.0], [20000, 1000, OFF, 4]),
+    "late": ([-16.0, -1.0, 0.0, 9.99, 9.0, 10, 0.95, 0, 0.0], [20000, 1000, OFF, 5]),
+    # more than AIM_SPAN * G tokens between the ends: a row's bulk, not its tail
+    "bulk": ([-1.75, 2.25, 2.25, 9.999, 0.0, 10, 0.95, 0, 2.25], [151884, 0, OFF, 1]),
+    "bulk_aimed": ([-1.75, 2.25, 2.25, 9.999, 0.0, 10, 0.95, 0, 2.25], [65536, 0, OFF, 1]),
 }
 out = {}
 for name, (f, i) in cases.items():
@@ -1094,8 +1097,9 @@ def test_search_thresholds_first_open_aimed_and_quartered(interpreted: Interpret
     16 under the upper end while the lower one is open; once both ends are counted, aimed
     at the cut that models fitted to the ends give (the mass below v and the count above v
     exponential in v): top-p, top-k and min-p (exact), the outer ones AIM * G = 256
-    modelled tokens either side; quarters in z when the estimate falls outside the bracket,
-    and in ordered32 space after Z_READS reads."""
+    modelled tokens either side; quarters in z when the estimate falls outside the bracket
+    or more than AIM_SPAN * G = 65536 tokens lie between the ends, and in ordered32 space
+    after Z_READS reads."""
     out = interpreted(THRESHOLDS)
     assert out["first"]["z"] == [-13.0, -5.0, -1.0], out["first"]
     assert out["open"]["z"] == [-61.0, -45.0, -29.0], out["open"]
@@ -1113,6 +1117,9 @@ def test_search_thresholds_first_open_aimed_and_quartered(interpreted: Interpret
         assert count(z1) == pytest.approx(count(z2) + 256, rel=1e-3), (name, out[name])
         assert count(z3) == pytest.approx(count(z2) - 256, rel=1e-3), (name, out[name])
     assert out["missed"]["z"] == [-14.0, -12.0, -10.0], out["missed"]
+    assert out["bulk"]["z"] == [-0.75, 0.25, 1.25], out["bulk"]
+    assert out["bulk_aimed"]["z"] != out["bulk"]["z"], out["bulk_aimed"]
+    assert -1.75 < out["bulk_aimed"]["z"][0] < out["bulk_aimed"]["z"][2] < 2.25, out["bulk_aimed"]
     lo, hi = _ordered32(-16.0), _ordered32(-1.0)  # four binades: not the quarters in z
     span = hi - lo
     assert out["late"]["o"] == [lo + span // 4, lo + span // 2, lo + span * 3 // 4], out["late"]
