@@ -367,7 +367,13 @@ def main() -> None:
         default=N_BUFFERS,
         help="--ab: input buffers (more meet rescued rows at their rate, not by luck)",
     )
-    ap.add_argument("--plot-only", metavar="JSON", help="redraw the PNG from a results file")
+    ap.add_argument(
+        "--plot-only",
+        nargs="+",
+        metavar="JSON",
+        help="redraw the PNG from results files (several shapes: the grid's x floor plot)",
+    )
+    ap.add_argument("--png", default="kernels_bench.png", help="--plot-only: the file to draw")
     ap.add_argument("--cpu", action="store_true", help="time the CPU torch path instead")
     ap.add_argument(
         "--variants",
@@ -391,7 +397,9 @@ def main() -> None:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.plot_only:
-        plot(json.loads(pathlib.Path(args.plot_only).read_text()), out / "kernels_bench.png")
+        rows = [r for p in args.plot_only for r in json.loads(pathlib.Path(p).read_text())]
+        shapes = {(r["V"], r["dtype"]) for r in rows if r["logits"].startswith("zipf")}
+        (plot_grid if len(shapes) > 1 else plot)(rows, out / args.png)
         return
     if args.profile:
         kernel_profile(out, variants)
@@ -918,6 +926,35 @@ def save(rows, out: pathlib.Path) -> None:
         w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
         w.writeheader()
         w.writerows(rows)
+
+
+def plot_grid(rows, path) -> None:
+    """The grid at a glance: steady time over the steady floor against B, one panel per
+    setting, one line per (V, dtype), Zipf rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    zipf = [r for r in rows if r["logits"].startswith("zipf")]
+    shapes = sorted({(r["V"], r["dtype"]) for r in zipf})
+    fig, axes = plt.subplots(1, len(SETTINGS), figsize=(15, 4), sharey=True)
+    for ax, setting in zip(axes, SETTINGS, strict=True):
+        for vocab, dtype in shapes:
+            rs = sorted(
+                (r for r in zipf if (r["V"], r["dtype"], r["setting"]) == (vocab, dtype, setting)),
+                key=lambda r: r["B"],
+            )
+            ratio = [r["steady_us"] / r["floor_steady_us"] for r in rs]
+            ax.plot([r["B"] for r in rs], ratio, marker="o", label=f"V={vocab} {dtype}")
+        ax.axhline(1.5, color="grey", linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"Zipf rows, {setting}")
+        ax.set_xlabel("batch rows")
+    axes[0].set_ylabel("steady time / steady one-pass floor")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def plot(rows, path) -> None:
