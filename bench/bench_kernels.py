@@ -928,17 +928,32 @@ def save(rows, out: pathlib.Path) -> None:
         w.writerows(rows)
 
 
-def plot_grid(rows, path) -> None:
-    """The grid at a glance: steady time over the steady floor against B, one panel per
-    setting, one line per (V, dtype), Zipf rows."""
+def _settings_figure():
+    """One panel per setting, sharing the y axis."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt.subplots(1, len(SETTINGS), figsize=(15, 4), sharey=True)
+
+
+def _save_settings_figure(fig, axes, ylabel: str, path) -> None:
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch rows")
+    axes[0].set_ylabel(ylabel)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_grid(rows, path) -> None:
+    """The grid at a glance: steady time over the steady floor against B, one panel per
+    setting, one line per (V, dtype), Zipf rows."""
     zipf = [r for r in rows if r["logits"].startswith("zipf")]
     shapes = sorted({(r["V"], r["dtype"]) for r in zipf})
-    fig, axes = plt.subplots(1, len(SETTINGS), figsize=(15, 4), sharey=True)
+    fig, axes = _settings_figure()
     for ax, setting in zip(axes, SETTINGS, strict=True):
         for vocab, dtype in shapes:
             rs = sorted(
@@ -948,21 +963,11 @@ def plot_grid(rows, path) -> None:
             ratio = [r["steady_us"] / r["floor_steady_us"] for r in rs]
             ax.plot([r["B"] for r in rs], ratio, marker="o", label=f"V={vocab} {dtype}")
         ax.axhline(1.5, color="grey", linestyle="--", linewidth=1)
-        ax.set_xscale("log", base=2)
         ax.set_title(f"Zipf rows, {setting}")
-        ax.set_xlabel("batch rows")
-    axes[0].set_ylabel("steady time / steady one-pass floor")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save_settings_figure(fig, axes, "steady time / steady one-pass floor", path)
 
 
 def plot(rows, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     # Zipf rows when the run has them, else a real model's (--real)
     zipf = [r for r in rows if r["logits"].startswith("zipf")] or [
         r for r in rows if not r["logits"].startswith("flat")
@@ -973,7 +978,7 @@ def plot(rows, path) -> None:
     shapes = [(r["V"], r["dtype"]) for r in zipf]
     vocab, dtype = (151936, "float32") if (151936, "float32") in shapes else shapes[0]
     sel = [r for r in zipf if r["V"] == vocab and r["dtype"] == dtype]
-    fig, axes = plt.subplots(1, len(SETTINGS), figsize=(15, 4), sharey=True)
+    fig, axes = _settings_figure()
     for ax, setting in zip(axes, SETTINGS, strict=True):
         rs = sorted((r for r in sel if r["setting"] == setting), key=lambda r: r["B"])
         bs = [r["B"] for r in rs]
@@ -987,14 +992,9 @@ def plot(rows, path) -> None:
             ("topk_us", "(c) topk(1024)"),
         ]:
             ax.plot(bs, [r.get(key, float("nan")) for r in rs], marker="o", label=label)
-        ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"{zipf[0]['logits']} V={vocab} {dtype} {setting}")
-        ax.set_xlabel("batch rows")
-    axes[0].set_ylabel("median time (us)")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save_settings_figure(fig, axes, "median time (us)", path)
 
 
 if __name__ == "__main__":
