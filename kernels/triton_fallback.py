@@ -328,9 +328,10 @@ def _thresholds(lo, hi, top, reads, ends, cut, G: tl.constexpr):
     On SmolLM2's rows at top-p 0.95 whose support is past the tiers (bench/row_paths.py)
     the search takes 2 reads (3 on one row of 16) with these, against 3-4 with quarters in
     z after a first read at 48, 32 and 16 nats (session 28's rule). The models fit a tail,
-    not a row's bulk: on flat rows (N(0, 1) logits at T = 2) a bracket of 150000 tokens
-    aimed at estimates that each fell on the same side of the cut and took 7 reads at top-p
-    0.95 and 10-11 at 0.5, where quarters in z first take 4.5 and 5 (bench/search_reads.py).
+    not a row's bulk: on flat rows (N(0, 1) logits at T = 2, V = 151936) reads aimed at a
+    bracket of 150000 tokens missed on the same side of the cut one after another, 7 reads
+    a row at top-p 0.95 and 9.5 at 0.5, where quarters in z there take 4.75 at each (means
+    of 4 rows, bench/search_reads.py).
     A cut inside a long tie at exactly 0.0 pays the Z_READS reads in z for nothing (quarters
     in z halve their way toward 0 through every magnitude below their width), hence the
     cap. Any three thresholds keep the search exact: each is counted, not assumed."""
