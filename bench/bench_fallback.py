@@ -24,6 +24,7 @@ import argparse
 import json
 import pathlib
 import sys
+from collections.abc import Iterator
 
 import torch
 
@@ -88,25 +89,23 @@ def make_inputs(case: str, batch: int) -> dict:
 
 def run(
     batches: list[int], rep_ms: int, cases: list[str], fb_blocks: list[int], variant: str = ""
-) -> list[dict]:
+) -> Iterator[dict]:
+    """Each case's row as soon as it is timed (main saves the file after each)."""
     from kernels import triton_path
 
-    rows = []
     for fb_block in fb_blocks:
         triton_path.FB_BLOCK = fb_block  # read at every launch: one compile per size
-        rows += run_cases(batches, rep_ms, cases, fb_block, variant)
-    return rows
+        yield from run_cases(batches, rep_ms, cases, fb_block, variant)
 
 
 def run_cases(
     batches: list[int], rep_ms: int, cases: list[str], fb_block: int, variant: str = ""
-) -> list[dict]:
+) -> Iterator[dict]:
     from bench.bench_kernels import bench, replay_time, variant_config
     from bench.kernel_baselines import sort_path
     from kernels.inputs import check_inputs
     from kernels.triton_path import mask_index, sample_triton
 
-    rows = []
     for case in cases:
         for batch in batches:
             b = make_inputs(case, batch)
@@ -132,14 +131,13 @@ def run_cases(
                 "support_median": int(res.support_sizes.median()),
                 "status": sorted({int(s) for s in res.mask_status.tolist()}),
             }
-            rows.append(row)
             print(
                 f"{case:>20} B={batch:<4} FB_BLOCK={fb_block:<5} {row['us']:>10.1f} us  sort {row['sort_us']:>9.1f} us"
                 f"  fallback {row['fallback']:.0%}  |S| {row['support_median']}"
                 f"  status {row['status']}",
                 flush=True,
             )
-    return rows
+            yield row
 
 
 def run_cpu(repeats: int = 5) -> list[dict]:
@@ -258,7 +256,6 @@ def main() -> None:
         cases = [c for c in cases if CASES[c][0] != "real"]
     fb_blocks = [int(v) for v in args.fb_blocks.split(",") if v] or [triton_path.FB_BLOCK]
     batches = [int(b) for b in args.batches.split(",")]
-    rows = run(batches, args.rep_ms, cases, fb_blocks, args.variant)
     name = f"fallback_bench_{args.label}.json" if args.label else "fallback_bench.json"
     doc = {
         "label": args.label or "run",
@@ -266,9 +263,11 @@ def main() -> None:
         "torch": torch.__version__,
         "vocab": VOCAB,
         "cap": CAP,
-        "rows": rows,
+        "rows": [],
     }
-    (out / name).write_text(json.dumps(doc, indent=1))
+    for row in run(batches, args.rep_ms, cases, fb_blocks, args.variant):
+        doc["rows"].append(row)  # saved after every case: a run cut short keeps what it timed
+        (out / name).write_text(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

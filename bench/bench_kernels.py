@@ -928,14 +928,19 @@ def save(rows, out: pathlib.Path) -> None:
         w.writerows(rows)
 
 
-def _settings_figure():
-    """One panel per setting, sharing the y axis."""
+def _settings_figure(rows):
+    """One panel per setting the rows have (a run of one setting draws one), sharing the y
+    axis; returns the figure, its axes and their settings."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(1, len(SETTINGS), figsize=(15, 4), sharey=True)
+    settings = [s for s in SETTINGS if any(r["setting"] == s for r in rows)]
+    fig, axes = plt.subplots(
+        1, len(settings), figsize=(5 * len(settings), 4), sharey=True, squeeze=False
+    )
+    return fig, list(axes[0]), settings
 
 
 def _save_settings_figure(fig, axes, ylabel: str, path) -> None:
@@ -953,8 +958,8 @@ def plot_grid(rows, path) -> None:
     setting, one line per (V, dtype), Zipf rows."""
     zipf = [r for r in rows if r["logits"].startswith("zipf")]
     shapes = sorted({(r["V"], r["dtype"]) for r in zipf})
-    fig, axes = _settings_figure()
-    for ax, setting in zip(axes, SETTINGS, strict=True):
+    fig, axes, settings = _settings_figure(zipf)
+    for ax, setting in zip(axes, settings, strict=True):
         for vocab, dtype in shapes:
             rs = sorted(
                 (r for r in zipf if (r["V"], r["dtype"], r["setting"]) == (vocab, dtype, setting)),
@@ -978,8 +983,8 @@ def plot(rows, path) -> None:
     shapes = [(r["V"], r["dtype"]) for r in zipf]
     vocab, dtype = (151936, "float32") if (151936, "float32") in shapes else shapes[0]
     sel = [r for r in zipf if r["V"] == vocab and r["dtype"] == dtype]
-    fig, axes = _settings_figure()
-    for ax, setting in zip(axes, SETTINGS, strict=True):
+    fig, axes, settings = _settings_figure(sel)
+    for ax, setting in zip(axes, settings, strict=True):
         rs = sorted((r for r in sel if r["setting"] == setting), key=lambda r: r["B"])
         bs = [r["B"] for r in rs]
         for key, label in [
