@@ -183,6 +183,21 @@ def _by_case(doc: dict) -> dict:
     return {(r["case"], r["batch"]): r for r in doc["rows"]}
 
 
+def bar_panel(ax, labels: list[str], series: list[tuple], ylabel: str, title: str) -> None:
+    """Grouped bars on a log scale, one group a label: series are (name, values, yerr or
+    None), side by side in each group."""
+    xs = range(len(labels))
+    w = 0.8 / len(series)
+    for i, (name, values, yerr) in enumerate(series):
+        at = [x + (i - (len(series) - 1) / 2) * w for x in xs]
+        ax.bar(at, values, w, yerr=yerr, label=name)
+    ax.set_xticks(list(xs), labels, fontsize=7, rotation=30)
+    ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+
+
 def plot(docs: list[dict], path: pathlib.Path, title: str) -> None:
     """One bar a run for each case of the last run, then the last run's sort path."""
     import matplotlib
@@ -192,21 +207,14 @@ def plot(docs: list[dict], path: pathlib.Path, title: str) -> None:
 
     last = _by_case(docs[-1])
     keys = list(last)
-    fig, ax = plt.subplots(figsize=(12, 4.5))
-    xs = range(len(keys))
-    w = 0.8 / (len(docs) + 1)
-    for i, doc in enumerate(docs):
+    series = []
+    for doc in docs:
         rows = _by_case(doc)
-        us = [rows[k]["us"] if k in rows else 0 for k in keys]
-        ax.bar([x + (i - len(docs) / 2) * w for x in xs], us, w, label=doc["label"])
-    sort_us = [last[k]["sort_us"] for k in keys]
-    ax.bar([x + len(docs) / 2 * w for x in xs], sort_us, w, label="sort path")
+        series.append((doc["label"], [rows[k]["us"] if k in rows else 0 for k in keys], None))
+    series.append(("sort path", [last[k]["sort_us"] for k in keys], None))
     labels = [f"{c}\nB={b} V={last[(c, b)]['vocab']}" for c, b in keys]
-    ax.set_xticks(list(xs), labels, fontsize=7, rotation=30)
-    ax.set_yscale("log")
-    ax.set_ylabel("us per sample (graph replay, median)")
-    ax.set_title(f"{title}, H200")
-    ax.legend()
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    bar_panel(ax, labels, series, "us per sample (graph replay, median)", f"{title}, H200")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

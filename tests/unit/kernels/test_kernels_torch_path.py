@@ -241,3 +241,45 @@ def test_untruncated_rows_without_a_mask_draw_as_the_tiers_do() -> None:
     lse = torch.logsumexp(z.double(), dim=1)
     want = z.double().gather(1, plain.tokens[:, None]).squeeze(1) - lse
     assert torch.allclose(plain.logprobs.double(), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows_a_block", [1, 3])
+def test_row_blocks_do_not_change_results(rows_a_block: int, monkeypatch) -> None:
+    """The pass over whole rows goes a block of rows at a time (torch_path.ROW_BLOCK): blocks
+    of one or three rows give bit for bit what one block for the whole batch gives, on the
+    grid's mixed batch with greedy, plain, bad (NaN, +inf, all -inf) and fallback rows."""
+    from kernels import torch_path
+
+    vocab = 1000
+    batch = grid_batch(vocab, seed=11)
+    x = batch["logits"]
+    x[5, 17] = float("nan")
+    x[40] = float("-inf")
+    x[41, 3] = float("inf")
+    plain = slice(60, 63)  # temperatures 1, 0.7, 2: nothing truncates, no mask
+    batch["top_k"][plain] = -1
+    batch["top_p"][plain] = 1.0
+    batch["min_p"][plain] = 0.0
+    batch["want_mask"][plain] = False
+    monkeypatch.setattr(torch_path, "ROW_BLOCK", 1 << 30)
+    whole = run(batch, 64)
+    monkeypatch.setattr(torch_path, "ROW_BLOCK", rows_a_block * vocab)
+    blocks = run(batch, 64)
+    for name in (
+        "tokens",
+        "support_sizes",
+        "nan_rows",
+        "fallback_rows",
+        "mask_rows",
+        "mask_offsets",
+        "mask_ids",
+        "mask_status",
+    ):
+        assert torch.equal(getattr(blocks, name), getattr(whole, name)), name
+    assert torch.equal(blocks.logprobs.isnan(), whole.logprobs.isnan())
+    ok = ~whole.logprobs.isnan()
+    assert torch.equal(blocks.logprobs[ok], whole.logprobs[ok])
+    assert whole.nan_rows.tolist().count(True) == 3 and whole.nan_rows[[5, 40, 41]].all()
+    assert whole.fallback_rows.any() and (batch["temperature"] == 0).any()
+    report = check_result(whole, oracle(batch), batch["want_mask"], batch["bounded"], 64)
+    assert report.ok, report.errors
