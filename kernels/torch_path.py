@@ -4,7 +4,9 @@ Shape of the work: one float top-k per row finds the value t of its 512th larges
 with z > t is then in the top-k output, and sorting just those by packed (z, id) order keys
 gives an exact prefix of the design order. resolve_support decides |S| from that prefix; only
 the rows it cannot decide (flat rows, long top-p tails) pay for a longer prefix and, last, a
-full sort of their keys. Greedy rows are one argmax (first maximal index = lowest id).
+full sort of their keys. Greedy rows are one argmax (first maximal index = lowest id). The
+pass over whole rows (scale, max, normaliser, argmax, the first top-k) goes a block of rows at
+a time (ROW_BLOCK); the rest works on the prefixes.
 """
 
 from __future__ import annotations
