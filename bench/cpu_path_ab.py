@@ -75,6 +75,17 @@ def child(tree: str, real: str) -> None:
     print(json.dumps(out))
 
 
+def describe_tree(tree: str) -> str:
+    """The tree's commit, and whether its kernels/ differ from it (the results file records
+    this, not the machine's path)."""
+    git = ["git", "-C", tree]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return "not a git checkout"
+    diff = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "kernels"], check=False)
+    return head.stdout.strip() + (" with kernels/ changed" if diff.returncode else "")
+
+
 def run(trees: dict[str, str], threads: list[int], rounds: int, real: str) -> dict:
     runs: dict[str, list[dict]] = {}
     for r in range(rounds):
@@ -158,7 +169,12 @@ def main() -> None:
         )
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"trees": trees, "rounds": args.rounds, "repeats": REPEATS, "rows": rows}
+    doc = {
+        "trees": {label: describe_tree(tree) for label, tree in trees.items()},
+        "rounds": args.rounds,
+        "repeats": REPEATS,
+        "rows": rows,
+    }
     (out / "cpu_path_ab.json").write_text(json.dumps(doc, indent=1))
     plot(rows, list(trees), threads, out / "cpu_path_ab.png")
 
