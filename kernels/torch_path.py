@@ -165,16 +165,14 @@ def sample_torch(inp: SampleInputs) -> SampleResult:
         z_sum[s:e] = exp64(z - z_max[s:e, None]).sum(dim=1)  # design 3.5 without k
         g = greedy[s:e] & ~bad
         if bool(g.any()):  # design 3.1: argmax, lowest id among ties (torch's first max)
-            rows = g.nonzero().squeeze(1)
-            token[s + rows] = z[rows].argmax(dim=1)
-            padded[s + rows, 0] = token[s + rows]
+            r = g.nonzero().squeeze(1)  # in the block; s + r in the batch
+            token[s + r] = z[r].argmax(dim=1)
+            padded[s + r, 0] = token[s + r]
         w = whole[s:e] & ~bad
         if bool(w.any()):
             r = w.nonzero().squeeze(1)
-            rows = s + r
-            n[rows], token[rows], logprob[rows] = draw_whole(
-                z[r], z_max[rows], z_sum[rows], k0[rows], k1[rows]
-            )
+            b = s + r
+            n[b], token[b], logprob[b] = draw_whole(z[r], z_max[b], z_sum[b], k0[b], k1[b])
         rest = ~greedy[s:e] & ~bad & ~whole[s:e]
         if bool(rest.any()):
             listed.append(listed_prefix(z if bool(rest.all()) else z[rest], tiers[0]))
