@@ -1,0 +1,77 @@
+"""kernels.interpreter: the pairwise reduction gives what the interpreter's element loop gives.
+
+Every interpreted check runs with it (tests/unit/conftest.py), so this holds it to the loop it
+replaces: our tuple reductions on blocks of each shape along each axis (keep_dims too), a
+combine function that is associative but not commutative (the order of operands must survive),
+and float sums to rounding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+CODE = """
+import json
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+import kernels.interpreter
+from kernels.triton_common import add3_max3_add3, argmax_key_add
+
+@triton.jit
+def first_nonzero(a, b):  # associative, not commutative: the leftmost non-zero value
+    return tl.where(a != 0, a, b)
+
+@triton.jit
+def kernel(x_ptr, p_ptr, f_ptr, o_ptr, N: tl.constexpr, M: tl.constexpr):
+    r = tl.arange(0, N)[:, None]
+    c = tl.arange(0, M)[None, :]
+    x = tl.load(x_ptr + r * M + c)
+    p = tl.load(p_ptr + r * M + c)
+    f = tl.load(f_ptr + r * M + c)
+    a = tl.reduce((x, x * 2, x * 3, x, -x, x * 0.5, x, f, x), 1, add3_max3_add3)
+    b = tl.reduce((x, p, p * 7, f), 0, argmax_key_add)
+    k = tl.reduce(p, 1, first_nonzero)
+    n = tl.reduce(p, 0, first_nonzero, keep_dims=True)
+    o = o_ptr
+    for v in tl.static_range(9):
+        tl.store(o + tl.arange(0, N), a[v].to(tl.float32))
+        o += N
+    for v in tl.static_range(4):
+        tl.store(o + tl.arange(0, M), b[v].to(tl.float32))
+        o += M
+    tl.store(o + tl.arange(0, N), k.to(tl.float32))
+    tl.store(o + N + tl.arange(0, M)[None, :], n.to(tl.float32))
+
+def launch_all():
+    g = torch.Generator().manual_seed(0)
+    exact, sums = {}, {}
+    for n, m in [(4, 8), (8, 2), (1, 16), (16, 1), (2, 64)]:
+        x = torch.randint(-3, 4, (n, m), generator=g).float()  # ties, and sums exact in float
+        p = torch.randint(0, 3, (n, m), generator=g).int()  # zeros for first_nonzero
+        f = torch.rand(n, m, generator=g)  # sums that round
+        o = torch.zeros(10 * n + 5 * m)
+        kernel[(1,)](x, p, f, o, N=n, M=m)
+        o = o.tolist()
+        key = f"{n}x{m}"
+        sums[key] = o[7 * n : 8 * n] + o[9 * n + 3 * m : 9 * n + 4 * m]
+        exact[key] = o[: 7 * n] + o[8 * n : 9 * n + 3 * m] + o[9 * n + 4 * m :]
+    return exact, sums
+
+before = launch_all()
+installed = kernels.interpreter.install()
+again = kernels.interpreter.install()  # a second call changes nothing
+after = launch_all()
+sums_close = all(np.allclose(before[1][k], after[1][k], rtol=1e-6, atol=0) for k in before[1])
+print(json.dumps({"installed": installed, "again": again, "exact": [before[0], after[0]],
+                  "sums_close": sums_close}))
+"""
+
+
+def test_pairwise_reduction_matches_the_interpreter_loop(interpreted: Any) -> None:
+    # The fixture installs the patch before CODE runs; CODE takes its "before" from the loop.
+    out = interpreted("kernels.interpreter.uninstall()\n" + CODE)
+    assert out["installed"] and out["again"]
+    loop, pairwise = out["exact"]
+    assert loop == pairwise
+    assert out["sums_close"]
