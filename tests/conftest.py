@@ -1,11 +1,34 @@
-"""Fixtures shared by the unit and the GPU tests."""
+"""Fixtures shared by the unit and the GPU tests, and the suite's order for pytest-xdist."""
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+TESTS = pathlib.Path(__file__).resolve().parent
+# Directories whose session fixtures start real processes (worker and gateway processes, a
+# Prometheus server): their tests share one xdist worker (--dist loadgroup) so each fixture
+# starts once.
+SHARED_SESSION = ("e2e", "integration/deploy")
+# Fixtures of the long tests (a Triton interpreter process, an sm_90 compile): those tests are
+# queued first so the xdist workers end together instead of one running them alone at the end.
+LONG = frozenset({"interpreted", "sm90_compile"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not item.path.is_relative_to(TESTS):
+            continue
+        rel = item.path.relative_to(TESTS).as_posix()
+        group = next((d for d in SHARED_SESSION if rel.startswith(d + "/")), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    # sort is stable: each part keeps its collection order.
+    items.sort(key=lambda item: LONG.isdisjoint(getattr(item, "fixturenames", ())))
+
 
 PlainSample = Callable[..., list[Any]]
 
