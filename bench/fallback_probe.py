@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -31,6 +32,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: import from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import kernels.interpreter
 from kernels.inputs import check_inputs
 from kernels.triton_path import (
     RESCUE_ROUNDS,
@@ -40,6 +42,9 @@ from kernels.triton_path import (
     launch_band,
     sample_triton,
 )
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    kernels.interpreter.install()  # tuple reductions on whole blocks, not element by element
 
 
 def rescue_round(

@@ -90,4 +90,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    import kernels.interpreter
+
+    kernels.interpreter.install()  # tuple reductions on whole blocks, not element by element
     main()

@@ -132,6 +132,9 @@ def main() -> None:
         ap.error("--real is required (bench/real_rows.py writes the file)")
     # before anything imports triton (the kernels are imported in the functions above)
     os.environ["TRITON_INTERPRET"] = "1"
+    import kernels.interpreter
+
+    kernels.interpreter.install()  # tuple reductions as a tree over blocks, as on the GPU
     results = run(args.real, args.rows)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: import from the repository root
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+import kernels.interpreter
 import kernels.triton_fallback as fallback
 import kernels.triton_resolve as resolve
 from bench.real_rows import DEFAULT_PATH, support_sizes
@@ -40,6 +41,8 @@ from kernels.conformance import check_result
 from kernels.inputs import check_inputs
 from kernels.reference import reference
 from kernels.triton_path import band_config, sample_triton
+
+kernels.interpreter.install()  # tuple reductions on whole blocks, not element by element
 
 CALLS: dict[str, int] = {}
 # resolve_row runs as Python under the interpreter, so the module names it calls can be wrapped

@@ -33,6 +33,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: import from the repository root
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+import kernels.interpreter
 import kernels.triton_fallback as fallback
 from bench.real_rows import rows as real_rows
 from bench.real_rows import support_sizes
@@ -40,6 +41,8 @@ from kernels.conformance import check_result
 from kernels.inputs import check_inputs
 from kernels.reference import reference
 from kernels.triton_path import band_config, sample_triton
+
+kernels.interpreter.install()  # tuple reductions on whole blocks, not element by element
 
 READS: list[tuple[str, int]] = []  # ("count", 0) per counting read, ("list", n) per listing
 

@@ -23,8 +23,9 @@ import numpy as np
 
 
 def install() -> bool:
-    """Patches the interpreter's generic reduction; True when installed. A Triton without the
-    interpreter class this patches (or one laid out differently) keeps its own loop."""
+    """Patches the interpreter's generic reduction (and its per-call patching, below); True
+    when installed. A Triton without the interpreter parts this patches (or one laid out
+    differently) keeps its own code."""
     try:
         from triton.runtime import interpreter
     except ImportError:
@@ -36,16 +37,40 @@ def install() -> bool:
     if ops.generic_reduce is not _pairwise_reduce:
         _pairwise_reduce.loop = ops.generic_reduce  # type: ignore[attr-defined]
         ops.generic_reduce = _pairwise_reduce
+    full = getattr(interpreter, "_patch_lang", None)
+    if callable(full) and hasattr(interpreter, "_LangPatchScope") and full is not _patch_lang_once:
+        _patch_lang_once.full = full  # type: ignore[attr-defined]
+        interpreter._patch_lang = _patch_lang_once
     return True
 
 
 def uninstall() -> None:
-    """Puts the interpreter's element loop back (tests compare the two)."""
+    """Puts the interpreter's own code back (tests compare the two)."""
     from triton.runtime import interpreter
 
     loop = getattr(_pairwise_reduce, "loop", None)
     if loop is not None and interpreter.ReduceOps.generic_reduce is _pairwise_reduce:
         interpreter.ReduceOps.generic_reduce = loop
+    full = getattr(_patch_lang_once, "full", None)
+    if full is not None and interpreter._patch_lang is _patch_lang_once:
+        interpreter._patch_lang = full
+
+
+def _patch_lang_once(fn: Any) -> Any:
+    """The interpreter patches triton.language's builtins at a kernel's start and undoes it at
+    its end, but it patches them again at every call of a @triton.jit helper inside the kernel:
+    a scan of the modules' members each time, about a quarter of an interpreted launch. This
+    skips that second patching when every language module the helper sees is still patched
+    (its `load` is no longer the builtin), and patches in full otherwise."""
+    import inspect
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    langs = [v for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)]
+    if langs and not any(tl.core.is_builtin(getattr(lang, "load", None)) for lang in langs):
+        return interpreter._LangPatchScope()
+    return _patch_lang_once.full(fn)  # type: ignore[attr-defined]
 
 
 def _pairwise_reduce(self: Any, inputs: tuple) -> list:
