@@ -1,4 +1,4 @@
-"""Faster reductions for kernels run by Triton's interpreter (TRITON_INTERPRET=1, on the CPU).
+"""Faster runs of kernels under Triton's interpreter (TRITON_INTERPRET=1, on the CPU).
 
 The interpreter reduces with numpy when the combine function is one of Triton's own (sum, max,
 argmax), but any other combine function, such as our tuple reductions in triton_common.py, it
@@ -10,9 +10,11 @@ a reduction of n elements costs about log2(n) vectorised calls instead of n scal
 Pairs are adjacent (2i, 2i + 1), so each partial result covers a contiguous run and operands
 keep their order: the result is exact for any associative combine function, commutative or not,
 like the interpreter's left fold. Block sizes are powers of two in Triton; any other length
-keeps the loop. Float sums are grouped as a tree instead of a fold, as a GPU
-groups them. Used by the tests and the benchmark scripts that interpret kernels; the Triton
-path on CUDA never imports this module.
+keeps the loop. Float sums are grouped as a tree instead of a fold, as a GPU groups them.
+
+It also patches triton.language once a launch instead of at every helper call
+(`_patch_lang_once`). Used by the tests and the benchmark scripts that interpret kernels; the
+Triton path on CUDA never imports this module.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ def interpreted() -> Interpreted:
     object the code prints last.
 
     The variable must be set before triton is imported, so each check runs in a fresh Python
-    process (Triton kernels then run on the CPU, in numpy). The process reduces with
-    kernels.interpreter's pairwise tree instead of the interpreter's element loop."""
+    process (Triton kernels then run on the CPU, in numpy). The process runs with
+    kernels.interpreter installed: reductions as a pairwise tree over blocks instead of the
+    interpreter's element loop, and triton.language patched once a launch."""
 
     def run(code: str) -> dict:
         env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
