@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import itertools
 import json
 import pathlib
 import statistics
 import sys
-import time
 
 import torch
 import triton
@@ -33,6 +33,7 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import kernels
+from bench.cpu_timing import median_times, sample_args
 from bench.kernel_baselines import floor_pass, sort_path, topk_path
 from kernels.inputs import check_inputs
 from kernels.triton_path import NBISECT, band_config, launch_band, mask_index, sample_triton
@@ -858,22 +859,10 @@ def cpu_bench(out: pathlib.Path, repeats: int = 7, real: str | None = None) -> N
     for vocab, batch, setting in itertools.product(vocabs, [1, 8, 16, 64], SETTINGS):
         g = torch.Generator().manual_seed(batch)
         logits = shuffled[:batch] if real else peaked_logits(batch, vocab, ALPHA, g)
-        k, p, mp = SETTINGS[setting]
-        args = (
-            logits,
-            torch.ones(batch),
-            torch.full((batch,), k, dtype=torch.int32),
-            torch.full((batch,), p),
-            torch.full((batch,), mp),
-            torch.ones(batch, dtype=torch.bool),
-        )
+        args = sample_args(logits, *SETTINGS[setting])
         res = kernels.sample(*args, max_mask_tokens=CAP)
-        wall, cpu = [], []
-        for _ in range(repeats):
-            w0, c0 = time.perf_counter(), time.process_time()
-            kernels.sample(*args, max_mask_tokens=CAP)
-            wall.append(time.perf_counter() - w0)
-            cpu.append(time.process_time() - c0)
+        call = functools.partial(kernels.sample, *args, max_mask_tokens=CAP)
+        wall_ms, cpu_ms = median_times(call, repeats)
         row = {
             "B": batch,
             "V": vocab,
@@ -882,8 +871,8 @@ def cpu_bench(out: pathlib.Path, repeats: int = 7, real: str | None = None) -> N
             "threads": torch.get_num_threads(),
             "support_mean": float(res.support_sizes.float().mean()),
             "fallback_rate": float(res.fallback_rows.float().mean()),
-            "wall_ms": statistics.median(wall) * 1e3,
-            "cpu_ms": statistics.median(cpu) * 1e3,
+            "wall_ms": wall_ms,
+            "cpu_ms": cpu_ms,
         }
         rows.append(row)
         print(

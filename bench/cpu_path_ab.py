@@ -15,16 +15,19 @@ Saves cpu_path_ab.json and cpu_path_ab.png under --out.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
 import statistics
 import subprocess
 import sys
-import time
 
 if __package__ in (None, ""):  # run as a script: import from the repository root
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+# Imported before a child puts its tree first on sys.path: the timing code is this tree's.
+from bench.cpu_timing import median_times, sample_args
 
 BATCHES = (1, 8, 16, 64)
 # name: (top_k, top_p, min_p, want_mask)
@@ -50,28 +53,14 @@ def child(tree: str, real: str) -> None:
     for batch in BATCHES:
         x = rows[:batch].contiguous()
         for name, (k, p, mp, want) in SETTINGS.items():
-            args = (
-                x,
-                torch.ones(batch),
-                torch.full((batch,), k, dtype=torch.int32),
-                torch.full((batch,), p),
-                torch.full((batch,), mp),
-                torch.full((batch,), want, dtype=torch.bool),
-            )
+            args = sample_args(x, k, p, mp, want)
             kw = {
                 "max_mask_tokens": 4096,
                 "seed": torch.arange(batch),
                 "step": torch.zeros(batch, dtype=torch.int64),
             }
-            for _ in range(2):
-                kernels.sample(*args, **kw)
-            wall, cpu = [], []
-            for _ in range(REPEATS):
-                w0, c0 = time.perf_counter(), time.process_time()
-                kernels.sample(*args, **kw)
-                wall.append(time.perf_counter() - w0)
-                cpu.append(time.process_time() - c0)
-            out[f"{batch}/{name}"] = [statistics.median(wall) * 1e3, statistics.median(cpu) * 1e3]
+            call = functools.partial(kernels.sample, *args, **kw)
+            out[f"{batch}/{name}"] = list(median_times(call, REPEATS, warmup=2))
     print(json.dumps(out))
 
 
