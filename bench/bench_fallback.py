@@ -21,6 +21,7 @@ and 151936, one torch thread, median of 5 calls, ms) into fallback_bench_cpu[_LA
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import sys
@@ -143,10 +144,8 @@ def run_cases(
 def run_cpu(repeats: int = 5) -> list[dict]:
     """kernels.sample on the CPU, rows nothing truncates and no mask (the general pool's
     plain sampling on a CPU worker): median ms of `repeats` calls."""
-    import statistics
-    import time
-
     import kernels
+    from bench.cpu_timing import median_times, sample_args
 
     torch.set_num_threads(1)
     rows = []
@@ -154,26 +153,15 @@ def run_cpu(repeats: int = 5) -> list[dict]:
         for batch in (1, 8, 32):
             g = torch.Generator().manual_seed(0)
             x = 3 * torch.randn(batch, vocab, generator=g)
-            args = (
-                x,
-                torch.ones(batch),
-                torch.full((batch,), -1, dtype=torch.int32),
-                torch.ones(batch),
-                torch.zeros(batch),
-                torch.zeros(batch, dtype=torch.bool),
-            )
+            args = sample_args(x, -1, 1.0, 0.0, want_mask=False)
             kw = {
                 "max_mask_tokens": CAP,
                 "seed": torch.arange(batch),
                 "step": torch.zeros(batch, dtype=torch.int64),
             }
-            kernels.sample(*args, **kw)
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                kernels.sample(*args, **kw)
-                times.append((time.perf_counter() - t0) * 1e3)
-            row = {"vocab": vocab, "batch": batch, "ms": round(statistics.median(times), 2)}
+            call = functools.partial(kernels.sample, *args, **kw)
+            wall_ms, _ = median_times(call, repeats, warmup=1)
+            row = {"vocab": vocab, "batch": batch, "ms": round(wall_ms, 2)}
             rows.append(row)
             print(f"V={vocab:<7} B={batch:<3} {row['ms']:>9.2f} ms", flush=True)
     return rows
