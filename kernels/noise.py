@@ -9,7 +9,13 @@ same bits on any device, including the Triton interpreter.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
+
+# mix32 and row_keys use only operators that mean the same on torch int64 tensors and on
+# Python ints (which never overflow), so one definition serves both.
+Word = TypeVar("Word", torch.Tensor, int)
 
 MASK32 = 0xFFFFFFFF
 # Multipliers below 2**31 keep (x < 2**32) * c below 2**63: no signed overflow anywhere.
@@ -22,7 +28,7 @@ U_SHIFT = 9
 U_SCALE = 2.0**-23
 
 
-def mix32(x: torch.Tensor) -> torch.Tensor:
+def mix32(x: Word) -> Word:
     """A bijective 32-bit integer finaliser. x: int64 in [0, 2**32); returns the same."""
     x = x ^ (x >> 16)
     x = (x * MUL_A) & MASK32
@@ -31,8 +37,9 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def row_keys(seed: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """seed, step: [B] int64 -> two [B] int64 key words in [0, 2**32)."""
+def row_keys(seed: Word, step: Word) -> tuple[Word, Word]:
+    """seed, step: [B] int64 -> two [B] int64 key words in [0, 2**32); on Python ints (any
+    value in the int64 range), the same two words as ints."""
     s_lo, s_hi = seed & MASK32, (seed >> 32) & MASK32
     t_lo, t_hi = step & MASK32, (step >> 32) & MASK32
     k0 = mix32(s_lo ^ mix32(t_lo ^ STEP_SALT))

@@ -17,8 +17,14 @@ def exp64(d: torch.Tensor) -> torch.Tensor:
     return torch.exp(d.double())
 
 
+def prefix_mass(zs: torch.Tensor, z_max: torch.Tensor) -> torch.Tensor:
+    """exp(z - z_max) [B, L] float64 of a listed prefix (zs [B, L], -inf past it: mass 0)."""
+    return exp64(zs - z_max[:, None])
+
+
 def resolve_support(
     zs: torch.Tensor,
+    mass: torch.Tensor,
     complete: torch.Tensor,
     z_beyond: torch.Tensor,
     z_max: torch.Tensor,
@@ -31,6 +37,7 @@ def resolve_support(
 
     zs:        [B, L] float32, z of the first L tokens in design order; -inf marks the end
                (entries after the first -inf are ignored).
+    mass:      [B, L] float64, prefix_mass(zs, z_max).
     complete:  [B] bool, True when no finite token lies beyond the listed ones.
     z_beyond:  [B] float32, an upper bound on z of every unlisted token.
     z_max:     [B] float32, the row maximum of z.
@@ -55,7 +62,7 @@ def resolve_support(
 
     # Masses relative to the row max, zero past the listed prefix; accumulated in float64 so
     # long top-p prefixes stay far from the float32 rounding the oracle calls ambiguous.
-    mass = torch.where(listed, exp64(zs - z_max[:, None]), 0.0)
+    mass = torch.where(listed, mass, 0.0)
     in_k = pos[None, :] < torch.minimum(cut_k, n_listed)[:, None]
     z_norm = torch.where(k_on, (mass * in_k).sum(dim=1), z_sum.double())
 
@@ -71,17 +78,17 @@ def resolve_support(
     # A top-p cut needs the top-k normaliser: unknown when the k-th token is unlisted.
     p_blind = p_on & k_on & ~k_known
 
-    # min-p (design 3.6) in float64, so the test does not hinge on float32 exp rounding.
-    m_on = min_p > 0
-    min_p64 = min_p.double()[:, None]
-    rel = torch.exp(zs.double() - z_max.double()[:, None])
-    cut_m = (listed & (rel >= min_p64)).sum(dim=1)
-    beyond_passes = torch.exp(z_beyond.double() - z_max.double()) >= min_p.double()
-    m_known = complete | (cut_m < n_listed) | ~beyond_passes
-    cut_m = torch.where(m_known, cut_m, big)
-
     n = torch.minimum(cut_k, torch.where(p_on, cut_p, big))
-    n = torch.minimum(n, torch.where(m_on, cut_m, big))
+    m_on = min_p > 0
+    if bool(m_on.any()):
+        # min-p (design 3.6) in float64, so the test does not hinge on float32 exp rounding.
+        min_p64 = min_p.double()[:, None]
+        rel = torch.exp(zs.double() - z_max.double()[:, None])
+        cut_m = (listed & (rel >= min_p64)).sum(dim=1)
+        beyond_passes = torch.exp(z_beyond.double() - z_max.double()) >= min_p.double()
+        m_known = complete | (cut_m < n_listed) | ~beyond_passes
+        cut_m = torch.where(m_known, cut_m, big)
+        n = torch.minimum(n, torch.where(m_on, cut_m, big))
     n = torch.where(complete, torch.minimum(n, n_listed), n)
     need_more = (n > n_listed) | p_blind
     n = torch.clamp(n, min=1)  # at least one token is always kept (design 3.5)

@@ -80,13 +80,16 @@ def test_unseeded_draws_use_torch_generator() -> None:
 
 
 def test_seeded_draw_is_batch_invariant() -> None:
+    # More rows than HOST_KEY_ROWS: the batch hashes its noise keys as tensors, a row alone
+    # on Python ints, and both draw the same token.
+    B = 40
     g = torch.Generator().manual_seed(5)
-    logits = torch.randn(16, 3000, generator=g) * 2
-    ones = torch.ones(16)
-    k = torch.full((16,), -1, dtype=torch.int32)
-    seed = torch.arange(100, 116, dtype=torch.int64)
-    step = torch.full((16,), 9, dtype=torch.int64)
-    want = torch.ones(16, dtype=torch.bool)
+    logits = torch.randn(B, 3000, generator=g) * 2
+    ones = torch.ones(B)
+    k = torch.full((B,), -1, dtype=torch.int32)
+    seed = torch.arange(100, 100 + B, dtype=torch.int64)
+    step = torch.full((B,), 9, dtype=torch.int64)
+    want = torch.ones(B, dtype=torch.bool)
     full = kernels.sample(
         logits, ones, k, ones * 0.95, ones * 0.0, want, max_mask_tokens=4096, seed=seed, step=step
     )
@@ -94,7 +97,7 @@ def test_seeded_draw_is_batch_invariant() -> None:
         logits, ones, k, ones * 0.95, ones * 0.0, want, max_mask_tokens=4096, seed=seed, step=step
     )
     assert torch.equal(full.tokens, again.tokens)
-    perm = torch.randperm(16, generator=g)
+    perm = torch.randperm(B, generator=g)
     shuffled = kernels.sample(
         logits[perm],
         ones,
@@ -108,7 +111,7 @@ def test_seeded_draw_is_batch_invariant() -> None:
     )
     assert torch.equal(shuffled.tokens, full.tokens[perm])
     assert torch.equal(shuffled.logprobs, full.logprobs[perm])
-    for b in (0, 7, 15):
+    for b in (0, 7, B - 1):
         alone = kernels.sample(
             logits[b : b + 1],
             ones[:1],

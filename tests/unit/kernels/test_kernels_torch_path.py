@@ -283,3 +283,55 @@ def test_row_blocks_do_not_change_results(rows_a_block: int, monkeypatch) -> Non
     assert whole.fallback_rows.any() and (batch["temperature"] == 0).any()
     report = check_result(whole, oracle(batch), batch["want_mask"], batch["bounded"], 64)
     assert report.ok, report.errors
+
+
+def test_top_k_rows_take_a_shorter_first_prefix(monkeypatch) -> None:
+    """A batch whose rows all keep at most 50 tokens by top-k lists 64 tokens a row first
+    (torch_path._first_tier); ties at the cut (bf16 ties, flat rows) send rows on to the usual
+    tiers. Every output equals what the usual first prefix of 512 gives, fallback flags
+    included, and matches the oracle."""
+    from kernels import torch_path
+
+    batch = grid_batch(5000, seed=21)
+    rows = torch.isin(batch["top_k"], torch.tensor([1, 2, 50], dtype=torch.int32)).nonzero()
+    batch = {name: t[rows.squeeze(1)] for name, t in batch.items()}
+    assert torch_path._first_tier(batch["top_k"].to(torch.int64)) == 64
+    short = run(batch, 16)
+    monkeypatch.setattr(torch_path, "_first_tier", lambda top_k: None)
+    usual = run(batch, 16)
+    for name in ("tokens", "logprobs", "support_sizes", "fallback_rows", "mask_offsets"):
+        assert torch.equal(getattr(short, name), getattr(usual, name)), name
+    assert torch.equal(short.mask_ids, usual.mask_ids)
+    assert torch.equal(short.mask_status, usual.mask_status)
+    report = check_result(short, oracle(batch), batch["want_mask"], batch["bounded"], 16)
+    assert report.ok, report.errors
+
+
+def test_noise_keys_of_a_few_rows_hash_on_the_host_alike() -> None:
+    """Up to HOST_KEY_ROWS rows the noise keys are hashed on Python ints: the same words as
+    the tensor hash, for seeds and steps across the whole int64 range."""
+    from kernels.inputs import check_inputs
+    from kernels.noise import row_keys
+    from kernels.torch_path import HOST_KEY_ROWS, noise_keys
+
+    lo, hi = -(2**63), 2**63 - 1
+    seed = torch.tensor([lo, hi, -1, 0, 1, 2**32, -(2**32) - 7, 123456789012345], dtype=torch.int64)
+    step = torch.tensor([0, lo, hi, -1, 2**40 + 3, 5, 1 << 62, -(1 << 33)], dtype=torch.int64)
+    b = len(seed)
+    assert b <= HOST_KEY_ROWS
+    ones = torch.ones(b)
+    inp = check_inputs(
+        torch.zeros(b, 7),
+        ones,
+        torch.full((b,), -1, dtype=torch.int32),
+        ones,
+        ones * 0,
+        torch.ones(b, dtype=torch.bool),
+        max_mask_tokens=4,
+        seed=seed,
+        step=step,
+    )
+    host = noise_keys(inp)
+    tensor = row_keys(seed, step)
+    assert torch.equal(host[0], tensor[0]) and torch.equal(host[1], tensor[1])
+    assert host[0].dtype == torch.int64 and bool(((host[0] >= 0) & (host[0] < 2**32)).all())
