@@ -9,6 +9,7 @@ same bits on any device, including the Triton interpreter.
 
 from __future__ import annotations
 
+import math
 from typing import TypeVar
 
 import torch
@@ -26,6 +27,9 @@ ROW_SALT = 0x68E31DA4
 # u = ((h >> 9) + 0.5) * 2**-23: 23 random bits, exactly representable in float32, in (0, 1).
 U_SHIFT = 9
 U_SCALE = 2.0**-23
+# A bound on every g = -log(-log(u)) the noise can take (u at most 1 - 2**-24: about 16.64),
+# raised by 0.01 for float32's rounding of the two logs (about 1e-6 here).
+G_MAX = -math.log(-math.log1p(-(2.0**-24))) + 0.01
 
 
 def mix32(x: Word) -> Word:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from kernels.inputs import SampleInputs
-from kernels.noise import gumbel, row_keys
+from kernels.noise import G_MAX, gumbel, row_keys
 from kernels.order import GREEDY_T, key_ids, order_keys, pack_keys, scaled_logits
 from kernels.resolve import exp64, prefix_mass, resolve_support
 from kernels.result import STATUS_OK, STATUS_OVERFLOW, STATUS_TRUNCATED, SampleResult
@@ -123,15 +123,28 @@ def draw_whole(
     z: torch.Tensor, z_max: torch.Tensor, z_sum: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gumbel-max over every finite token of each row (S untruncated): (|S|, token, logprob).
-    Ties of the score go to the earlier token in design order, as on the Triton path."""
-    ids = torch.arange(z.shape[1], device=z.device).expand_as(z)
-    finite = z > NEG_INF
-    score = torch.where(finite, z + gumbel(k0[:, None], k1[:, None], ids), NEG_INF)
-    best = score.amax(dim=1, keepdim=True)
-    keys = torch.where(finite & (score == best), pack_keys(z, ids), EMPTY_KEY)
-    token = key_ids(keys.amax(dim=1))
+    Ties of the score go to the earlier token in design order, as on the Triton path.
+
+    Only tokens that can win get their noise: a token with RN(z + G_MAX) below the score of
+    the row's top token (its first, the argmax) scores less than that token, since float32
+    rounding is monotone, so it can neither win nor tie."""
+    n = torch.full_like(z_max, z.shape[1], dtype=torch.int64)  # |S|: the finite tokens
+    holes = z.amin(dim=1) == NEG_INF  # a fast pass; counting -inf tokens is ~5x one
+    if bool(holes.any()):
+        n[holes] -= torch.isneginf(z[holes]).sum(dim=1)
+    top = z.argmax(dim=1)
+    top_score = z_max + gumbel(k0[:, None], k1[:, None], top[:, None]).squeeze(1)
+    at = ((z + G_MAX) >= top_score[:, None]).nonzero()  # [N, 2]: row, id
+    rows, ids = at[:, 0].contiguous(), at[:, 1].contiguous()
+    # One flat index: torch's CPU indexing by two index tensors is several times slower.
+    zc = z.view(-1).index_select(0, rows * z.shape[1] + ids)
+    score = zc + gumbel(k0.index_select(0, rows), k1.index_select(0, rows), ids)
+    best = torch.full_like(z_max, NEG_INF).scatter_reduce(0, rows, score, "amax")
+    keys = torch.where(score == best.index_select(0, rows), pack_keys(zc, ids), EMPTY_KEY)
+    top = torch.full_like(n, EMPTY_KEY).scatter_reduce(0, rows, keys, "amax")
+    token = key_ids(top)
     z_tok = z.gather(1, token[:, None]).squeeze(1)
-    return finite.sum(dim=1), token, (z_tok.double() - (z_max.double() + torch.log(z_sum))).float()
+    return n, token, (z_tok.double() - (z_max.double() + torch.log(z_sum))).float()
 
 
 # The pass over whole rows (scale, max, normaliser, the first tier's top-k) goes a block of

@@ -335,3 +335,43 @@ def test_noise_keys_of_a_few_rows_hash_on_the_host_alike() -> None:
     tensor = row_keys(seed, step)
     assert torch.equal(host[0], tensor[0]) and torch.equal(host[1], tensor[1])
     assert host[0].dtype == torch.int64 and bool(((host[0] >= 0) & (host[0] < 2**32)).all())
+
+
+def test_plain_row_draw_keeps_every_token_that_can_win() -> None:
+    """Plain rows without a mask give noise only to tokens within G_MAX - G_MIN of the row's
+    top (draw_whole). A row built so that the token with the largest noise wins from about 11
+    nats below the top, by a hair, draws it, as the tiers (noise on every token of S) do."""
+    from kernels.noise import gumbel, row_keys
+
+    vocab, b = 50000, 4
+    seed = torch.arange(b, dtype=torch.int64) * 31 + 5
+    step = torch.full((b,), 2, dtype=torch.int64)
+    k0, k1 = row_keys(seed, step)
+    g = gumbel(k0[:, None], k1[:, None], torch.arange(vocab).expand(b, vocab))
+    x = torch.full((b, vocab), -40.0)
+    for r in range(b):
+        top = int(g[r].argmin())  # the top token gets the smallest noise of its row
+        deep = int(g[r].argmax())  # the largest noise, about log(V) + 0.5 above 0
+        x[r, top] = 0.0
+        margin = 1e-3 if r % 2 == 0 else -1e-3  # wins, or loses, by a hair
+        x[r, deep] = float(g[r, top] - g[r, deep]) + margin
+    assert float(x.amax(dim=1).sub(x.topk(2, dim=1).values[:, 1]).min()) > 8
+    args = (
+        x,
+        torch.ones(b),
+        torch.full((b,), -1, dtype=torch.int32),
+        torch.ones(b),
+        torch.zeros(b),
+    )
+    kw = {
+        "max_mask_tokens": 8,
+        "seed": seed,
+        "step": step,
+        "bounded": torch.ones(b, dtype=torch.bool),
+    }
+    plain = kernels.sample(*args, torch.zeros(b, dtype=torch.bool), **kw)
+    masked = kernels.sample(*args, torch.ones(b, dtype=torch.bool), **kw)
+    assert torch.equal(plain.tokens, masked.tokens)
+    deep_won = plain.tokens == g.argmax(dim=1)
+    assert deep_won.tolist() == [True, False, True, False]
+    assert torch.allclose(plain.logprobs, masked.logprobs, atol=1e-5)
