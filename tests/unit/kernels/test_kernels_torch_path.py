@@ -338,8 +338,8 @@ def test_noise_keys_of_a_few_rows_hash_on_the_host_alike() -> None:
 
 
 def test_plain_row_draw_keeps_every_token_that_can_win() -> None:
-    """Plain rows without a mask give noise only to tokens within G_MAX - G_MIN of the row's
-    top (draw_whole). A row built so that the token with the largest noise wins from about 14
+    """Plain rows without a mask give noise only to tokens that could still beat the row's top
+    token (draw_whole). A row built so that the token with the largest noise wins from about 14
     nats below the top, by a hair, draws it, as the tiers (noise on every token of S) do."""
     from kernels.noise import gumbel, row_keys
 
