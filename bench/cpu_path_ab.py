@@ -8,7 +8,8 @@ Each (round, thread count, tree) is a process of its own that imports `kernels` 
 machine falls on both. A process times every case 15 times after two warm-up calls; the table
 gives the median over rounds of each process's median wall time (and CPU time), with the
 rounds' range. Cases: B in 1, 8, 16, 64 rows (the first B of a fixed shuffle of the file) x
-top-k 50 + top-p 0.9, top-p 0.95 (masks on), and plain rows (nothing truncates, no mask).
+bench_kernels.py's three settings (top-k 50 + top-p 0.9, top-p 0.95, min-p 0.05; masks on) and
+plain rows (nothing truncates, no mask).
 Saves cpu_path_ab.json and cpu_path_ab.png under --out.
 """
 
@@ -34,6 +35,7 @@ BATCHES = (1, 8, 16, 64)
 SETTINGS = {
     "k50_p0.9": (50, 0.9, 0.0, True),
     "p0.95": (-1, 0.95, 0.0, True),
+    "minp0.05": (-1, 1.0, 0.05, True),
     "plain": (-1, 1.0, 0.0, False),
 }
 REPEATS = 15
