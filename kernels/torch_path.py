@@ -129,7 +129,7 @@ def draw_whole(
     the row's top token (its first, the argmax) scores less than that token, since float32
     rounding is monotone, so it can neither win nor tie."""
     n = torch.full_like(z_max, z.shape[1], dtype=torch.int64)  # |S|: the finite tokens
-    holes = z.amin(dim=1) == NEG_INF  # a fast pass; counting -inf tokens is ~5x one
+    holes = z.amin(dim=1) == NEG_INF  # a fast pass; counting a row's -inf costs about five
     if bool(holes.any()):
         n[holes] -= torch.isneginf(z[holes]).sum(dim=1)
     top = z.argmax(dim=1)
@@ -141,8 +141,7 @@ def draw_whole(
     score = zc + gumbel(k0.index_select(0, rows), k1.index_select(0, rows), ids)
     best = torch.full_like(z_max, NEG_INF).scatter_reduce(0, rows, score, "amax")
     keys = torch.where(score == best.index_select(0, rows), pack_keys(zc, ids), EMPTY_KEY)
-    top = torch.full_like(n, EMPTY_KEY).scatter_reduce(0, rows, keys, "amax")
-    token = key_ids(top)
+    token = key_ids(torch.full_like(n, EMPTY_KEY).scatter_reduce(0, rows, keys, "amax"))
     z_tok = z.gather(1, token[:, None]).squeeze(1)
     return n, token, (z_tok.double() - (z_max.double() + torch.log(z_sum))).float()
 
