@@ -232,18 +232,18 @@ def sample_torch(inp: SampleInputs) -> SampleResult:
         if rows.numel() == 0:
             break
         if tier > 0:
-            fallback[rows] |= length > usual_first
+            if length > usual_first:
+                fallback[rows] = True
             z, _, _ = _row_z(x[rows], inp.temperature[rows])  # only these rows: no bad one
             ids, zs, complete, z_beyond = listed_prefix(z, length)
         else:
             ids, zs, complete, z_beyond = (torch.cat(parts) for parts in zip(*listed, strict=True))
         params = (top_k[rows], inp.top_p[rows], inp.min_p[rows])
-        mass = prefix_mass(zs, z_max[rows])
-        stats = (complete, z_beyond, z_max[rows], z_sum[rows])
-        r_n, more = resolve_support(zs, mass, *stats, *params)
+        zm = z_max[rows]
+        mass = prefix_mass(zs, zm)
+        r_n, more = resolve_support(zs, mass, complete, z_beyond, zm, z_sum[rows], *params)
         no = torch.zeros_like(more)
-        keys = (k0[rows], k1[rows])
-        r_tok, r_lp, r_j = draw_from_prefix(zs, ids, mass, r_n, z_max[rows], *keys, no)
+        r_tok, r_lp, r_j = draw_from_prefix(zs, ids, mass, r_n, zm, k0[rows], k1[rows], no)
         done = ~more
         d_rows = rows[done]
         n[d_rows], token[d_rows], logprob[d_rows], j[d_rows] = (
