@@ -145,6 +145,16 @@ VARIANTS = {
     "rrs32k32nw": {"reread": 32, "chunk": 32768, "band_wait": False},
     "rrs32k16nw": {"reread": 16, "chunk": 32768, "band_wait": False},
     "rrs32kn48": {"reread": 32, "chunk": 32768, "regs": 48},
+    # pass 1's loop reads 1, 2 or 3 tiles ahead of its work (2 at 48 registers by default
+    # since session 35, where segments are longer than the tiles read whole), at 40
+    # registers a thread (6 programs an SM), 48 (5) or 56 (4)
+    "look1": {"look": 1},  # the default before session 35
+    "look2": {"look": 2, "regs": 40},
+    "look3": {"look": 3, "regs": 40},
+    "look2n48": {"look": 2, "regs": 48},
+    "look3n48": {"look": 3, "regs": 48},
+    "look3n56": {"look": 3, "regs": 56},
+    "longlook2": {"long_segments": True, "look": 2},
 }
 
 

@@ -122,6 +122,14 @@ def _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, nc, KEEP: tl.constexpr):
 
 
 @triton.jit
+def _rotate(x1, x2, x_next, LOOK: tl.constexpr):
+    """The tiles in flight move up one: (tile to work on next, the one after, the last)."""
+    if LOOK == 3:
+        return x1, x2, x_next
+    return x1, x_next, x_next
+
+
+@triton.jit
 def lanes_pass(
     row,
     seg,
@@ -150,6 +158,7 @@ def lanes_pass(
     HAS_STEP: tl.constexpr,
     stamps,  # TIMES: this program's row of band_lanes_kernel's times
     TIMES: tl.constexpr,
+    LOOK: tl.constexpr,  # tiles read ahead of the loop's work (1, 2 or 3)
 ):
     """One segment of a row: pass 1's whole work for program (row, seg). Returns 1 where the
     segment read collided lanes again (REREAD_BELOW), else 0. With TIMES, lane 0's warp stamps
@@ -177,7 +186,7 @@ def lanes_pass(
         for it in tl.static_range(SEG // W):
             x = tl.load(ptrs + it * W, mask=it * W + lanes < end, other=float("-inf"))
             t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
-    else:
+    elif LOOK == 1:
         n_tiles = (end + W - 1) // W
         x = tl.load(ptrs, mask=lanes < end, other=float("-inf"))
         # Tiles 1 .. n_full - 1 lie wholly inside the segment: their reads need no mask (a
@@ -193,6 +202,25 @@ def lanes_pass(
             x_next = tl.load(ptrs + nxt, mask=nxt + lanes < end, other=float("-inf"))
             t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
             x = x_next
+    else:
+        # LOOK tiles in flight (2 or 3): each iteration issues the read LOOK tiles ahead of
+        # the tile it works on, the same steps in the same order as LOOK 1.
+        n_tiles = (end + W - 1) // W
+        n_full = end // W
+        x = tl.load(ptrs, mask=lanes < end, other=float("-inf"))
+        x1 = tl.load(ptrs + W, mask=W + lanes < end, other=float("-inf"))
+        x2 = x1
+        if LOOK == 3:
+            x2 = tl.load(ptrs + 2 * W, mask=2 * W + lanes < end, other=float("-inf"))
+        for it in range(0, n_full - LOOK):
+            x_next = tl.load(ptrs + (it + LOOK) * W)
+            t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
+            x, x1, x2 = _rotate(x1, x2, x_next, LOOK)
+        for it in range(tl.maximum(n_full - LOOK, 0), n_tiles):
+            nxt = (it + LOOK) * W
+            x_next = tl.load(ptrs + nxt, mask=nxt + lanes < end, other=float("-inf"))
+            t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
+            x, x1, x2 = _rotate(x1, x2, x_next, LOOK)
 
     if TIMES:
         _stamp(stamps + 6, s.to(tl.int32, bitcast=True), lanes)
@@ -579,6 +607,7 @@ def band_lanes_kernel(
     times_ptr=None,  # TIMES: [B * n_chunks, TIME_FIELDS] int64 per program, see below
     TIMES: tl.constexpr = False,
     PDL_WAIT: tl.constexpr = True,  # PDL: launched early itself (launch_pdl), so it waits
+    LOOK: tl.constexpr = 1,  # tiles read ahead of the loop's work (1, 2 or 3)
 ):
     if PDL:
         # Launched as a dependent of the kernel before (launch_pdl, PDL_WAIT): wait for it to
@@ -621,6 +650,7 @@ def band_lanes_kernel(
         HAS_STEP,
         stamps,
         TIMES,
+        LOOK,
     )
     if TIMES:
         # The program's timeline (bench/pass1_timeline.py): the global timer (ns) and the

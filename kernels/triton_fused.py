@@ -105,6 +105,7 @@ def band_resolve_kernel(
         False,
         None,
         False,
+        1,
     )
     tl.debug_barrier()  # every thread's stores of this segment before the release
     arrived = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu")

@@ -23,7 +23,7 @@ import torch
 from kernels.inputs import SampleInputs
 from kernels.result import SampleResult
 from kernels.triton_band import band_kernel
-from kernels.triton_band_lanes import TIME_FIELDS, band_lanes_kernel
+from kernels.triton_band_lanes import SHORT_TILES, TIME_FIELDS, band_lanes_kernel
 from kernels.triton_emit import emit_kernel
 from kernels.triton_fused import band_resolve_kernel
 from kernels.triton_resolve import resolve_kernel
@@ -109,6 +109,16 @@ REREAD_BELOW_LONG = 32
 # programs of 40 but only 4 of 64 (at 40 the sm_90 code does not spill). On the H200, B=128
 # fp32: 32.9 us at 40, 33.5 at 64 (bench variant n0).
 PASS1_REGS = 40
+# Pass 1's loop reads LOOK tiles ahead of its work where a segment is longer than the
+# SHORT_TILES that are read whole (B >= 27 at V = 151936): each program then keeps twice the
+# bytes in flight, at PASS1_REGS_LOOK registers (5 programs an SM). On the H200 (fp32 top-p
+# 0.95 Zipf rows, steady, two alternating rounds, bench/row_stream.py --variants, session
+# 35) the whole sample went from 25.9 to 24.4 us at B = 32, 36.2 to 34.6 at 64, 46.1 to
+# 44.2-44.9 at 128, 76.4 to 75.3 at 256 and 135.6 to 134.7 at 512 (V = 151936); 33.7 to
+# 33.4 at V = 32000 and 62.7 to 61.6 at 262144 (B = 128). Two tiles ahead at 40 registers
+# gained about half as much, three at 40, 48 or 56 less, and 48 registers alone 0.6 us.
+LOOK = 2
+PASS1_REGS_LOOK = 48
 RESOLVE_BISECT = 8  # halvings of the threshold search picking a tier's best (done in quarters)
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
 # The rescue gathers up to this many second tiers of keys above its floor, then picks the
@@ -187,6 +197,7 @@ class BandConfig:
     resolve_regs: int = 0  # resolve_kernel's registers per thread (.maxnreg); 0: the compiler's
     early: bool = True  # the first tier's pick stops once it holds the support (best_sorted)
     race: bool = True  # pass 1 races the rows nothing truncates (lanes, not fused)
+    look: int = 1  # tiles pass 1's loop reads ahead of its work (lanes, not fused): 1-3
 
     @property
     def ncand(self) -> int:
@@ -224,6 +235,7 @@ def band_config(
     programs: int = LANE_PROGRAMS,
     early: bool = True,
     race: bool = True,
+    look: int | None = None,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
@@ -270,8 +282,12 @@ def band_config(
         resolve_regs = RESOLVE_REGS if batch >= RESOLVE_REGS_BATCH and not fused else 0
     lanes = min(lanes, chunk)
     warps = warps or BAND_WARPS
+    if look is None:  # segments of at most SHORT_TILES tiles are read whole
+        look = LOOK if lanes and not fused and chunk // lanes > SHORT_TILES.value else 1
+    if look not in (1, 2, 3) or (look > 1 and (fused or not lanes)):
+        raise ValueError(f"look must be 1, 2 or 3, and 1 for band_kernel or fused, got {look}")
     if regs is None:
-        regs = PASS1_REGS if lanes <= 64 * warps else 0
+        regs = (PASS1_REGS_LOOK if look > 1 else PASS1_REGS) if lanes <= 64 * warps else 0
     return BandConfig(
         chunk=chunk,
         kc=kc,
@@ -289,6 +305,7 @@ def band_config(
         pack=pack,
         early=early,
         race=race,
+        look=look,
     )
 
 
@@ -421,6 +438,7 @@ def launch_band(
             CLEAR=mask_sizes is not None,
             PDL=pdl,
             PDL_WAIT=cfg.band_wait,
+            LOOK=cfg.look,
             **(race or {}),
             **({"times_ptr": times, "TIMES": True} if times is not None else {}),
             num_warps=cfg.warps,

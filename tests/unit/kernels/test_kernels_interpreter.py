@@ -486,6 +486,44 @@ def test_lanes_pass_one_keeps_the_band_contract(interpreted: Interpreted) -> Non
     assert min(out["written"]) > 0
 
 
+LOOK_AHEAD = """
+from kernels.triton_path import launch_band
+vocab = 700
+g = torch.Generator().manual_seed(5)
+x = adversarial_logits(list(ADVERSARIAL_KINDS), vocab, g)
+x[0, 5] = float("nan")
+x[1, 600:700] = float("-inf")  # the last segment's reads meet only -inf
+b = x.shape[0]
+temp = torch.tensor([1.0, 0.0, 0.5, 2.0] * 3)[:b]
+same = []
+# 16 tiles a segment (the last one, 60 tokens, partial: fewer than LOOK full tiles) and 8
+for lanes, chunk, kw in [(4, 64, {}), (4, 64, {"keep": 3}), (4, 64, {"reread": True}),
+                         (16, 128, {})]:
+    outs = []
+    for look in (1, 2, 3):
+        cfg = band_config(vocab, chunk=chunk, kc=8, lanes=lanes, look=look, **kw)
+        keys = torch.full((b, cfg.ncand), 12345, dtype=torch.int64)
+        stats = [torch.full((b, cfg.n_chunks), 3.0) for _ in range(3)]
+        launch_band(x, temp, keys, *stats, cfg)
+        outs.append((keys, *stats))
+    # bit for bit, NaN (the bad row's sums) included
+    same.append([all(torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
+                                 c.view(torch.int32) if c.is_floating_point() else c)
+                     for a, c in zip(outs[0], o)) for o in outs[1:]])
+print(json.dumps({"same": same, "default_look": band_config(vocab, chunk=64, lanes=4).look}))
+"""
+
+
+def test_pass_one_reads_ahead_without_changing_its_outputs(interpreted: Interpreted) -> None:
+    """Pass 1's loop reads 1, 2 or 3 tiles ahead of its work (band_config(look=...); 2 by
+    default where a segment is longer than the tiles read whole): the same steps in the same
+    order, so every output (candidate keys, segment max, sum, floor) is bit for bit the same,
+    with three-token lanes and the reread too, and on segments shorter than the look-ahead."""
+    out = interpreted(PRELUDE + LOOK_AHEAD)
+    assert out["same"] == [[True, True]] * 4
+    assert out["default_look"] == 2
+
+
 @LANE_MODES
 def test_interpreted_edge_rows_match_torch_path(
     lanes: int, fused: bool, keep: int | str, interpreted: Interpreted
