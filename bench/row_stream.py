@@ -311,8 +311,9 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
 
 
 def plot_variants(rows: list[dict], path: pathlib.Path) -> None:
-    """Whole-sample steady time per variant over the default's, per (V, B): medians of the
-    rounds of --variants runs."""
+    """Whole-sample steady time per variant over the default before session 35 (one tile
+    read ahead: `default` in runs before it, `look1` after, where `default` is two tiles at
+    48 registers, drawn as look2n48), per (V, dtype, B): medians of the --variants rounds."""
     import statistics
 
     import matplotlib
@@ -323,26 +324,29 @@ def plot_variants(rows: list[dict], path: pathlib.Path) -> None:
     times: dict[tuple, dict[str, list[float]]] = {}
     for r in rows:
         if r["kind"].startswith("sample_") and "round" in r:
-            case = (r.get("V", 151936), r["B"])
+            case = (r.get("V", 151936), r.get("dtype", "float32"), r["B"])
             times.setdefault(case, {}).setdefault(r["kind"][len("sample_") :], []).append(r["us"])
+    ratios: dict[str, dict[tuple, float]] = {}
+    for case, by in times.items():
+        old = "look1" if "look1" in by else "default"
+        for v, us in by.items():
+            if v != old:
+                name = "look2n48" if (v, old) == ("default", "look1") else v
+                ratios.setdefault(name, {})[case] = statistics.median(us) / statistics.median(
+                    by[old]
+                )
     cases = sorted(times)
-    variants = sorted({v for c in cases for v in times[c] if v != "default"})
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cases)), 4))
-    width = 0.8 / max(len(variants), 1)
-    for i, v in enumerate(variants):
-        ratios = [
-            statistics.median(times[c][v]) / statistics.median(times[c]["default"])
-            if v in times[c]
-            else float("nan")
-            for c in cases
-        ]
-        ax.bar([j + i * width for j in range(len(cases))], ratios, width, label=v)
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(cases)), 4))
+    width = 0.8 / max(len(ratios), 1)
+    for i, (v, by_case) in enumerate(sorted(ratios.items())):
+        xs = [j + i * width for j, c in enumerate(cases) if c in by_case]
+        ax.bar(xs, [by_case[c] for c in cases if c in by_case], width, label=v)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))])
-    ax.set_xticklabels([f"V={v}\nB={b}" for v, b in cases], fontsize=8)
-    ax.set_ylabel("whole sample, steady / default")
-    ax.set_ylim(0.8, 1.1)
-    ax.legend(fontsize=7)
+    ax.set_xticklabels([f"V={v}\n{d}\nB={b}" for v, d, b in cases], fontsize=7)
+    ax.set_ylabel("whole sample, steady / one tile ahead")
+    ax.set_ylim(0.85, 1.05)
+    ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
