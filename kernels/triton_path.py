@@ -247,6 +247,8 @@ def band_config(
     SM, and the separate launches with PDL beat it on the H200 (V = 151936 fp32 top-p 0.95,
     steady, 5 rounds in one process: B = 1 12.85-12.86 us split against 14.76-15.45 fused;
     B = 2 15.06-15.08 against 20.5-21.8, its 150 programs two waves of the fused kernel).
+    look: tiles pass 1's loop reads ahead (None: LOOK where a segment is longer than the
+    SHORT_TILES read whole, else 1); regs None then follows it (PASS1_REGS_LOOK or PASS1_REGS).
     """
     if lanes is None:
         lanes = LANES

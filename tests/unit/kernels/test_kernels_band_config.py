@@ -14,8 +14,11 @@ from kernels.triton_path import (
     LANE_PROGRAMS,
     LONG_ROW_LANES,
     LONG_TILES,
+    LOOK,
     MAX_TILES,
     MID_PROGRAMS,
+    PASS1_REGS,
+    PASS1_REGS_LOOK,
     REREAD_BATCH,
     REREAD_BELOW,
     REREAD_BELOW_LONG,
@@ -155,6 +158,27 @@ def test_one_launch_only_on_request() -> None:
     assert not band_config(151936, lanes=0).fused  # band_kernel is never fused
     with pytest.raises(ValueError, match="lanes"):
         band_config(151936, lanes=0, fused=True)
+
+
+def test_loop_reads_ahead_where_segments_are_longer_than_the_unrolled_ones() -> None:
+    """Pass 1 reads LOOK tiles ahead at PASS1_REGS_LOOK registers where its segment is a loop
+    (more than SHORT_TILES tiles: B >= 27 at V = 151936), one tile at PASS1_REGS where it is
+    read whole; band_kernel and the fused launch read one."""
+    assert (LOOK, PASS1_REGS_LOOK, PASS1_REGS) == (2, 48, 40)
+    for batch in (1, 16, 26):
+        cfg = band_config(151936, batch=batch)
+        assert cfg.chunk // cfg.lanes <= 8 and (cfg.look, cfg.regs) == (1, PASS1_REGS)
+    for vocab, batch in itertools.product(VOCABS, (27, 128, 512)):
+        cfg = band_config(vocab, batch=batch)
+        long_loop = cfg.chunk // cfg.lanes > 8
+        assert (cfg.look, cfg.regs) == ((LOOK, PASS1_REGS_LOOK) if long_loop else (1, PASS1_REGS))
+    assert band_config(151936, batch=128, look=1).regs == PASS1_REGS
+    assert band_config(151936, batch=128, look=3, regs=56).regs == 56
+    assert band_config(151936, batch=128, fused=True).look == 1
+    assert band_config(151936, batch=128, lanes=0).look == 1
+    for bad in ({"look": 4}, {"look": 2, "fused": True}, {"look": 2, "lanes": 0}):
+        with pytest.raises(ValueError, match="look"):
+            band_config(151936, batch=128, **bad)
 
 
 def test_lanes_keep_two_or_three_tokens() -> None:
