@@ -16,7 +16,8 @@ a row). That only pays if one program can pull its row at about the floor's rate
   pass 1 then resolve), steady (8 samples a graph over 4 buffers), with their fallback
   rows, and a check that each gives the default's tokens and masks (seeded rows).
 
-  python bench/row_stream.py [--batches 128] [--rep-ms 10] [--out bench/results/s35]
+  python bench/row_stream.py [--batches 128] [--rep-ms 10] [--out bench/results]
+  python bench/row_stream.py --streams= --no-sample --variants default,look1 --rounds 2
 
 Writes row_stream.json and row_stream.png.
 """
@@ -192,7 +193,9 @@ def main() -> None:
         default="floor:4096:1:8,floor:4096:2:8,lanes2:4096:1:8,"
         "lanes2:4096:2:8,lanes3:4096:2:8,lanes2:2048:2:8,lanes2:4096:2:16",
     )
-    ap.add_argument("--no-sample", action="store_true")
+    ap.add_argument(
+        "--no-sample", action="store_true", help="no whole samples with one segment a row"
+    )
     ap.add_argument(
         "--variants",
         default="",
@@ -207,7 +210,7 @@ def main() -> None:
         "--variants runs (whole sample, median of rounds) into --png",
     )
     ap.add_argument("--png", default="row_stream_variants.png")
-    ap.add_argument("--out", default="bench/results/s35")
+    ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
