@@ -259,12 +259,16 @@ def variant_config(vocab: int, batch: int, variant: str | None):
     return band_config(vocab, batch=batch, **VARIANTS[variant]) if variant else None
 
 
-def graph_time(inp_list, rep_ms: int, variant: str | None = None, calls: int = 1) -> float:
+def graph_time(
+    inp_list, rep_ms: int, variant: str | None = None, calls: int = 1, cfg=None
+) -> float:
     """kernels.sample launches captured once in a CUDA graph, replayed; calls > 1: that many
-    samples in one graph, over the rotating input buffers, time per sample."""
+    samples in one graph, over the rotating input buffers, time per sample. cfg: a
+    BandConfig instead of a variant's."""
     inps = [check_inputs(**_args(b), max_mask_tokens=CAP) for b in inp_list]
     batch, vocab = inps[0].logits.shape
-    cfg = variant_config(vocab, batch, variant)
+    if cfg is None:
+        cfg = variant_config(vocab, batch, variant)
     index = mask_index(inps[0].want_mask, inps[0].logits.device)
     it = itertools.cycle(inps if calls > 1 else inps[:1])
     return replay_time(lambda: sample_triton(next(it), cfg, index=index), rep_ms, calls)

@@ -44,13 +44,14 @@ from bench.bench_kernels import (
     _args,
     band_pass,
     floor_steady_time,
+    graph_time,
     make_inputs,
     replay_time,
 )
 from kernels.inputs import check_inputs
 from kernels.triton_band_lanes import _lane_step, _lane_step3
 from kernels.triton_common import FLT_MAX
-from kernels.triton_path import band_config, mask_index, sample_triton
+from kernels.triton_path import band_config, sample_triton
 
 LOG2E = tl.constexpr(1.4426950408889634)
 MODES = {"floor": 0, "lanes2": 1, "lanes3": 2}
@@ -151,10 +152,7 @@ def row_configs(vocab: int, batch: int) -> dict:
 
 
 def sample_steady(bufs: list[dict], cfg, rep_ms: int) -> float:
-    inps = [check_inputs(**_args(b), max_mask_tokens=CAP) for b in bufs]
-    index = mask_index(inps[0].want_mask, inps[0].logits.device)
-    it = itertools.cycle(inps)
-    return replay_time(lambda: sample_triton(next(it), cfg, index=index), rep_ms, STEADY_CALLS)
+    return graph_time(bufs, rep_ms, calls=STEADY_CALLS, cfg=cfg)
 
 
 def compare(bufs: list[dict], cfg) -> dict:

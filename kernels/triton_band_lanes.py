@@ -123,10 +123,13 @@ def _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, nc, KEEP: tl.constexpr):
 
 @triton.jit
 def _rotate(x1, x2, x_next, LOOK: tl.constexpr):
-    """The tiles in flight move up one: (tile to work on next, the one after, the last)."""
+    """The LOOK tiles in flight move up one: (the tile to work on next, the one after it, the
+    one after that); slots past LOOK repeat the last."""
     if LOOK == 3:
         return x1, x2, x_next
-    return x1, x_next, x_next
+    if LOOK == 2:
+        return x1, x_next, x_next
+    return x_next, x_next, x_next
 
 
 @triton.jit
@@ -186,29 +189,17 @@ def lanes_pass(
         for it in tl.static_range(SEG // W):
             x = tl.load(ptrs + it * W, mask=it * W + lanes < end, other=float("-inf"))
             t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
-    elif LOOK == 1:
-        n_tiles = (end + W - 1) // W
-        x = tl.load(ptrs, mask=lanes < end, other=float("-inf"))
-        # Tiles 1 .. n_full - 1 lie wholly inside the segment: their reads need no mask (a
-        # masked read costs 64-bit bound compares per tile, about a tenth of the loop's
-        # work). Each iteration issues the next tile's read before this tile's work.
-        n_full = end // W
-        for it in range(0, n_full - 1):
-            x_next = tl.load(ptrs + (it + 1) * W)
-            t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
-            x = x_next
-        for it in range(tl.maximum(n_full - 1, 0), n_tiles):  # the last full tile, a partial
-            nxt = (it + 1) * W
-            x_next = tl.load(ptrs + nxt, mask=nxt + lanes < end, other=float("-inf"))
-            t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
-            x = x_next
     else:
-        # LOOK tiles in flight (2 or 3): each iteration issues the read LOOK tiles ahead of
-        # the tile it works on, the same steps in the same order as LOOK 1.
         n_tiles = (end + W - 1) // W
         n_full = end // W
+        # Tiles LOOK .. n_full - 1 lie wholly inside the segment: their reads need no mask (a
+        # masked read costs 64-bit bound compares per tile, about a tenth of the loop's
+        # work). Each iteration issues the read LOOK tiles (1-3) ahead of the tile it works
+        # on; the steps are the same, in the same order, whatever LOOK.
         x = tl.load(ptrs, mask=lanes < end, other=float("-inf"))
-        x1 = tl.load(ptrs + W, mask=W + lanes < end, other=float("-inf"))
+        x1 = x
+        if LOOK >= 2:
+            x1 = tl.load(ptrs + W, mask=W + lanes < end, other=float("-inf"))
         x2 = x1
         if LOOK == 3:
             x2 = tl.load(ptrs + 2 * W, mask=2 * W + lanes < end, other=float("-inf"))
@@ -216,7 +207,7 @@ def lanes_pass(
             x_next = tl.load(ptrs + (it + LOOK) * W)
             t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
             x, x1, x2 = _rotate(x1, x2, x_next, LOOK)
-        for it in range(tl.maximum(n_full - LOOK, 0), n_tiles):
+        for it in range(tl.maximum(n_full - LOOK, 0), n_tiles):  # the last full tiles, a partial
             nxt = (it + LOOK) * W
             x_next = tl.load(ptrs + nxt, mask=nxt + lanes < end, other=float("-inf"))
             t1, i1, t2, i2, t3, i3, d, s = _lane_tile(x, t1, i1, t2, i2, t3, i3, d, s, it, -c, KEEP)
