@@ -20,6 +20,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from kernels.triton_fallback import help_one
+
 
 @triton.jit
 def emit_kernel(
@@ -37,16 +39,19 @@ def emit_kernel(
         gdc_wait()  # resolve_kernel finished, its counts and slots visible
         gdc_launch_dependents()  # the next sample's pass 1 may launch (it waits in turn)
     r = tl.program_id(0)
-    start = sum_before(cnt_ptr, r, BLOCK, False)
+    start = sum_before(cnt_ptr, r, None, BLOCK, 0, False)
     count = tl.load(cnt_ptr + r)
     copy_ids(slot_ptr + r.to(tl.int64) * cap, ids_ptr + start, count, BLOCK)
     tl.store(offsets_ptr + r + 1, start + count)  # offsets[0]: resolve_kernel's row 0
 
 
 @triton.jit
-def sum_before(sizes_ptr, n, BLOCK: tl.constexpr, WAIT: tl.constexpr):
+def sum_before(
+    sizes_ptr, n, help, BLOCK: tl.constexpr, HELP_BLOCK: tl.constexpr, WAIT: tl.constexpr
+):
     """sizes[0] + ... + sizes[n - 1], in BLOCK pieces. WAIT: other programs are still writing
-    them (-1 until then): re-read a piece until none of it is -1."""
+    them (-1 until then): re-read a piece until none of it is -1, and meanwhile take parts
+    of the reads those rows publish (triton_fallback.help_one, with `help`)."""
     total = tl.zeros([], tl.int64)
     for first in range(0, n, BLOCK):
         offs = first + tl.arange(0, BLOCK)
@@ -54,6 +59,7 @@ def sum_before(sizes_ptr, n, BLOCK: tl.constexpr, WAIT: tl.constexpr):
         seen = tl.load(sizes_ptr + offs, mask=before, other=0, volatile=WAIT)
         if WAIT:
             while tl.min(seen, axis=0) < 0:  # an earlier row still resolving
+                help_one(n, help, HELP_BLOCK)
                 seen = tl.load(sizes_ptr + offs, mask=before, other=0, volatile=True)
         total += tl.sum(seen, axis=0)
     return total
@@ -68,14 +74,26 @@ def copy_ids(src, dst, count, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def pack_row(row, midx, count, slot_row, ids_ptr, sizes_ptr, offsets_ptr, BLOCK: tl.constexpr):
-    """emit_kernel's work for one row, from inside resolve_kernel (module docstring).
+def pack_row(
+    row,
+    midx,
+    count,
+    slot_row,
+    ids_ptr,
+    sizes_ptr,
+    offsets_ptr,
+    help,
+    BLOCK: tl.constexpr,
+    HELP_BLOCK: tl.constexpr,
+):
+    """emit_kernel's work for one row, from inside resolve_kernel (module docstring). While
+    it waits, the row helps the rows before it with their whole-row reads (help_one).
 
     sizes_ptr: [B] int64, -1 for every row before the launch (pass 1 sets them); the row
     stores its mask size there (0 without a mask), then sums the sizes of the rows before
     it, waiting for any still at -1, and copies its slot to that offset of the CSR."""
     tl.store(sizes_ptr + row, count)
-    start = sum_before(sizes_ptr, row, BLOCK, True)
+    start = sum_before(sizes_ptr, row, help, BLOCK, HELP_BLOCK, True)
     if midx >= 0:
         tl.debug_barrier()  # the slot's stores (every thread's) before the copy reads them
         copy_ids(slot_row, ids_ptr + start, count, BLOCK)

@@ -74,10 +74,37 @@ def _load_block(x_row, vocab, start, BLOCK: tl.constexpr):
 # loop that waits for each load in turn ran at a few GB/s.
 
 
+# The counting reads (_above3) are split into parts of PART tokens. A row's program takes
+# every part itself, except on the pack path (resolve_kernel's rows up to one an SM, which
+# wait for the rows before them in triton_emit.pack_row): there it publishes the read in its
+# words of the help buffer, and rows that wait on it take parts too (help_one). Each part's
+# masses are summed per lane in float32, then added per lane as fixed-point integers, so
+# the read's counts and masses are the same bits whoever took which part, and with or
+# without helpers (batch invariance).
+PART = tl.constexpr(8192)  # tokens a part (a multiple of the read's block)
+FIX = tl.constexpr(2.0**40)  # masses are <= 1 a token: a row's sum stays below 2^58
+OPEN = tl.constexpr(1 << 32)  # claim word: OPEN | next part while a read is published
+LOW = tl.constexpr((1 << 32) - 1)
+# A row's words (int64) in the help buffer: the claim word, parts done by helpers, the
+# read's thresholds (ordered32), z_max and the temperature (float32 bits), then the
+# helpers' three counts and three fixed-point masses.
+W_CLAIM = tl.constexpr(0)
+W_DONE = tl.constexpr(1)
+W_Q = tl.constexpr(2)
+W_ZMAX = tl.constexpr(5)
+W_TEMP = tl.constexpr(6)
+W_C = tl.constexpr(7)
+W_M = tl.constexpr(10)
+HELP_WORDS = tl.constexpr(16)
+
+
 @triton.jit
-def _above3(x_row, temp, vocab, q1, q2, q3, z_max, BLOCK: tl.constexpr):
+def _above3(x_row, temp, vocab, q1, q2, q3, z_max, help_row, BLOCK: tl.constexpr):
     """For three thresholds q (ordered32 values of z): how many tokens have
     ordered32(z) > q, and their sum exp(z - z_max), in one read of the row.
+
+    help_row: (the row's words in the help buffer, publish). With publish, waiting rows
+    may take parts of the read (help_one), and the read returns once they are done.
 
     At temperature 1 (and on greedy rows, which scale by 1) z is x itself, so the read
     compares raw logits with the thresholds' floats and divides nothing: the same counts
@@ -86,11 +113,136 @@ def _above3(x_row, temp, vocab, q1, q2, q3, z_max, BLOCK: tl.constexpr):
     exp((x - x_ref) / T), would differ from exp(z - z_max) by the rounding of z: up to
     2.7e-6 of a row's mass on SmolLM2's rows at T = 0.7, past the oracle's 2e-6 band for a
     top-p boundary."""
+    words, publish = help_row
+    n_parts = tl.cdiv(vocab, PART)
+    if publish:
+        tl.store(words + W_Q, q1.to(tl.int64))
+        tl.store(words + W_Q + 1, q2.to(tl.int64))
+        tl.store(words + W_Q + 2, q3.to(tl.int64))
+        tl.store(words + W_ZMAX, z_max.to(tl.int32, bitcast=True).to(tl.int64))
+        tl.store(words + W_TEMP, temp.to(tl.int32, bitcast=True).to(tl.int64))
+        for w in tl.static_range(6):
+            tl.store(words + W_C + w, tl.zeros([], tl.int64))
+        tl.store(words + W_DONE, tl.zeros([], tl.int64))
+        tl.debug_barrier()  # every thread's stores before the release below
+        tl.atomic_xchg(words + W_CLAIM, OPEN, sem="release", scope="gpu")
+    c1 = tl.zeros([BLOCK], tl.int32)
+    c2 = tl.zeros([BLOCK], tl.int32)
+    c3 = tl.zeros([BLOCK], tl.int32)
+    f1 = tl.zeros([BLOCK], tl.int64)
+    f2 = tl.zeros([BLOCK], tl.int64)
+    f3 = tl.zeros([BLOCK], tl.int64)
+    mine = tl.full([], 0, tl.int64)
+    part = _claim(words, publish, mine)
+    while part < n_parts:
+        c1, c2, c3, f1, f2, f3 = _part3(
+            x_row, temp, vocab, part, q1, q2, q3, z_max, c1, c2, c3, f1, f2, f3, BLOCK
+        )
+        mine += 1
+        part = _claim(words, publish, mine)
+    # Separate sums, not one tuple reduction: once a read, and the interpreter (CI) runs a
+    # tuple reduction element by element.
+    n1 = tl.sum(c1, axis=0)
+    n2 = tl.sum(c2, axis=0)
+    n3 = tl.sum(c3, axis=0)
+    s1 = tl.sum(f1, axis=0)
+    s2 = tl.sum(f2, axis=0)
+    s3 = tl.sum(f3, axis=0)
+    if publish:
+        # Every part is claimed; wait for the helpers' (an acquire: their sums are visible
+        # after it), then close the read so that no later claim succeeds.
+        while tl.atomic_add(words + W_DONE, 0, sem="acquire", scope="gpu") < n_parts - mine:
+            pass
+        tl.atomic_xchg(words + W_CLAIM, 0, sem="acq_rel", scope="gpu")
+        n1 += tl.load(words + W_C, volatile=True).to(tl.int32)
+        n2 += tl.load(words + W_C + 1, volatile=True).to(tl.int32)
+        n3 += tl.load(words + W_C + 2, volatile=True).to(tl.int32)
+        s1 += tl.load(words + W_M, volatile=True)
+        s2 += tl.load(words + W_M + 1, volatile=True)
+        s3 += tl.load(words + W_M + 2, volatile=True)
+    return n1, n2, n3, _unfix(s1), _unfix(s2), _unfix(s3)
+
+
+@triton.jit
+def _claim(words, publish, mine):
+    """The next part this program reads: the claim word's (published) or its own count."""
+    if publish:  # noqa: SIM108 (a branch: the atomic runs only when published)
+        part = tl.atomic_add(words + W_CLAIM, 1, sem="acq_rel", scope="gpu") & LOW
+    else:
+        part = mine
+    return part
+
+
+@triton.jit
+def _unfix(s):
+    return s.to(tl.float32) * (1.0 / FIX)
+
+
+@triton.jit
+def help_one(row, help, BLOCK: tl.constexpr):
+    """A waiting row's turn at the reads that rows before it published (_above3): claims a
+    part of the first open one, reads it and adds its counts and masses to that row's words.
+
+    help: (the help buffer [B, HELP_WORDS], x_ptr, stride_x, vocab). It waits on nothing:
+    the owner waits for the parts claimed, and a claim on a closed read (the owner closed it
+    after its last part) is ignored. Rows only help rows before them, which have started
+    (the order pack_row relies on)."""
+    help_ptr, x_ptr, stride_x, vocab = help
+    n_parts = tl.cdiv(vocab, PART)
+    rows = tl.arange(0, 256)
+    first = row.to(tl.int64)  # the first row before this one with a part left (row: none)
+    for r0 in range(0, row, 256):
+        r = r0 + rows.to(tl.int64)
+        claim = tl.load(help_ptr + r * HELP_WORDS + W_CLAIM, mask=r < row, other=0, volatile=True)
+        open_ = (claim >= OPEN) & ((claim & LOW) < n_parts)
+        first = tl.minimum(first, tl.min(tl.where(open_, r, row), axis=0))
+    if first < row:
+        words = help_ptr + first * HELP_WORDS
+        got = tl.atomic_add(words + W_CLAIM, 1, sem="acq_rel", scope="gpu")
+        part = got & LOW
+        if (got >= OPEN) & (part < n_parts):
+            q1 = tl.load(words + W_Q, volatile=True).to(tl.int32)
+            q2 = tl.load(words + W_Q + 1, volatile=True).to(tl.int32)
+            q3 = tl.load(words + W_Q + 2, volatile=True).to(tl.int32)
+            z_max = tl.load(words + W_ZMAX, volatile=True).to(tl.int32).to(tl.float32, bitcast=True)
+            temp = tl.load(words + W_TEMP, volatile=True).to(tl.int32).to(tl.float32, bitcast=True)
+            c1 = tl.zeros([BLOCK], tl.int32)
+            f1 = tl.zeros([BLOCK], tl.int64)
+            x_row = x_ptr + first * stride_x
+            c1, c2, c3, f1, f2, f3 = _part3(
+                x_row, temp, vocab, part, q1, q2, q3, z_max, c1, c1, c1, f1, f1, f1, BLOCK
+            )
+            tl.atomic_add(words + W_C, tl.sum(c1, axis=0).to(tl.int64), sem="relaxed", scope="gpu")
+            tl.atomic_add(
+                words + W_C + 1, tl.sum(c2, axis=0).to(tl.int64), sem="relaxed", scope="gpu"
+            )
+            tl.atomic_add(
+                words + W_C + 2, tl.sum(c3, axis=0).to(tl.int64), sem="relaxed", scope="gpu"
+            )
+            tl.atomic_add(words + W_M, tl.sum(f1, axis=0), sem="relaxed", scope="gpu")
+            tl.atomic_add(words + W_M + 1, tl.sum(f2, axis=0), sem="relaxed", scope="gpu")
+            tl.atomic_add(words + W_M + 2, tl.sum(f3, axis=0), sem="relaxed", scope="gpu")
+            tl.debug_barrier()
+            tl.atomic_add(words + W_DONE, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _part3(
+    x_row, temp, vocab, part, q1, q2, q3, z_max, c1, c2, c3, f1, f2, f3, BLOCK: tl.constexpr
+):
+    """Three counts and three fixed-point masses a lane (c, f) plus part `part` of the row."""
+    start = part * PART
+    end = tl.minimum(start + PART, vocab)
     if scale_temp(temp) == 1.0:
         v1, v2, v3 = _float_above(q1), _float_above(q2), _float_above(q3)
-        return _read3(x_row, temp, vocab, v1, v2, v3, z_max, False, BLOCK)
+        c1, c2, c3, f1, f2, f3 = _read3(
+            x_row, temp, start, end, v1, v2, v3, z_max, c1, c2, c3, f1, f2, f3, False, BLOCK
+        )
     else:
-        return _read3(x_row, temp, vocab, q1, q2, q3, z_max, True, BLOCK)
+        c1, c2, c3, f1, f2, f3 = _read3(
+            x_row, temp, start, end, q1, q2, q3, z_max, c1, c2, c3, f1, f2, f3, True, BLOCK
+        )
+    return c1, c2, c3, f1, f2, f3
 
 
 @triton.jit
@@ -102,18 +254,32 @@ def _float_above(q):
 
 
 @triton.jit
-def _read3(x_row, temp, vocab, t1, t2, t3, z_max, IN_Z: tl.constexpr, BLOCK: tl.constexpr):
-    """_above3's read: with IN_Z, every logit divided, t1..t3 ordered32 thresholds of z;
-    else (temperature 1, z = x) raw logits against float thresholds."""
-    c1 = tl.zeros([BLOCK], tl.int32)
-    c2 = tl.zeros([BLOCK], tl.int32)
-    c3 = tl.zeros([BLOCK], tl.int32)
+def _read3(
+    x_row,
+    temp,
+    start,
+    end,
+    t1,
+    t2,
+    t3,
+    z_max,
+    c1,
+    c2,
+    c3,
+    f1,
+    f2,
+    f3,
+    IN_Z: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """_part3's read of tokens [start, end): with IN_Z, every logit divided, t1..t3 ordered32
+    thresholds of z; else (temperature 1, z = x) raw logits against float thresholds."""
     m1 = tl.zeros([BLOCK], tl.float32)
     m2 = tl.zeros([BLOCK], tl.float32)
     m3 = tl.zeros([BLOCK], tl.float32)
-    x = _load_block(x_row, vocab, 0, BLOCK)
-    for start in range(0, vocab, BLOCK):
-        x_next = _load_block(x_row, vocab, start + BLOCK, BLOCK)
+    x = _load_block(x_row, end, start, BLOCK)
+    for b in range(start, end, BLOCK):
+        x_next = _load_block(x_row, end, b + BLOCK, BLOCK)
         if IN_Z:
             z = _z_of(x, temp)
             v = ordered32(z)  # -inf (padding included) is below every threshold
@@ -131,16 +297,10 @@ def _read3(x_row, temp, vocab, t1, t2, t3, z_max, IN_Z: tl.constexpr, BLOCK: tl.
         m2 += tl.where(g2, e, 0.0)
         m3 += tl.where(g3, e, 0.0)
         x = x_next
-    # Separate sums, not one tuple reduction: once a read, and the interpreter (CI) runs a
-    # tuple reduction element by element.
-    return (
-        tl.sum(c1, axis=0),
-        tl.sum(c2, axis=0),
-        tl.sum(c3, axis=0),
-        tl.sum(m1, axis=0),
-        tl.sum(m2, axis=0),
-        tl.sum(m3, axis=0),
-    )
+    f1 += (m1 * FIX).to(tl.int64)
+    f2 += (m2 * FIX).to(tl.int64)
+    f3 += (m3 * FIX).to(tl.int64)
+    return c1, c2, c3, f1, f2, f3
 
 
 @triton.jit
@@ -198,6 +358,7 @@ def cut_key(
     s_row,
     list_cap,
     need_key,
+    help_row,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -246,7 +407,15 @@ def cut_key(
         )
         reads += 1
         n1, n2, n3, s1, s2, s3 = _above3(
-            x_row, temp, vocab, q1.to(tl.int32), q2.to(tl.int32), q3.to(tl.int32), z_max, BLOCK
+            x_row,
+            temp,
+            vocab,
+            q1.to(tl.int32),
+            q2.to(tl.int32),
+            q3.to(tl.int32),
+            z_max,
+            help_row,
+            BLOCK,
         )
         p1 = _kept(q1.to(tl.int32), n1, s1, k, z_norm, top_p, min_p, z_max)
         p2 = _kept(q2.to(tl.int32), n2, s2, k, z_norm, top_p, min_p, z_max)
@@ -257,7 +426,7 @@ def cut_key(
     hi32 = hi.to(tl.int32)
     if (c_lo < 0) | (c_hi < 0):  # an end of the bracket was never counted
         c_lo, c_hi, _, m_lo, m_hi, _ = _above3(
-            x_row, temp, vocab, lo.to(tl.int32), hi32, hi32, z_max, BLOCK
+            x_row, temp, vocab, lo.to(tl.int32), hi32, hi32, z_max, help_row, BLOCK
         )
     # At most G tokens between the ends: list them, sort them and cut there (one read);
     # else the bracket is one z, and its tokens share their mass.
@@ -470,6 +639,7 @@ def fallback_support(
     scratch_row,
     s_row,
     list_cap,
+    help_row,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -507,6 +677,7 @@ def fallback_support(
             s_row,
             tl.where(cut, list_cap, 0),
             phase > 0,
+            help_row,
             G,
             BLOCK,
         )

@@ -25,6 +25,7 @@ from kernels.result import SampleResult
 from kernels.triton_band import band_kernel
 from kernels.triton_band_lanes import SHORT_TILES, TIME_FIELDS, band_lanes_kernel
 from kernels.triton_emit import emit_kernel
+from kernels.triton_fallback import HELP_WORDS
 from kernels.triton_fused import band_resolve_kernel
 from kernels.triton_resolve import resolve_kernel
 
@@ -368,25 +369,37 @@ def sm_count(device: torch.device) -> int:
 
 
 _ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}
+_HELP: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
-def arrival_counters(batch: int, device: torch.device) -> torch.Tensor:
-    """[>= batch] int32 zeros for band_resolve_kernel, which leaves them zero again.
-
-    Cached per device and stream (launches on one stream are ordered, so they can share
-    counters); inside a CUDA graph capture a fresh buffer belongs to the graph instead.
-    """
+def _kept_zeros(cache: dict, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[>= numel] zeros that a kernel leaves as it found them, cached per device and stream
+    (launches on one stream are ordered, so they can share them); inside a CUDA graph
+    capture a fresh buffer belongs to the graph instead."""
     if device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
-            return torch.zeros(batch, dtype=torch.int32, device=device)
+            return torch.zeros(numel, dtype=dtype, device=device)
         key = (device, torch.cuda.current_stream(device).cuda_stream)
     else:
         key = (device, 0)
-    buf = _ARRIVALS.get(key)
-    if buf is None or buf.numel() < batch:
-        buf = torch.zeros(max(batch, 64), dtype=torch.int32, device=device)
-        _ARRIVALS[key] = buf
+    buf = cache.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = torch.zeros(max(numel, 64), dtype=dtype, device=device)
+        cache[key] = buf
     return buf
+
+
+def arrival_counters(batch: int, device: torch.device) -> torch.Tensor:
+    """[>= batch] int32 zeros for band_resolve_kernel, which leaves them zero again."""
+    return _kept_zeros(_ARRIVALS, batch, torch.int32, device)
+
+
+def help_words(batch: int, device: torch.device) -> torch.Tensor:
+    """[>= batch * HELP_WORDS] int64 for resolve_kernel's shared reads (triton_fallback's
+    _above3 and help_one). Every read closes its row's claim word before it returns, so the
+    kernel leaves each below OPEN (stray claims on a closed read add a few), which is all the
+    next launch needs; the other words are written before a read is opened."""
+    return _kept_zeros(_HELP, batch * HELP_WORDS.value, torch.int64, device)
 
 
 def max_chunks(vocab: int, cfg: BandConfig) -> int:
@@ -556,6 +569,7 @@ def sample_triton(
         mask_ids,
         mask_sizes,
         scratch,
+        help_words(batch, dev),
     )
     resolve_meta = {
         "CAND_BLOCK": cand_block,

@@ -39,6 +39,7 @@ from kernels.triton_decide import (
 )
 from kernels.triton_emit import pack_row
 from kernels.triton_fallback import (
+    HELP_WORDS,
     fallback_draw,
     fallback_gather,
     fallback_support,
@@ -124,6 +125,7 @@ def resolve_row(
     ids_ptr,  # [>= N] int32 CSR ids (pack 2)
     mask_sizes_ptr,  # [B] int64, -1 before the launch (pack 2)
     scratch_ptr,  # [B, T1 + T2 + max(CAP_BLOCK, RESCUE)] int64 compaction space
+    help_ptr,  # [B, HELP_WORDS] int64, claim words closed (pack 2: the fallback's shared reads)
     vocab,
     n_chunks,
     max_mask,
@@ -430,6 +432,7 @@ def resolve_row(
                 scratch + T1,  # T2 slots for the search's list
                 scratch + T1 + T2,  # S, when the search lists it
                 tl.where(midx >= 0, CAP_BLOCK, 0),
+                (help_ptr + row * HELP_WORDS, pack == 2),
                 T2,
                 FB_BLOCK,
             )
@@ -496,7 +499,18 @@ def resolve_row(
     if (pack == 1) & (midx >= 0):
         tl.store(offsets_ptr + 1, emitted)
     if pack == 2:
-        pack_row(row, midx, emitted, slot_row, ids_ptr, mask_sizes_ptr, offsets_ptr, 1024)
+        pack_row(
+            row,
+            midx,
+            emitted,
+            slot_row,
+            ids_ptr,
+            mask_sizes_ptr,
+            offsets_ptr,
+            (help_ptr, x_ptr, stride_x, vocab),
+            1024,
+            FB_BLOCK,
+        )
     if TIMING:
         tl.store(stamp + 10, cycles(emitted))
 
@@ -532,6 +546,7 @@ def resolve_kernel(
     ids_ptr,  # [>= N] int32 CSR ids (pack 2)
     mask_sizes_ptr,  # [B] int64, -1 before the launch (pack 2)
     scratch_ptr,  # [B, T1 + T2 + max(CAP_BLOCK, RESCUE)] int64 compaction space
+    help_ptr,  # [B, HELP_WORDS] int64, claim words closed (pack 2: the fallback's shared reads)
     vocab,
     n_chunks,
     max_mask,
@@ -591,6 +606,7 @@ def resolve_kernel(
         ids_ptr,
         mask_sizes_ptr,
         scratch_ptr,
+        help_ptr,
         vocab,
         n_chunks,
         max_mask,

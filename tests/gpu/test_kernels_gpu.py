@@ -386,6 +386,52 @@ def test_real_rows_match_oracle(top_k: int, top_p: float, min_p: float, bounded:
         )
 
 
+def masks(res: kernels.SampleResult) -> list[list[int]]:
+    off = res.mask_offsets.cpu().tolist()
+    ids = res.mask_ids.cpu()
+    return [ids[off[i] : off[i + 1]].tolist() for i in range(len(off) - 1)]
+
+
+def test_fallback_reads_give_the_same_bits_with_and_without_helpers() -> None:
+    """On the pack path, rows that wait for earlier rows take parts of those rows' whole-row
+    counting reads (triton_fallback.help_one). Wide rows (Gaussian logits, top-p 0.95
+    supports of hundreds to thousands of tokens, many of them past the band) among Zipf
+    rows, at temperatures 1 and 0.8: the pack path's launch (helpers), the emit path's (no
+    helpers) and the fallback rows one at a time must give the same bits, and the oracle's
+    supports."""
+    vocab, rows = 49152, 128
+    g = torch.Generator().manual_seed(41)
+    x = peaked_logits(rows, vocab, 1.6, g)
+    wide = torch.arange(rows) % 4 != 0
+    sigma = 1.5 + (torch.arange(rows) % 5).float() * 0.75
+    x[wide] = torch.randn(rows, vocab, generator=g)[wide] * sigma[wide, None]
+    batch = {
+        "logits": x.cuda(),
+        "temperature": torch.where(torch.arange(rows) % 3 == 0, 0.8, 1.0).cuda(),
+        "top_k": torch.full((rows,), -1, dtype=torch.int32, device="cuda"),
+        "top_p": torch.full((rows,), 0.95, device="cuda"),
+        "min_p": torch.zeros(rows, device="cuda"),
+        "seed": torch.arange(rows, dtype=torch.int64, device="cuda") * 3,
+        "step": torch.zeros(rows, dtype=torch.int64, device="cuda"),
+    }
+    want = torch.ones(rows, dtype=torch.bool)
+    helped = run_checked("fallback reads with helpers", batch, want, 4096)
+    alone = run(batch, want, 4096, {"pack": False})
+    fb = helped.fallback_rows.nonzero().flatten().tolist()
+    assert len(fb) >= 16, fb
+    for name in ("tokens", "logprobs", "support_sizes", "fallback_rows", "mask_status"):
+        assert torch.equal(getattr(helped, name), getattr(alone, name)), name
+    assert masks(helped) == masks(alone)
+    one = torch.ones(1, dtype=torch.bool)
+    for r in fb[:: max(len(fb) // 8, 1)]:
+        single = run({k: v[r : r + 1] for k, v in batch.items()}, one, 4096)
+        assert single.tokens.item() == helped.tokens[r].item(), r
+        assert single.logprobs.item() == helped.logprobs[r].item(), r
+        assert single.support_sizes.item() == helped.support_sizes[r].item(), r
+        assert masks(single)[0] == masks(helped)[r], r
+    print(f"SUMMARY fallback reads with and without helpers: {len(fb)} fallback rows, same bits")
+
+
 def test_seeded_tokens_batch_invariant_and_match_cpu() -> None:
     vocab = 32000
     g = torch.Generator().manual_seed(9)

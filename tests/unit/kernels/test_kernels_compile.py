@@ -59,6 +59,7 @@ POINTERS = {
     "slot_ptr": "*i32",
     "offsets_ptr": "*i64",
     "ids_ptr": "*i32",
+    "help_ptr": "*i64",
     "mask_sizes_ptr": "*i64",
     "scratch_ptr": "*i64",
     "times_ptr": "*i64",

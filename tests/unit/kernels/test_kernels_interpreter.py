@@ -719,6 +719,76 @@ def test_logit_floor_is_the_exact_logit_threshold(interpreted: Interpreted) -> N
     assert all(abs(t) > 1e37 for t, _ in out["not_ok"]), out["not_ok"]
 
 
+SHARED_READ = """
+import json, sys, torch
+from kernels.order import ordered_bits, scaled_logits
+from kernels.triton_fallback import FIX, HELP_WORDS, OPEN, PART, W_C, W_CLAIM, W_DONE, W_M, W_Q, W_TEMP, W_ZMAX
+sys.path.insert(0, "tests/unit/kernels")
+from triton_probes import above3_probe, help_probe
+
+words_n = HELP_WORDS.value
+vocab = 2 * PART.value + 1000  # three parts, the last one short
+g = torch.Generator().manual_seed(8)
+x = 2.5 * torch.randn(2, vocab, generator=g)
+x[0, 17], x[0, vocab - 1] = float("-inf"), float("nan")
+out = []
+for temp in (1.0, 0.7):
+    z = scaled_logits(x[:1], torch.tensor([temp]))[0]
+    z = torch.nan_to_num(z, nan=float("-inf"))
+    z_max = float(z.max())
+    q = ordered_bits(torch.tensor([z_max - 2.0, z_max - 4.5, z_max - 7.0])).to(torch.int32)
+    case = {"temp": temp}
+    for publish in (False, True):
+        words = torch.zeros(words_n, dtype=torch.int64)
+        n = torch.zeros(3, dtype=torch.int32)
+        s = torch.zeros(3)
+        above3_probe[(1,)](x[0], torch.tensor([temp]), q, torch.tensor([z_max]), words, n, s,
+                           vocab, PUBLISH=publish, BLOCK=128)
+        case[f"owner_{publish}"] = (n.tolist(), s.tolist(), int(words[W_CLAIM.value]))
+    # Helpers alone: row 0's read published by hand, rows 1.. take its parts.
+    help = torch.zeros(8 * words_n, dtype=torch.int64)
+    help[W_CLAIM.value] = OPEN.value
+    help[W_Q.value : W_Q.value + 3] = q.to(torch.int64)
+    help[W_ZMAX.value] = int(torch.tensor([z_max]).view(torch.int32))
+    help[W_TEMP.value] = int(torch.tensor([temp]).view(torch.int32))
+    help_probe[(5,)](help, x, x.stride(0), vocab, BLOCK=128)
+    m = help[W_M.value : W_M.value + 3].to(torch.float32) * (1.0 / FIX.value)
+    case["helpers"] = (help[W_C.value : W_C.value + 3].tolist(), m.tolist(),
+                       int(help[W_DONE.value]), int(help[W_CLAIM.value] - OPEN.value))
+    # A closed read: nothing is claimed, nothing added.
+    closed = torch.zeros(8 * words_n, dtype=torch.int64)
+    help_probe[(3,)](closed, x, x.stride(0), vocab, BLOCK=128)
+    case["closed"] = int(closed.abs().sum())
+    thr = torch.tensor([z_max - 2.0, z_max - 4.5, z_max - 7.0])
+    above = z[None, :] > thr[:, None]
+    e = torch.exp(z.double() - z_max)
+    case["exact"] = (above.sum(1).tolist(), (above.double() * e).sum(1).tolist())
+    out.append(case)
+print(json.dumps({"cases": out, "parts": -(-vocab // PART.value)}))
+"""
+
+
+def test_counting_read_is_the_same_by_parts_from_any_program(interpreted: Interpreted) -> None:
+    """The whole-row fallback's counting read (_above3) in parts: its owner alone, its owner
+    publishing the read, and helpers that took every part (help_one, as rows waiting in
+    pack_row do on the GPU) give the same counts and the same mass bits, at temperature 1
+    (raw logits) and 0.7 (divided). The counts are exact, the masses within float32 of a
+    float64 sum; a published read is closed after it, and helpers leave a closed one alone."""
+    out = interpreted(SHARED_READ)
+    for case in out["cases"]:
+        alone, published, helped = case["owner_False"], case["owner_True"], case["helpers"]
+        assert alone[:2] == published[:2], case
+        assert published[2] == 0  # closed
+        assert helped[0] == alone[0] and helped[1] == alone[1], case
+        assert helped[2] == out["parts"]  # every part done by a helper
+        assert helped[3] == out["parts"]  # five helpers: the last two saw no part left
+        assert case["closed"] == 0
+        counts, masses = case["exact"]
+        assert alone[0] == counts
+        for got, want in zip(alone[1], masses, strict=True):
+            assert abs(got - want) <= 1e-6 * want, (got, want)
+
+
 GATHER = """
 import json, sys, torch
 from kernels.order import pack_keys, scaled_logits
