@@ -108,7 +108,7 @@ def search_kernel(
     elif PART == 1:  # a search read, three thresholds
         q1, q2, q3 = ordered32(z_max - 8.0), ordered32(z_max - 10.0), ordered32(z_max - 12.0)
         n1, n2, n3, s1, s2, s3 = _above3(
-            x_row, temp, vocab, q1, q2, q3, z_max, (out_ptr, False), BLOCK
+            x_row, temp, vocab, q1, q2, q3, z_max, (out_ptr, False), False, BLOCK
         )
         tl.store(out_ptr + row, (n1 + n2 + n3).to(tl.float32) + s1 + s2 + s3)
     elif PART == 2:  # seven thresholds, compared in logits (temperature 1)

@@ -51,7 +51,8 @@ def sum_before(
 ):
     """sizes[0] + ... + sizes[n - 1], in BLOCK pieces. WAIT: other programs are still writing
     them (-1 until then): re-read a piece until none of it is -1, and meanwhile take parts
-    of the reads those rows publish (triton_fallback.help_one, with `help`)."""
+    of the reads those rows publish (triton_fallback.help_one, with `help`, when
+    HELP_BLOCK > 0: band_config's shared_reads)."""
     total = tl.zeros([], tl.int64)
     for first in range(0, n, BLOCK):
         offs = first + tl.arange(0, BLOCK)
@@ -59,7 +60,8 @@ def sum_before(
         seen = tl.load(sizes_ptr + offs, mask=before, other=0, volatile=WAIT)
         if WAIT:
             while tl.min(seen, axis=0) < 0:  # an earlier row still resolving
-                help_one(n, help, HELP_BLOCK)
+                if HELP_BLOCK > 0:
+                    help_one(n, help, HELP_BLOCK)
                 seen = tl.load(sizes_ptr + offs, mask=before, other=0, volatile=True)
         total += tl.sum(seen, axis=0)
     return total
@@ -87,7 +89,8 @@ def pack_row(
     HELP_BLOCK: tl.constexpr,
 ):
     """emit_kernel's work for one row, from inside resolve_kernel (module docstring). While
-    it waits, the row helps the rows before it with their whole-row reads (help_one).
+    it waits, the row helps the rows before it with their whole-row reads (help_one; with
+    band_config's shared_reads, HELP_BLOCK > 0).
 
     sizes_ptr: [B] int64, -1 for every row before the launch (pass 1 sets them); the row
     stores its mask size there (0 without a mask), then sums the sizes of the rows before

@@ -99,12 +99,16 @@ HELP_WORDS = tl.constexpr(16)
 
 
 @triton.jit
-def _above3(x_row, temp, vocab, q1, q2, q3, z_max, help_row, BLOCK: tl.constexpr):
+def _above3(
+    x_row, temp, vocab, q1, q2, q3, z_max, help_row, PARTS: tl.constexpr, BLOCK: tl.constexpr
+):
     """For three thresholds q (ordered32 values of z): how many tokens have
     ordered32(z) > q, and their sum exp(z - z_max), in one read of the row.
 
-    help_row: (the row's words in the help buffer, publish). With publish, waiting rows
-    may take parts of the read (help_one), and the read returns once they are done.
+    PARTS (band_config's shared_reads): the read goes in parts (above), and with help_row's
+    publish (the row's words in the help buffer, publish) waiting rows may take some
+    (help_one); the read returns once they are done. Without PARTS, one float32 sum a lane
+    over the whole row.
 
     At temperature 1 (and on greedy rows, which scale by 1) z is x itself, so the read
     compares raw logits with the thresholds' floats and divides nothing: the same counts
@@ -113,6 +117,27 @@ def _above3(x_row, temp, vocab, q1, q2, q3, z_max, help_row, BLOCK: tl.constexpr
     exp((x - x_ref) / T), would differ from exp(z - z_max) by the rounding of z: up to
     2.7e-6 of a row's mass on SmolLM2's rows at T = 0.7, past the oracle's 2e-6 band for a
     top-p boundary."""
+    if not PARTS:
+        c1 = tl.zeros([BLOCK], tl.int32)
+        if scale_temp(temp) == 1.0:
+            v1, v2, v3 = _float_above(q1), _float_above(q2), _float_above(q3)
+            c1, c2, c3, m1, m2, m3 = _read3(
+                x_row, temp, 0, vocab, v1, v2, v3, z_max, c1, c1, c1, False, BLOCK
+            )
+        else:
+            c1, c2, c3, m1, m2, m3 = _read3(
+                x_row, temp, 0, vocab, q1, q2, q3, z_max, c1, c1, c1, True, BLOCK
+            )
+        # Separate sums, not one tuple reduction: once a read, and the interpreter (CI) runs
+        # a tuple reduction element by element.
+        return (
+            tl.sum(c1, axis=0),
+            tl.sum(c2, axis=0),
+            tl.sum(c3, axis=0),
+            tl.sum(m1, axis=0),
+            tl.sum(m2, axis=0),
+            tl.sum(m3, axis=0),
+        )
     words, publish = help_row
     n_parts = tl.cdiv(vocab, PART)
     if publish:
@@ -140,8 +165,6 @@ def _above3(x_row, temp, vocab, q1, q2, q3, z_max, help_row, BLOCK: tl.constexpr
         )
         mine += 1
         part = _claim(words, publish, mine)
-    # Separate sums, not one tuple reduction: once a read, and the interpreter (CI) runs a
-    # tuple reduction element by element.
     n1 = tl.sum(c1, axis=0)
     n2 = tl.sum(c2, axis=0)
     n3 = tl.sum(c3, axis=0)
@@ -235,13 +258,16 @@ def _part3(
     end = tl.minimum(start + PART, vocab)
     if scale_temp(temp) == 1.0:
         v1, v2, v3 = _float_above(q1), _float_above(q2), _float_above(q3)
-        c1, c2, c3, f1, f2, f3 = _read3(
-            x_row, temp, start, end, v1, v2, v3, z_max, c1, c2, c3, f1, f2, f3, False, BLOCK
+        c1, c2, c3, m1, m2, m3 = _read3(
+            x_row, temp, start, end, v1, v2, v3, z_max, c1, c2, c3, False, BLOCK
         )
     else:
-        c1, c2, c3, f1, f2, f3 = _read3(
-            x_row, temp, start, end, q1, q2, q3, z_max, c1, c2, c3, f1, f2, f3, True, BLOCK
+        c1, c2, c3, m1, m2, m3 = _read3(
+            x_row, temp, start, end, q1, q2, q3, z_max, c1, c2, c3, True, BLOCK
         )
+    f1 += (m1 * FIX).to(tl.int64)
+    f2 += (m2 * FIX).to(tl.int64)
+    f3 += (m3 * FIX).to(tl.int64)
     return c1, c2, c3, f1, f2, f3
 
 
@@ -266,13 +292,11 @@ def _read3(
     c1,
     c2,
     c3,
-    f1,
-    f2,
-    f3,
     IN_Z: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """_part3's read of tokens [start, end): with IN_Z, every logit divided, t1..t3 ordered32
+    """_above3's read of tokens [start, end): the counts c plus each lane's tokens above
+    t1..t3, and each lane's float32 masses. With IN_Z, every logit divided, t1..t3 ordered32
     thresholds of z; else (temperature 1, z = x) raw logits against float thresholds."""
     m1 = tl.zeros([BLOCK], tl.float32)
     m2 = tl.zeros([BLOCK], tl.float32)
@@ -297,10 +321,7 @@ def _read3(
         m2 += tl.where(g2, e, 0.0)
         m3 += tl.where(g3, e, 0.0)
         x = x_next
-    f1 += (m1 * FIX).to(tl.int64)
-    f2 += (m2 * FIX).to(tl.int64)
-    f3 += (m3 * FIX).to(tl.int64)
-    return c1, c2, c3, f1, f2, f3
+    return c1, c2, c3, m1, m2, m3
 
 
 @triton.jit
@@ -359,6 +380,7 @@ def cut_key(
     list_cap,
     need_key,
     help_row,
+    PARTS: tl.constexpr,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -415,6 +437,7 @@ def cut_key(
             q3.to(tl.int32),
             z_max,
             help_row,
+            PARTS,
             BLOCK,
         )
         p1 = _kept(q1.to(tl.int32), n1, s1, k, z_norm, top_p, min_p, z_max)
@@ -426,7 +449,7 @@ def cut_key(
     hi32 = hi.to(tl.int32)
     if (c_lo < 0) | (c_hi < 0):  # an end of the bracket was never counted
         c_lo, c_hi, _, m_lo, m_hi, _ = _above3(
-            x_row, temp, vocab, lo.to(tl.int32), hi32, hi32, z_max, help_row, BLOCK
+            x_row, temp, vocab, lo.to(tl.int32), hi32, hi32, z_max, help_row, PARTS, BLOCK
         )
     # At most G tokens between the ends: list them, sort them and cut there (one read);
     # else the bracket is one z, and its tokens share their mass.
@@ -640,6 +663,7 @@ def fallback_support(
     s_row,
     list_cap,
     help_row,
+    PARTS: tl.constexpr,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -678,6 +702,7 @@ def fallback_support(
             tl.where(cut, list_cap, 0),
             phase > 0,
             help_row,
+            PARTS,
             G,
             BLOCK,
         )

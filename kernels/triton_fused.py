@@ -78,6 +78,7 @@ def band_resolve_kernel(
     times_ptr,
     TIMING: tl.constexpr,
     EARLY: tl.constexpr,
+    SHARED: tl.constexpr = False,  # band_config keeps it off here: the fused launch never packs
 ):
     row = tl.program_id(0).to(tl.int64)
     lanes_pass(
@@ -162,5 +163,6 @@ def band_resolve_kernel(
             times_ptr,
             TIMING,
             EARLY,
+            SHARED,
             (m_ptr, cand_key_ptr, 0),  # no race: typed stand-ins that raced = 0 never reads
         )

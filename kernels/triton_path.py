@@ -199,6 +199,9 @@ class BandConfig:
     early: bool = True  # the first tier's pick stops once it holds the support (best_sorted)
     race: bool = True  # pass 1 races the rows nothing truncates (lanes, not fused)
     look: int = 1  # tiles pass 1's loop reads ahead of its work (lanes, not fused): 1-3
+    # the whole-row fallback's counting reads go in parts, which rows waiting on the pack
+    # path take too (triton_fallback._above3, help_one); off until timed on the GPU
+    shared_reads: bool = False
 
     @property
     def ncand(self) -> int:
@@ -237,6 +240,7 @@ def band_config(
     early: bool = True,
     race: bool = True,
     look: int | None = None,
+    shared_reads: bool = False,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
@@ -309,6 +313,7 @@ def band_config(
         early=early,
         race=race,
         look=look,
+        shared_reads=shared_reads and not fused,
     )
 
 
@@ -569,7 +574,7 @@ def sample_triton(
         mask_ids,
         mask_sizes,
         scratch,
-        help_words(batch, dev),
+        help_words(batch, dev) if cfg.shared_reads else scratch,  # a stand-in, never read
     )
     resolve_meta = {
         "CAND_BLOCK": cand_block,
@@ -585,6 +590,7 @@ def sample_triton(
         "times_ptr": tokens if phase_cycles is None else phase_cycles,
         "TIMING": phase_cycles is not None,
         "EARLY": cfg.early,
+        "SHARED": cfg.shared_reads,
     }
     stats = (cand_key, m_c, s_c, d_c)
     # Rows nothing truncates (plain temperature sampling) draw from the whole row: pass 1 runs

@@ -145,6 +145,7 @@ def resolve_row(
     times_ptr,  # [B, PHASES] int64 cycle stamps of the row's phases, written when TIMING
     TIMING: tl.constexpr,
     EARLY: tl.constexpr,  # the first tier's pick stops once it holds the support
+    SHARED: tl.constexpr,  # the whole-row fallback's counting reads in parts, shared (pack 2)
     race,  # (g, w, raced): pass 1's race outputs (band_lanes_kernel), read when raced != 0
 ):
     """One row's whole pass 2. Pass 1's outputs are read through L2 (".cg"): in the fused
@@ -433,6 +434,7 @@ def resolve_row(
                 scratch + T1 + T2,  # S, when the search lists it
                 tl.where(midx >= 0, CAP_BLOCK, 0),
                 (help_ptr + row * HELP_WORDS, pack == 2),
+                SHARED,
                 T2,
                 FB_BLOCK,
             )
@@ -509,7 +511,7 @@ def resolve_row(
             offsets_ptr,
             (help_ptr, x_ptr, stride_x, vocab),
             1024,
-            FB_BLOCK,
+            FB_BLOCK * SHARED,  # 0: no help_one
         )
     if TIMING:
         tl.store(stamp + 10, cycles(emitted))
@@ -566,6 +568,7 @@ def resolve_kernel(
     times_ptr,  # [B, PHASES] int64 cycle stamps of the row's phases, written when TIMING
     TIMING: tl.constexpr,
     EARLY: tl.constexpr,  # the first tier's pick stops once it holds the support
+    SHARED: tl.constexpr,  # band_config's shared_reads (triton_fallback._above3)
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch after pass 1
     g_ptr=None,  # pass 1's race (band_lanes_kernel's g_ptr, w_ptr), read when raced != 0
     w_ptr=None,
@@ -626,5 +629,6 @@ def resolve_kernel(
         times_ptr,
         TIMING,
         EARLY,
+        SHARED,
         (g_ptr, w_ptr, raced),
     )

@@ -393,8 +393,8 @@ def masks(res: kernels.SampleResult) -> list[list[int]]:
 
 
 def test_fallback_reads_give_the_same_bits_with_and_without_helpers() -> None:
-    """On the pack path, rows that wait for earlier rows take parts of those rows' whole-row
-    counting reads (triton_fallback.help_one). Wide rows (Gaussian logits, top-p 0.95
+    """With band_config's shared_reads, on the pack path, rows that wait for earlier rows
+    take parts of those rows' whole-row counting reads (triton_fallback.help_one). Wide rows (Gaussian logits, top-p 0.95
     supports of hundreds to thousands of tokens, many of them past the band) among Zipf
     rows, at temperatures 1 and 0.8: the pack path's launch (helpers), the emit path's (no
     helpers) and the fallback rows one at a time must give the same bits, and the oracle's
@@ -415,8 +415,9 @@ def test_fallback_reads_give_the_same_bits_with_and_without_helpers() -> None:
         "step": torch.zeros(rows, dtype=torch.int64, device="cuda"),
     }
     want = torch.ones(rows, dtype=torch.bool)
-    helped = run_checked("fallback reads with helpers", batch, want, 4096)
-    alone = run(batch, want, 4096, {"pack": False})
+    shared = {"shared_reads": True}
+    helped = run_checked("fallback reads with helpers", batch, want, 4096, pass1=shared)
+    alone = run(batch, want, 4096, {**shared, "pack": False})
     fb = helped.fallback_rows.nonzero().flatten().tolist()
     assert len(fb) >= 16, fb
     for name in ("tokens", "logprobs", "support_sizes", "fallback_rows", "mask_status"):
@@ -424,7 +425,7 @@ def test_fallback_reads_give_the_same_bits_with_and_without_helpers() -> None:
     assert masks(helped) == masks(alone)
     one = torch.ones(1, dtype=torch.bool)
     for r in fb[:: max(len(fb) // 8, 1)]:
-        single = run({k: v[r : r + 1] for k, v in batch.items()}, one, 4096)
+        single = run({k: v[r : r + 1] for k, v in batch.items()}, one, 4096, shared)
         assert single.tokens.item() == helped.tokens[r].item(), r
         assert single.logprobs.item() == helped.logprobs[r].item(), r
         assert single.support_sizes.item() == helped.support_sizes[r].item(), r

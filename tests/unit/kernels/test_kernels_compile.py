@@ -175,15 +175,20 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
         assert stores and not [line for line in stores if "b64" in line]
 
 
-@pytest.mark.parametrize(("vocab", "batch"), [(1000, 64), (111, 512)])
-def test_resolve_lowers_for_small_vocabularies(vocab: int, batch: int, sm90_compile: Any) -> None:
+@pytest.mark.parametrize(
+    ("vocab", "batch", "shared"), [(1000, 64, False), (111, 512, False), (1000, 64, True)]
+)
+def test_resolve_lowers_for_small_vocabularies(
+    vocab: int, batch: int, shared: bool, sm90_compile: Any
+) -> None:
     """resolve_kernel where the candidate block is smaller than the rescue's 2048-token read
     (1024 and 128 candidates here), with the register cap band_config sets at 512 rows (the
     interpreter ignores it; at V = 151936 the capped compile ran past 5 minutes on a 2-core
     machine, too long for CI). The interpreter does not check that a name assigned
     before a loop keeps its type inside it; the compiler does, and a rescue that reused the
     candidates' names for its read blocks failed to compile for every vocabulary below
-    about 4096 tokens (the worker's small models) while passing every interpreted test."""
+    about 4096 tokens (the worker's small models) while passing every interpreted test. With
+    shared: the whole-row fallback's counting reads in parts (band_config's shared_reads)."""
     from kernels.triton_resolve import resolve_kernel
 
     cfg = band_config(vocab, batch=batch, fused=False)
@@ -204,6 +209,7 @@ def test_resolve_lowers_for_small_vocabularies(vocab: int, batch: int, sm90_comp
         "HAS_STEP": False,
         "TIMING": False,
         "EARLY": True,
+        "SHARED": shared,
         "PDL": True,
     }
     types = {p: POINTERS.get(p, "i32") for p in resolve_kernel.arg_names}

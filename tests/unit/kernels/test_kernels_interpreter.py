@@ -29,6 +29,7 @@ from kernels.triton_path import band_config, sample_triton
 from kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
 FUSED = True  # lanes pass 1: resolve in the same launch (band_resolve_kernel) or after it
+SHARED = False  # the whole-row fallback's counting reads in parts (band_config's shared_reads)
 KEEP = 2  # tokens a pass-1 lane keeps
 REREAD = False  # two-token lanes with three tokens in the band read their column again
 
@@ -738,13 +739,14 @@ for temp in (1.0, 0.7):
     z_max = float(z.max())
     q = ordered_bits(torch.tensor([z_max - 2.0, z_max - 4.5, z_max - 7.0])).to(torch.int32)
     case = {"temp": temp}
-    for publish in (False, True):
+    for publish, parts in ((False, True), (True, True), (False, False)):
         words = torch.zeros(words_n, dtype=torch.int64)
         n = torch.zeros(3, dtype=torch.int32)
         s = torch.zeros(3)
         above3_probe[(1,)](x[0], torch.tensor([temp]), q, torch.tensor([z_max]), words, n, s,
-                           vocab, PUBLISH=publish, BLOCK=128)
-        case[f"owner_{publish}"] = (n.tolist(), s.tolist(), int(words[W_CLAIM.value]))
+                           vocab, PUBLISH=publish, PARTS=parts, BLOCK=128)
+        name = f"owner_{publish}" if parts else "whole"
+        case[name] = (n.tolist(), s.tolist(), int(words[W_CLAIM.value]))
     # Helpers alone: row 0's read published by hand, rows 1.. take its parts.
     help = torch.zeros(8 * words_n, dtype=torch.int64)
     help[W_CLAIM.value] = OPEN.value
@@ -769,11 +771,12 @@ print(json.dumps({"cases": out, "parts": -(-vocab // PART.value)}))
 
 
 def test_counting_read_is_the_same_by_parts_from_any_program(interpreted: Interpreted) -> None:
-    """The whole-row fallback's counting read (_above3) in parts: its owner alone, its owner
-    publishing the read, and helpers that took every part (help_one, as rows waiting in
+    """The whole-row fallback's counting read (_above3) in parts (band_config's shared_reads):
+    its owner alone, its owner publishing the read, and helpers that took every part (help_one, as rows waiting in
     pack_row do on the GPU) give the same counts and the same mass bits, at temperature 1
-    (raw logits) and 0.7 (divided). The counts are exact, the masses within float32 of a
-    float64 sum; a published read is closed after it, and helpers leave a closed one alone."""
+    (raw logits) and 0.7 (divided). The counts are exact and the masses within float32 of a
+    float64 sum, as the whole read's (the default); a published read is closed after it,
+    and helpers leave a closed one alone."""
     out = interpreted(SHARED_READ)
     for case in out["cases"]:
         alone, published, helped = case["owner_False"], case["owner_True"], case["helpers"]
@@ -784,9 +787,10 @@ def test_counting_read_is_the_same_by_parts_from_any_program(interpreted: Interp
         assert helped[3] == out["parts"]  # five helpers: the last two saw no part left
         assert case["closed"] == 0
         counts, masses = case["exact"]
-        assert alone[0] == counts
-        for got, want in zip(alone[1], masses, strict=True):
+        assert alone[0] == counts and case["whole"][0] == counts
+        for got, whole, want in zip(alone[1], case["whole"][1], masses, strict=True):
             assert abs(got - want) <= 1e-6 * want, (got, want)
+            assert abs(whole - want) <= 1e-6 * want, (whole, want)
 
 
 GATHER = """
@@ -1015,7 +1019,7 @@ bounded = torch.tensor([False, True, False, False, True, False, True, False, Tru
 seed = torch.arange(9, dtype=torch.int64) * 7 + 1
 cap = 128
 inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=cap, seed=seed, bounded=bounded)
-cfg = band_config(vocab, chunk=64, kc=8, lanes=16)
+cfg = band_config(vocab, chunk=64, kc=8, lanes=16, shared_reads=SHARED)
 out = {}
 for r in range(9):  # one row a call, so each row's reads are counted alone
     READS.clear()
@@ -1100,6 +1104,18 @@ print(json.dumps({"ok": rep.ok, "errors": rep.errors, "blocks": BLOCKS,
                   "tokens": torch.equal(tri.tokens, cpu.tokens), "masks": tri.masks() == cpu.masks(),
                   "logprob": bool(torch.allclose(tri.logprobs, cpu.logprobs, atol=1e-5))}))
 """
+
+
+def test_fallback_with_shared_reads_matches_the_whole_reads(interpreted: Interpreted) -> None:
+    """band_config(shared_reads=True): the fallback's counting reads in parts, published on
+    the pack path (9 mask rows, split launch), give the oracle's supports and the torch
+    path's tokens and masks on the same rows, with as many reads."""
+    whole = interpreted(PRELUDE + COUNT_READS + WHOLE_ROW)
+    out = interpreted(PRELUDE + "SHARED = True\n" + COUNT_READS + WHOLE_ROW)
+    assert out["ok"], out["errors"]
+    assert out["tokens"] and out["masks"] and out["logprob"]
+    assert out["sizes"] == whole["sizes"] and out["status"] == whole["status"]
+    assert out["rows"] == whole["rows"]
 
 
 def test_fallback_sorts_a_short_support_in_half_the_block(interpreted: Interpreted) -> None:

@@ -69,9 +69,10 @@ def above3_probe(
     s_ptr,  # [3] masses out
     vocab,
     PUBLISH: tl.constexpr,
+    PARTS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """One counting read (_above3) of a row, published for helpers or not."""
+    """One counting read (_above3) of a row: whole, or in parts published for helpers or not."""
     n1, n2, n3, s1, s2, s3 = _above3(
         x_ptr,
         tl.load(temp_ptr),
@@ -81,6 +82,7 @@ def above3_probe(
         tl.load(q_ptr + 2),
         tl.load(zmax_ptr),
         (words_ptr, PUBLISH),
+        PARTS,
         BLOCK,
     )
     tl.store(n_ptr, n1)
