@@ -93,6 +93,7 @@ def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> 
         "HAS_STEP": True,
         "TIMING": True,
         "EARLY": True,
+        "SHARED": False,
     }
     types = {p: POINTERS.get(p, "i32") for p in band_resolve_kernel.arg_names}
     ptx = sm90_compile(band_resolve_kernel, types, const).asm["ptx"]
