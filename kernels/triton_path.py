@@ -378,9 +378,9 @@ _HELP: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 def _kept_zeros(cache: dict, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[>= numel] zeros that a kernel leaves as it found them, cached per device and stream
-    (launches on one stream are ordered, so they can share them); inside a CUDA graph
-    capture a fresh buffer belongs to the graph instead."""
+    """[>= numel] zeros for a kernel that leaves them fit for its next launch, cached per
+    device and stream (launches on one stream are ordered, so they can share them); inside a
+    CUDA graph capture a fresh buffer belongs to the graph instead."""
     if device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
             return torch.zeros(numel, dtype=dtype, device=device)
