@@ -119,15 +119,9 @@ def _above3(
     top-p boundary."""
     if not PARTS:
         c1 = tl.zeros([BLOCK], tl.int32)
-        if scale_temp(temp) == 1.0:
-            v1, v2, v3 = _float_above(q1), _float_above(q2), _float_above(q3)
-            c1, c2, c3, m1, m2, m3 = _read3(
-                x_row, temp, 0, vocab, v1, v2, v3, z_max, c1, c1, c1, False, BLOCK
-            )
-        else:
-            c1, c2, c3, m1, m2, m3 = _read3(
-                x_row, temp, 0, vocab, q1, q2, q3, z_max, c1, c1, c1, True, BLOCK
-            )
+        c1, c2, c3, m1, m2, m3 = _count3(
+            x_row, temp, 0, vocab, q1, q2, q3, z_max, c1, c1, c1, BLOCK
+        )
         # Separate sums, not one tuple reduction: once a read, and the interpreter (CI) runs
         # a tuple reduction element by element.
         return (
@@ -256,6 +250,17 @@ def _part3(
     """Three counts and three fixed-point masses a lane (c, f) plus part `part` of the row."""
     start = part * PART
     end = tl.minimum(start + PART, vocab)
+    c1, c2, c3, m1, m2, m3 = _count3(x_row, temp, start, end, q1, q2, q3, z_max, c1, c2, c3, BLOCK)
+    f1 += (m1 * FIX).to(tl.int64)
+    f2 += (m2 * FIX).to(tl.int64)
+    f3 += (m3 * FIX).to(tl.int64)
+    return c1, c2, c3, f1, f2, f3
+
+
+@triton.jit
+def _count3(x_row, temp, start, end, q1, q2, q3, z_max, c1, c2, c3, BLOCK: tl.constexpr):
+    """The counts c plus each lane's tokens of [start, end) with ordered32(z) above q1..q3,
+    and each lane's float32 masses of them: in raw logits at temperature 1, else in z."""
     if scale_temp(temp) == 1.0:
         v1, v2, v3 = _float_above(q1), _float_above(q2), _float_above(q3)
         c1, c2, c3, m1, m2, m3 = _read3(
@@ -265,10 +270,7 @@ def _part3(
         c1, c2, c3, m1, m2, m3 = _read3(
             x_row, temp, start, end, q1, q2, q3, z_max, c1, c2, c3, True, BLOCK
         )
-    f1 += (m1 * FIX).to(tl.int64)
-    f2 += (m2 * FIX).to(tl.int64)
-    f3 += (m3 * FIX).to(tl.int64)
-    return c1, c2, c3, f1, f2, f3
+    return c1, c2, c3, m1, m2, m3
 
 
 @triton.jit
@@ -295,7 +297,7 @@ def _read3(
     IN_Z: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """_above3's read of tokens [start, end): the counts c plus each lane's tokens above
+    """_count3's read of tokens [start, end): the counts c plus each lane's tokens above
     t1..t3, and each lane's float32 masses. With IN_Z, every logit divided, t1..t3 ordered32
     thresholds of z; else (temperature 1, z = x) raw logits against float thresholds."""
     m1 = tl.zeros([BLOCK], tl.float32)
