@@ -93,6 +93,9 @@ VARIANTS = {
     # the whole-row fallback's counting reads in parts that waiting rows help with (pack
     # path; session 37, not yet timed): real rows at top-p 0.95 are where it should show
     "shared": {"shared_reads": True},
+    # and resolve's extra programs (sm_count a wave) that only help those reads
+    "helpers": {"shared_reads": True, "help_waves": 1},
+    "helpers2": {"shared_reads": True, "help_waves": 2},
     "p1024": {"programs": 1024},  # segments double while a launch keeps 1024 programs
     # Fewer candidate slots a segment: resolve's candidate block halves (B=1: 75 x 8 = 600
     # slots in a 1024 block; B=128: 10 x 64 = 640), at the cost of a higher band floor.

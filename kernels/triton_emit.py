@@ -12,6 +12,9 @@ programs in order, so a row only ever waits on programs that already run or have
 Up to one program an SM, a row that takes long (the rescue) only delays the launch's end,
 which it holds anyway; with more rows, rows waiting behind it would hold SMs the next wave
 of rows needs, so larger batches keep emit_kernel.
+
+help_rows is the work of resolve's extra programs (band_config's help_waves): after the rows
+in the grid, they take parts of the rows' whole-row reads until every row has packed.
 """
 
 from __future__ import annotations
@@ -65,6 +68,29 @@ def sum_before(
                 seen = tl.load(sizes_ptr + offs, mask=before, other=0, volatile=True)
         total += tl.sum(seen, axis=0)
     return total
+
+
+@triton.jit
+def help_rows(n_rows, sizes_ptr, help, BLOCK: tl.constexpr, HELP_BLOCK: tl.constexpr):
+    """An extra program of resolve's launch (band_config's help_waves): it takes parts of
+    the rows' whole-row counting reads (triton_fallback.help_one) until every row has stored
+    its mask size (pack_row), after which no row opens a read. The extra programs come after
+    the rows in the grid, so every row they wait on has started (pack_row's order)."""
+    pending = _pending(sizes_ptr, n_rows, BLOCK)
+    while pending:
+        help_one(n_rows, help, HELP_BLOCK)
+        pending = _pending(sizes_ptr, n_rows, BLOCK)
+
+
+@triton.jit
+def _pending(sizes_ptr, n, BLOCK: tl.constexpr):
+    """Whether any of sizes[0], ..., sizes[n - 1] is still -1 (its row resolving)."""
+    left = tl.zeros([], tl.int32)
+    for first in range(0, n, BLOCK):
+        offs = first + tl.arange(0, BLOCK)
+        seen = tl.load(sizes_ptr + offs, mask=offs < n, other=0, volatile=True)
+        left += tl.sum((seen < 0).to(tl.int32), axis=0)
+    return left > 0
 
 
 @triton.jit

@@ -202,6 +202,10 @@ class BandConfig:
     # the whole-row fallback's counting reads go in parts, which rows waiting on the pack
     # path take too (triton_fallback._above3, help_one); off until timed on the GPU
     shared_reads: bool = False
+    # with shared_reads on the pack path: resolve's grid has this many waves of extra
+    # programs (sm_count each) after the rows, which only help the rows' reads
+    # (triton_emit.help_rows): the SMs of rows that finished early, or that no row has
+    help_waves: int = 0
 
     @property
     def ncand(self) -> int:
@@ -241,6 +245,7 @@ def band_config(
     race: bool = True,
     look: int | None = None,
     shared_reads: bool = False,
+    help_waves: int = 0,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
@@ -291,6 +296,8 @@ def band_config(
     warps = warps or BAND_WARPS
     if look is None:  # segments of at most SHORT_TILES tiles are read whole
         look = LOOK if lanes and not fused and chunk // lanes > SHORT_TILES.value else 1
+    if help_waves < 0 or (help_waves and not shared_reads):
+        raise ValueError(f"help_waves needs shared_reads and is >= 0, got {help_waves}")
     if look not in (1, 2, 3) or (look > 1 and (fused or not lanes)):
         raise ValueError(f"look must be 1, 2 or 3, and 1 for band_kernel or fused, got {look}")
     if regs is None:
@@ -314,6 +321,7 @@ def band_config(
         race=race,
         look=look,
         shared_reads=shared_reads and not fused,
+        help_waves=help_waves if shared_reads and not fused else 0,
     )
 
 
@@ -397,6 +405,15 @@ def _kept_zeros(cache: dict, numel: int, dtype: torch.dtype, device: torch.devic
 def arrival_counters(batch: int, device: torch.device) -> torch.Tensor:
     """[>= batch] int32 zeros for band_resolve_kernel, which leaves them zero again."""
     return _kept_zeros(_ARRIVALS, batch, torch.int32, device)
+
+
+def help_programs(cfg: BandConfig, pack: int, device: torch.device) -> int:
+    """resolve_kernel's extra programs after the rows (band_config's help_waves, pack 2 with
+    shared reads): sm_count a wave. The interpreter runs programs one at a time in order, so
+    its extra programs find every row packed at once: two a wave there keep that path run."""
+    if pack != 2 or not cfg.shared_reads:
+        return 0
+    return cfg.help_waves * (sm_count(device) if device.type == "cuda" else 2)
 
 
 def help_words(batch: int, device: torch.device) -> torch.Tensor:
@@ -646,7 +663,7 @@ def sample_triton(
         )
     else:
         launch_band(x, inp.temperature, *stats, cfg, pdl=pdl, mask_sizes=mask_sizes, race=race)
-        resolve_kernel[(batch,)](
+        resolve_kernel[(batch + help_programs(cfg, pack, dev),)](
             *stats,
             x,
             x.stride(0),
@@ -658,6 +675,7 @@ def sample_triton(
             cap,
             cfg.ncand,
             cfg.chunk,
+            batch,
             **resolve_meta,
             PDL=pdl,
             g_ptr=race_g,

@@ -37,7 +37,7 @@ from kernels.triton_decide import (
     store_mask,
     support_goal,
 )
-from kernels.triton_emit import pack_row
+from kernels.triton_emit import help_rows, pack_row
 from kernels.triton_fallback import (
     HELP_WORDS,
     fallback_draw,
@@ -517,7 +517,7 @@ def resolve_row(
         tl.store(stamp + 10, cycles(emitted))
 
 
-@triton.jit(do_not_specialize=["pack", "raced"])  # one compile serves every value
+@triton.jit(do_not_specialize=["pack", "n_rows", "raced"])  # one compile serves every value
 def resolve_kernel(
     cand_key_ptr,  # [B, ncand] int64 pass-1 candidates as (z, id) keys
     m_ptr,
@@ -555,6 +555,7 @@ def resolve_kernel(
     cap,
     ncand,  # candidate slots per row (a runtime value: one compile serves every batch size)
     seg_len,  # tokens per pass-1 segment (segment c: tokens [c * seg_len, (c + 1) * seg_len))
+    n_rows,  # B: programs past it only help the rows' reads (pack 2, band_config's help_waves)
     CAND_BLOCK: tl.constexpr,
     NCH_BLOCK: tl.constexpr,
     T1: tl.constexpr,
@@ -579,56 +580,61 @@ def resolve_kernel(
         # and its writes are visible, and let emit_kernel launch early in turn.
         gdc_wait()
         gdc_launch_dependents()
-    resolve_row(
-        tl.program_id(0).to(tl.int64),
-        cand_key_ptr,
-        m_ptr,
-        s_ptr,
-        d_ptr,
-        x_ptr,
-        stride_x,
-        temp_ptr,
-        topk_ptr,
-        topp_ptr,
-        minp_ptr,
-        bounded_ptr,
-        seed_ptr,
-        step_ptr,
-        midx_ptr,
-        tok_ptr,
-        lp_ptr,
-        size_ptr,
-        nan_ptr,
-        fb_ptr,
-        band_ptr,
-        cnt_ptr,
-        status_ptr,
-        slot_ptr,
-        offsets_ptr,
-        pack,
-        ids_ptr,
-        mask_sizes_ptr,
-        scratch_ptr,
-        help_ptr,
-        vocab,
-        n_chunks,
-        max_mask,
-        cap,
-        ncand,
-        seg_len,
-        CAND_BLOCK,
-        NCH_BLOCK,
-        T1,
-        T2,
-        CAP_BLOCK,
-        RESCUE,
-        RESCUE_ROUNDS,
-        FB_BLOCK,
-        NBISECT,
-        HAS_STEP,
-        times_ptr,
-        TIMING,
-        EARLY,
-        SHARED,
-        (g_ptr, w_ptr, raced),
-    )
+    row = tl.program_id(0).to(tl.int64)
+    # Without SHARED the grid is the rows, and the condition folds away.
+    if (row < n_rows) | (not SHARED):
+        resolve_row(
+            row,
+            cand_key_ptr,
+            m_ptr,
+            s_ptr,
+            d_ptr,
+            x_ptr,
+            stride_x,
+            temp_ptr,
+            topk_ptr,
+            topp_ptr,
+            minp_ptr,
+            bounded_ptr,
+            seed_ptr,
+            step_ptr,
+            midx_ptr,
+            tok_ptr,
+            lp_ptr,
+            size_ptr,
+            nan_ptr,
+            fb_ptr,
+            band_ptr,
+            cnt_ptr,
+            status_ptr,
+            slot_ptr,
+            offsets_ptr,
+            pack,
+            ids_ptr,
+            mask_sizes_ptr,
+            scratch_ptr,
+            help_ptr,
+            vocab,
+            n_chunks,
+            max_mask,
+            cap,
+            ncand,
+            seg_len,
+            CAND_BLOCK,
+            NCH_BLOCK,
+            T1,
+            T2,
+            CAP_BLOCK,
+            RESCUE,
+            RESCUE_ROUNDS,
+            FB_BLOCK,
+            NBISECT,
+            HAS_STEP,
+            times_ptr,
+            TIMING,
+            EARLY,
+            SHARED,
+            (g_ptr, w_ptr, raced),
+        )
+    elif SHARED:
+        help_rows(n_rows, mask_sizes_ptr, (help_ptr, x_ptr, stride_x, vocab), 1024, FB_BLOCK)

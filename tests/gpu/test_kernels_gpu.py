@@ -394,11 +394,12 @@ def masks(res: kernels.SampleResult) -> list[list[int]]:
 
 def test_fallback_reads_give_the_same_bits_with_and_without_helpers() -> None:
     """With band_config's shared_reads, on the pack path, rows that wait for earlier rows
-    take parts of those rows' whole-row counting reads (triton_fallback.help_one). Wide rows (Gaussian logits, top-p 0.95
-    supports of hundreds to thousands of tokens, many of them past the band) among Zipf
-    rows, at temperatures 1 and 0.8: the pack path's launch (helpers), the emit path's (no
-    helpers) and the fallback rows one at a time must give the same bits, and the oracle's
-    supports."""
+    take parts of those rows' whole-row counting reads (triton_fallback.help_one), and with
+    help_waves so do resolve's extra programs (triton_emit.help_rows). Wide rows (Gaussian
+    logits, top-p 0.95 supports of hundreds to thousands of tokens, many of them past the
+    band) among Zipf rows, at temperatures 1 and 0.8: the pack path's launch (helpers), with
+    extra programs, the emit path's (no helpers) and the fallback rows one at a time must
+    give the same bits, and the oracle's supports."""
     vocab, rows = 49152, 128
     g = torch.Generator().manual_seed(41)
     x = peaked_logits(rows, vocab, 1.6, g)
@@ -418,11 +419,14 @@ def test_fallback_reads_give_the_same_bits_with_and_without_helpers() -> None:
     shared = {"shared_reads": True}
     helped = run_checked("fallback reads with helpers", batch, want, 4096, pass1=shared)
     alone = run(batch, want, 4096, {**shared, "pack": False})
+    # and with resolve's extra programs (two waves) helping as well
+    waves = run(batch, want, 4096, {**shared, "help_waves": 2})
     fb = helped.fallback_rows.nonzero().flatten().tolist()
     assert len(fb) >= 16, fb
-    for name in ("tokens", "logprobs", "support_sizes", "fallback_rows", "mask_status"):
-        assert torch.equal(getattr(helped, name), getattr(alone, name)), name
-    assert masks(helped) == masks(alone)
+    for other in (alone, waves):
+        for name in ("tokens", "logprobs", "support_sizes", "fallback_rows", "mask_status"):
+            assert torch.equal(getattr(helped, name), getattr(other, name)), name
+        assert masks(helped) == masks(other)
     one = torch.ones(1, dtype=torch.bool)
     for r in fb[:: max(len(fb) // 8, 1)]:
         single = run({k: v[r : r + 1] for k, v in batch.items()}, one, 4096, shared)

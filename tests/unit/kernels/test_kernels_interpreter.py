@@ -30,6 +30,7 @@ from kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
 FUSED = True  # lanes pass 1: resolve in the same launch (band_resolve_kernel) or after it
 SHARED = False  # the whole-row fallback's counting reads in parts (band_config's shared_reads)
+HELP_WAVES = 0  # with SHARED: resolve's extra programs that help those reads (help_waves)
 KEEP = 2  # tokens a pass-1 lane keeps
 REREAD = False  # two-token lanes with three tokens in the band read their column again
 
@@ -997,6 +998,12 @@ def _gathered(*args):
     GATHERS.append(1)
     return _gather(*args)
 kernels.triton_resolve.fallback_gather = _gathered
+HELPERS = []  # resolve's extra programs (help_waves) that ran
+_help = kernels.triton_resolve.help_rows
+def _helped(*args):
+    HELPERS.append(1)
+    return _help(*args)
+kernels.triton_resolve.help_rows = _helped
 
 # Rows that only the fallback decides (the band of 64-token chunks with 8 candidates each
 # lists too few), chosen so that its cut lands inside a run of tied z: top-k and top-p
@@ -1019,7 +1026,7 @@ bounded = torch.tensor([False, True, False, False, True, False, True, False, Tru
 seed = torch.arange(9, dtype=torch.int64) * 7 + 1
 cap = 128
 inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=cap, seed=seed, bounded=bounded)
-cfg = band_config(vocab, chunk=64, kc=8, lanes=16, shared_reads=SHARED)
+cfg = band_config(vocab, chunk=64, kc=8, lanes=16, shared_reads=SHARED, help_waves=HELP_WAVES)
 out = {}
 for r in range(9):  # one row a call, so each row's reads are counted alone
     READS.clear()
@@ -1030,12 +1037,13 @@ for r in range(9):  # one row a call, so each row's reads are counted alone
     tri = sample_triton(one, cfg)
     out[r] = {"reads": len(READS), "draws": len(DRAWS), "fallback": bool(tri.fallback_rows[0]),
               "gathers": len(GATHERS), "listing_reads": READS.count("_cut_listed")}
+HELPERS.clear()
 tri = sample_triton(inp, cfg)
 cpu = sample_torch(inp)
 ref = reference(x, temp, k, p, mp)
 rep = check_result(tri, ref, want, bounded, cap)
 print(json.dumps({"ok": rep.ok, "errors": rep.errors, "ambiguous": ref.ambiguous.tolist(),
-                  "rows": out, "sizes": tri.support_sizes.tolist(),
+                  "rows": out, "helpers": len(HELPERS), "sizes": tri.support_sizes.tolist(),
                   "ref_sizes": ref.support_sizes.tolist(), "status": tri.mask_status.tolist(),
                   "tokens": torch.equal(tri.tokens, cpu.tokens), "masks": tri.masks() == cpu.masks(),
                   "logprob": bool(torch.allclose(tri.logprobs, cpu.logprobs, atol=1e-5))}))
@@ -1109,13 +1117,15 @@ print(json.dumps({"ok": rep.ok, "errors": rep.errors, "blocks": BLOCKS,
 def test_fallback_with_shared_reads_matches_the_whole_reads(interpreted: Interpreted) -> None:
     """band_config(shared_reads=True): the fallback's counting reads in parts, published on
     the pack path (9 mask rows, split launch), give the oracle's supports and the torch
-    path's tokens and masks on the same rows, with as many reads."""
+    path's tokens and masks on the same rows, with as many reads. With help_waves, the
+    launch's extra programs (two under the interpreter) find every row packed and end."""
     whole = interpreted(PRELUDE + COUNT_READS + WHOLE_ROW)
-    out = interpreted(PRELUDE + "SHARED = True\n" + COUNT_READS + WHOLE_ROW)
+    out = interpreted(PRELUDE + "SHARED = True\nHELP_WAVES = 1\n" + COUNT_READS + WHOLE_ROW)
     assert out["ok"], out["errors"]
     assert out["tokens"] and out["masks"] and out["logprob"]
     assert out["sizes"] == whole["sizes"] and out["status"] == whole["status"]
     assert out["rows"] == whole["rows"]
+    assert out["helpers"] == 2 and whole["helpers"] == 0
 
 
 def test_fallback_sorts_a_short_support_in_half_the_block(interpreted: Interpreted) -> None:
