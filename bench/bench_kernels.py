@@ -96,6 +96,9 @@ VARIANTS = {
     # and resolve's extra programs (sm_count a wave) that only help those reads
     "helpers": {"shared_reads": True, "help_waves": 1},
     "helpers2": {"shared_reads": True, "help_waves": 2},
+    # the counting reads alone in parts (session 37's), the listing read in one program
+    "shared_counts": {"shared_reads": True, "shared_lists": False},
+    "helpers_counts": {"shared_reads": True, "shared_lists": False, "help_waves": 1},
     "p1024": {"programs": 1024},  # segments double while a launch keeps 1024 programs
     # Fewer candidate slots a segment: resolve's candidate block halves (B=1: 75 x 8 = 600
     # slots in a 1024 block; B=128: 10 x 64 = 640), at the cost of a higher band floor.

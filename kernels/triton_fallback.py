@@ -95,6 +95,12 @@ W_ZMAX = tl.constexpr(5)
 W_TEMP = tl.constexpr(6)
 W_C = tl.constexpr(7)
 W_M = tl.constexpr(10)
+# What the open read is: 0 a counting read (_above3), 1 a listing read (_cut_listed). A
+# listing read's words hold its bracket (lo, hi) and top in W_Q, where its lists are (the
+# bracket's scratch row, s_row: pointers as int64) and their sizes (G, list_cap) in W_C,
+# and in W_CUR the tokens listed so far: the bracket's count + (the count above top << 32).
+W_KIND = tl.constexpr(13)
+W_CUR = tl.constexpr(14)
 HELP_WORDS = tl.constexpr(16)
 
 
@@ -105,7 +111,8 @@ def _above3(
     """For three thresholds q (ordered32 values of z): how many tokens have
     ordered32(z) > q, and their sum exp(z - z_max), in one read of the row.
 
-    PARTS (band_config's shared_reads): the read goes in parts (above), and with help_row's
+    PARTS (band_config's shared_reads: 1, or 2 with the listing read shared too): the read
+    goes in parts (above), and with help_row's
     publish (the row's words in the help buffer, publish) waiting rows may take some
     (help_one); the read returns once they are done. Without PARTS, one float32 sum a lane
     over the whole row.
@@ -140,6 +147,7 @@ def _above3(
         tl.store(words + W_Q + 2, q3.to(tl.int64))
         tl.store(words + W_ZMAX, z_max.to(tl.int32, bitcast=True).to(tl.int64))
         tl.store(words + W_TEMP, temp.to(tl.int32, bitcast=True).to(tl.int64))
+        tl.store(words + W_KIND, tl.zeros([], tl.int64))
         for w in tl.static_range(6):
             tl.store(words + W_C + w, tl.zeros([], tl.int64))
         tl.store(words + W_DONE, tl.zeros([], tl.int64))
@@ -166,11 +174,7 @@ def _above3(
     s2 = tl.sum(f2, axis=0)
     s3 = tl.sum(f3, axis=0)
     if publish:
-        # Every part is claimed; wait for the helpers' (an acquire: their sums are visible
-        # after it), then close the read so that no later claim succeeds.
-        while tl.atomic_add(words + W_DONE, 0, sem="acquire", scope="gpu") < n_parts - mine:
-            pass
-        tl.atomic_xchg(words + W_CLAIM, 0, sem="acq_rel", scope="gpu")
+        _close(words, n_parts - mine)
         n1 += tl.load(words + W_C, volatile=True).to(tl.int32)
         n2 += tl.load(words + W_C + 1, volatile=True).to(tl.int32)
         n3 += tl.load(words + W_C + 2, volatile=True).to(tl.int32)
@@ -181,6 +185,17 @@ def _above3(
 
 
 @triton.jit
+def _close(words, others):
+    """The owner's end of a published read, every part claimed: waits until the parts that
+    others claimed are done (an acquire: their sums and stores are visible after it), then
+    closes the read so that no later claim succeeds."""
+    while tl.atomic_add(words + W_DONE, 0, sem="acquire", scope="gpu") < others:
+        pass
+    tl.atomic_xchg(words + W_CLAIM, 0, sem="acq_rel", scope="gpu")
+    tl.debug_barrier()  # every thread after the acquire
+
+
+@triton.jit
 def _claim(words, publish, mine):
     """The next part this program reads: the claim word's (published) or its own count."""
     if publish:  # noqa: SIM108 (a branch: the atomic runs only when published)
@@ -188,6 +203,36 @@ def _claim(words, publish, mine):
     else:
         part = mine
     return part
+
+
+@triton.jit
+def _list_shared(x_row, temp, vocab, ends, lists, words, BLOCK: tl.constexpr):
+    """_cut_listed's read published for helpers (the pack path, band_config's
+    shared_reads): the row takes parts like the helpers (_list_part) and returns once every
+    part is listed."""
+    lo, hi, top = ends
+    scratch_row, g, s_row, list_cap = lists
+    tl.store(words + W_Q, lo.to(tl.int64))
+    tl.store(words + W_Q + 1, hi.to(tl.int64))
+    tl.store(words + W_Q + 2, top.to(tl.int64))
+    tl.store(words + W_TEMP, temp.to(tl.int32, bitcast=True).to(tl.int64))
+    tl.store(words + W_KIND, tl.full([], 1, tl.int64))
+    tl.store(words + W_C, scratch_row.to(tl.int64, bitcast=True))
+    tl.store(words + W_C + 1, s_row.to(tl.int64, bitcast=True))
+    tl.store(words + W_C + 2, tl.full([], g, tl.int64))
+    tl.store(words + W_M, list_cap.to(tl.int64))
+    tl.store(words + W_CUR, tl.zeros([], tl.int64))
+    tl.store(words + W_DONE, tl.zeros([], tl.int64))
+    tl.debug_barrier()  # every thread's stores before the release below
+    tl.atomic_xchg(words + W_CLAIM, OPEN, sem="release", scope="gpu")
+    n_parts = tl.cdiv(vocab, PART)
+    mine = tl.full([], 0, tl.int64)
+    part = _claim(words, True, mine)
+    while part < n_parts:
+        _list_part(x_row, temp, vocab, part, ends, lists, words, BLOCK)
+        mine += 1
+        part = _claim(words, True, mine)
+    _close(words, n_parts - mine)
 
 
 @triton.jit
@@ -221,26 +266,76 @@ def help_one(row, help, BLOCK: tl.constexpr):
             q1 = tl.load(words + W_Q, volatile=True).to(tl.int32)
             q2 = tl.load(words + W_Q + 1, volatile=True).to(tl.int32)
             q3 = tl.load(words + W_Q + 2, volatile=True).to(tl.int32)
-            z_max = tl.load(words + W_ZMAX, volatile=True).to(tl.int32).to(tl.float32, bitcast=True)
             temp = tl.load(words + W_TEMP, volatile=True).to(tl.int32).to(tl.float32, bitcast=True)
-            c1 = tl.zeros([BLOCK], tl.int32)
-            f1 = tl.zeros([BLOCK], tl.int64)
             x_row = x_ptr + first * stride_x
-            c1, c2, c3, f1, f2, f3 = _part3(
-                x_row, temp, vocab, part, q1, q2, q3, z_max, c1, c1, c1, f1, f1, f1, BLOCK
-            )
-            tl.atomic_add(words + W_C, tl.sum(c1, axis=0).to(tl.int64), sem="relaxed", scope="gpu")
-            tl.atomic_add(
-                words + W_C + 1, tl.sum(c2, axis=0).to(tl.int64), sem="relaxed", scope="gpu"
-            )
-            tl.atomic_add(
-                words + W_C + 2, tl.sum(c3, axis=0).to(tl.int64), sem="relaxed", scope="gpu"
-            )
-            tl.atomic_add(words + W_M, tl.sum(f1, axis=0), sem="relaxed", scope="gpu")
-            tl.atomic_add(words + W_M + 1, tl.sum(f2, axis=0), sem="relaxed", scope="gpu")
-            tl.atomic_add(words + W_M + 2, tl.sum(f3, axis=0), sem="relaxed", scope="gpu")
-            tl.debug_barrier()
+            if tl.load(words + W_KIND, volatile=True) == 0:
+                _help_count(words, x_row, temp, vocab, part, q1, q2, q3, BLOCK)
+            else:
+                _list_part(x_row, temp, vocab, part, (q1, q2, q3), _lists(words), words, BLOCK)
+            tl.debug_barrier()  # every thread's atomics and stores before the release
             tl.atomic_add(words + W_DONE, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _help_count(words, x_row, temp, vocab, part, q1, q2, q3, BLOCK: tl.constexpr):
+    """A helper's part of a counting read: its counts and masses added to the row's words."""
+    z_max = tl.load(words + W_ZMAX, volatile=True).to(tl.int32).to(tl.float32, bitcast=True)
+    c1 = tl.zeros([BLOCK], tl.int32)
+    f1 = tl.zeros([BLOCK], tl.int64)
+    c1, c2, c3, f1, f2, f3 = _part3(
+        x_row, temp, vocab, part, q1, q2, q3, z_max, c1, c1, c1, f1, f1, f1, BLOCK
+    )
+    tl.atomic_add(words + W_C, tl.sum(c1, axis=0).to(tl.int64), sem="relaxed", scope="gpu")
+    tl.atomic_add(words + W_C + 1, tl.sum(c2, axis=0).to(tl.int64), sem="relaxed", scope="gpu")
+    tl.atomic_add(words + W_C + 2, tl.sum(c3, axis=0).to(tl.int64), sem="relaxed", scope="gpu")
+    tl.atomic_add(words + W_M, tl.sum(f1, axis=0), sem="relaxed", scope="gpu")
+    tl.atomic_add(words + W_M + 1, tl.sum(f2, axis=0), sem="relaxed", scope="gpu")
+    tl.atomic_add(words + W_M + 2, tl.sum(f3, axis=0), sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _lists(words):
+    """A published listing read's lists: (the bracket's row, G, s_row, list_cap)."""
+    scratch_row = tl.load(words + W_C, volatile=True).to(tl.pointer_type(tl.int64), bitcast=True)
+    s_row = tl.load(words + W_C + 1, volatile=True).to(tl.pointer_type(tl.int64), bitcast=True)
+    g = tl.load(words + W_C + 2, volatile=True).to(tl.int32)
+    list_cap = tl.load(words + W_M, volatile=True).to(tl.int32)
+    return scratch_row, g, s_row, list_cap
+
+
+@triton.jit
+def _list_part(x_row, temp, vocab, part, ends, lists, words, BLOCK: tl.constexpr):
+    """Part `part` of a shared listing read (_cut_listed): writes its tokens with
+    lo < ordered32(z) <= hi to the bracket's row and those above top to s_row, at slots
+    taken from the read's cursor (W_CUR) with one atomic for the part. Two reads of the
+    part (the second from L2), with no block-wide step inside either: the first counts each
+    lane's tokens, a scan gives each lane its first slots, the second writes them. The
+    order the parts land in does not matter: both lists are sorted before use."""
+    lo, hi, top = ends
+    scratch_row, g, s_row, list_cap = lists
+    start = part * PART
+    end = tl.minimum(start + PART, vocab)
+    n_b = tl.zeros([BLOCK], tl.int32)
+    n_s = tl.zeros([BLOCK], tl.int32)
+    for b in range(start, end, BLOCK):
+        o = ordered32(_z_of(_load_block(x_row, end, b, BLOCK), temp))
+        n_b += ((o > lo) & (o <= hi)).to(tl.int32)
+        n_s += (o > top).to(tl.int32)
+    both = tl.sum(n_b, axis=0).to(tl.int64) | (tl.sum(n_s, axis=0).to(tl.int64) << 32)
+    got = tl.atomic_add(words + W_CUR, both, sem="relaxed", scope="gpu")
+    slot_b = (got & LOW).to(tl.int32) + tl.cumsum(n_b, axis=0) - n_b
+    slot_s = (got >> 32).to(tl.int32) + tl.cumsum(n_s, axis=0) - n_s
+    lane = tl.arange(0, BLOCK)
+    for b in range(start, end, BLOCK):
+        z = _z_of(_load_block(x_row, end, b, BLOCK), temp)
+        o = ordered32(z)
+        sel = (o > lo) & (o <= hi)
+        sel_s = o > top
+        keys = pack_key(z, (b + lane).to(tl.int64))
+        tl.store(scratch_row + slot_b, keys, mask=sel & (slot_b < g))
+        tl.store(s_row + slot_s, keys, mask=sel_s & (slot_s < list_cap))
+        slot_b += sel.to(tl.int32)
+        slot_s += sel_s.to(tl.int32)
 
 
 @triton.jit
@@ -474,6 +569,8 @@ def cut_key(
             scratch_row,
             s_row,
             list_cap,
+            help_row,
+            PARTS,
             G,
             BLOCK,
         )
@@ -846,38 +943,22 @@ def position_of(x_row, temp, vocab, key, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _cut_listed(
+def _list_whole(
     x_row,
     temp,
     vocab,
     lo,
     hi,
-    n_between,
-    c_hi,
-    m_hi,
-    k,
-    z_norm,
-    top_p,
-    min_p,
-    z_max,
+    top,
     scratch_row,
     s_row,
     list_cap,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """cut_key's end when at most G tokens have lo < ordered32(z) <= hi: one read lists them
-    in scratch_row, a sort puts them in design order, and the kept prefix is counted there
-    (the tokens above hi, c_hi of mass m_hi, are all kept; none at or below lo is).
-
-    When every token above lo fits list_cap slots (c_hi plus the bracket's), the same read
-    lists the tokens above hi in s_row, and the bracket's kept prefix is written after them:
-    s_row then holds S, unsorted, and the caller needs no read of its own to list it (the
-    fourth value returned says so)."""
-    tl.debug_barrier()  # earlier reads of the scratch rows before the stores below
+    """_cut_listed's read in one program: lists its tokens with lo < ordered32(z) <= hi in
+    scratch_row and those above top in s_row, in row order."""
     lane = tl.arange(0, BLOCK)
-    s_out = c_hi + n_between <= list_cap
-    top = tl.where(s_out, hi, INT32_MAX)  # nothing is above it: nothing listed in s_row
     written = tl.full([], 0, tl.int32)
     above = tl.full([], 0, tl.int32)
     x = _load_block(x_row, vocab, 0, BLOCK)
@@ -900,6 +981,53 @@ def _cut_listed(
         written += total & 0xFFFF
         above += total >> 16
         x = x_next
+
+
+@triton.jit
+def _cut_listed(
+    x_row,
+    temp,
+    vocab,
+    lo,
+    hi,
+    n_between,
+    c_hi,
+    m_hi,
+    k,
+    z_norm,
+    top_p,
+    min_p,
+    z_max,
+    scratch_row,
+    s_row,
+    list_cap,
+    help_row,
+    PARTS: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """cut_key's end when at most G tokens have lo < ordered32(z) <= hi: one read lists them
+    in scratch_row, a sort puts them in design order, and the kept prefix is counted there
+    (the tokens above hi, c_hi of mass m_hi, are all kept; none at or below lo is).
+
+    When every token above lo fits list_cap slots (c_hi plus the bracket's), the same read
+    lists the tokens above hi in s_row, and the bracket's kept prefix is written after them:
+    s_row then holds S, unsorted, and the caller needs no read of its own to list it (the
+    fourth value returned says so).
+
+    With PARTS 2 on the pack path (help_row's publish) the read is published in parts like
+    the counting reads, and rows waiting in pack_row list some of them (help_one, _list_part):
+    the lists' order changes, not their keys, and both are sorted before use."""
+    tl.debug_barrier()  # earlier reads of the scratch rows before the stores below
+    s_out = c_hi + n_between <= list_cap
+    top = tl.where(s_out, hi, INT32_MAX)  # nothing is above it: nothing listed in s_row
+    words, publish = help_row
+    if publish & (PARTS == 2):
+        _list_shared(
+            x_row, temp, vocab, (lo, hi, top), (scratch_row, G, s_row, list_cap), words, BLOCK
+        )
+    else:
+        _list_whole(x_row, temp, vocab, lo, hi, top, scratch_row, s_row, list_cap, G, BLOCK)
     tl.debug_barrier()  # the scattered stores before the block load
     pos = tl.arange(0, G)
     keys = sort_block(scratch_row, n_between, G)

@@ -206,6 +206,8 @@ class BandConfig:
     # programs (sm_count each) after the rows, which only help the rows' reads
     # (triton_emit.help_rows): the SMs of rows that finished early, or that no row has
     help_waves: int = 0
+    # with shared_reads: the fallback's listing read (_cut_listed) goes in parts too
+    shared_lists: bool = True
 
     @property
     def ncand(self) -> int:
@@ -246,6 +248,7 @@ def band_config(
     look: int | None = None,
     shared_reads: bool = False,
     help_waves: int = 0,
+    shared_lists: bool = True,
 ) -> BandConfig:
     """Pass 1's shape for a vocabulary and batch size (tests shrink chunk and kc).
 
@@ -322,6 +325,7 @@ def band_config(
         look=look,
         shared_reads=shared_reads and not fused,
         help_waves=help_waves if shared_reads and not fused else 0,
+        shared_lists=shared_lists,
     )
 
 
@@ -405,6 +409,12 @@ def _kept_zeros(cache: dict, numel: int, dtype: torch.dtype, device: torch.devic
 def arrival_counters(batch: int, device: torch.device) -> torch.Tensor:
     """[>= batch] int32 zeros for band_resolve_kernel, which leaves them zero again."""
     return _kept_zeros(_ARRIVALS, batch, torch.int32, device)
+
+
+def shared_level(cfg: BandConfig) -> int:
+    """resolve_kernel's SHARED: 0 off, 1 the fallback's counting reads in parts, 2 its
+    listing read too."""
+    return (1 + cfg.shared_lists) if cfg.shared_reads else 0
 
 
 def help_programs(cfg: BandConfig, pack: int, device: torch.device) -> int:
@@ -607,7 +617,7 @@ def sample_triton(
         "times_ptr": tokens if phase_cycles is None else phase_cycles,
         "TIMING": phase_cycles is not None,
         "EARLY": cfg.early,
-        "SHARED": cfg.shared_reads,
+        "SHARED": shared_level(cfg),
     }
     stats = (cand_key, m_c, s_c, d_c)
     # Rows nothing truncates (plain temperature sampling) draw from the whole row: pass 1 runs

@@ -145,7 +145,8 @@ def resolve_row(
     times_ptr,  # [B, PHASES] int64 cycle stamps of the row's phases, written when TIMING
     TIMING: tl.constexpr,
     EARLY: tl.constexpr,  # the first tier's pick stops once it holds the support
-    SHARED: tl.constexpr,  # the whole-row fallback's counting reads in parts, shared (pack 2)
+    SHARED: tl.constexpr,  # the whole-row fallback's reads in parts, shared (pack 2): 0 off,
+    # 1 the counting reads, 2 the listing read too (band_config's shared_reads, shared_lists)
     race,  # (g, w, raced): pass 1's race outputs (band_lanes_kernel), read when raced != 0
 ):
     """One row's whole pass 2. Pass 1's outputs are read through L2 (".cg"): in the fused
@@ -511,7 +512,7 @@ def resolve_row(
             offsets_ptr,
             (help_ptr, x_ptr, stride_x, vocab),
             1024,
-            FB_BLOCK * SHARED,  # 0: no help_one
+            FB_BLOCK if SHARED else 0,  # 0: no help_one
         )
     if TIMING:
         tl.store(stamp + 10, cycles(emitted))
@@ -569,7 +570,7 @@ def resolve_kernel(
     times_ptr,  # [B, PHASES] int64 cycle stamps of the row's phases, written when TIMING
     TIMING: tl.constexpr,
     EARLY: tl.constexpr,  # the first tier's pick stops once it holds the support
-    SHARED: tl.constexpr,  # band_config's shared_reads (triton_fallback._above3)
+    SHARED: tl.constexpr,  # 0, 1 or 2: resolve_row's
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch after pass 1
     g_ptr=None,  # pass 1's race (band_lanes_kernel's g_ptr, w_ptr), read when raced != 0
     w_ptr=None,

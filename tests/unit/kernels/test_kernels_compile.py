@@ -177,10 +177,10 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
 
 
 @pytest.mark.parametrize(
-    ("vocab", "batch", "shared"), [(1000, 64, False), (111, 512, False), (1000, 64, True)]
+    ("vocab", "batch", "shared"), [(1000, 64, 0), (111, 512, 0), (1000, 64, 2)]
 )
 def test_resolve_lowers_for_small_vocabularies(
-    vocab: int, batch: int, shared: bool, sm90_compile: Any
+    vocab: int, batch: int, shared: int, sm90_compile: Any
 ) -> None:
     """resolve_kernel where the candidate block is smaller than the rescue's 2048-token read
     (1024 and 128 candidates here), with the register cap band_config sets at 512 rows (the
@@ -189,7 +189,7 @@ def test_resolve_lowers_for_small_vocabularies(
     before a loop keeps its type inside it; the compiler does, and a rescue that reused the
     candidates' names for its read blocks failed to compile for every vocabulary below
     about 4096 tokens (the worker's small models) while passing every interpreted test. With
-    shared: the whole-row fallback's counting reads in parts (band_config's shared_reads)."""
+    shared: the whole-row fallback's reads in parts, its counting and listing reads (2)."""
     from kernels.triton_resolve import resolve_kernel
 
     cfg = band_config(vocab, batch=batch, fused=False)

@@ -724,7 +724,9 @@ def test_logit_floor_is_the_exact_logit_threshold(interpreted: Interpreted) -> N
 SHARED_READ = """
 import json, sys, torch
 from kernels.order import ordered_bits, scaled_logits
-from kernels.triton_fallback import FIX, HELP_WORDS, OPEN, PART, W_C, W_CLAIM, W_DONE, W_M, W_Q, W_TEMP, W_ZMAX
+from kernels.order import pack_keys
+from kernels.triton_fallback import (FIX, HELP_WORDS, OPEN, PART, W_C, W_CLAIM, W_CUR, W_DONE,
+                                     W_KIND, W_M, W_Q, W_TEMP, W_ZMAX)
 sys.path.insert(0, "tests/unit/kernels")
 from triton_probes import above3_probe, help_probe
 
@@ -762,6 +764,32 @@ for temp in (1.0, 0.7):
     closed = torch.zeros(8 * words_n, dtype=torch.int64)
     help_probe[(3,)](closed, x, x.stride(0), vocab, BLOCK=128)
     case["closed"] = int(closed.abs().sum())
+    # A listing read (_cut_listed's) published by hand: helpers list every part, the
+    # bracket (lo, hi] in one list and the tokens above top (hi, as _cut_listed has it
+    # when S fits) in the other.
+    ends = ordered_bits(torch.tensor([z_max - 6.0, z_max - 3.0, z_max - 3.0])).to(torch.int64)
+    lists = torch.zeros(2, 4096, dtype=torch.int64)
+    help = torch.zeros(8 * words_n, dtype=torch.int64)
+    help[W_CLAIM.value] = OPEN.value
+    help[W_Q.value : W_Q.value + 3] = ends
+    help[W_TEMP.value] = int(torch.tensor([temp]).view(torch.int32))
+    help[W_KIND.value] = 1
+    help[W_C.value : W_C.value + 3] = torch.tensor([lists[0].data_ptr(), lists[1].data_ptr(), 4096])
+    help[W_M.value] = 4096
+    help_probe[(5,)](help, x, x.stride(0), vocab, BLOCK=128)
+    cur = int(help[W_CUR.value])
+    n_b, n_s = cur & 0xFFFFFFFF, cur >> 32
+    o = ordered_bits(z).to(torch.int64)
+    keys = pack_keys(z, torch.arange(vocab))
+    want_b = keys[(o > ends[0]) & (o <= ends[1])].sort().values
+    want_s = keys[o > ends[2]].sort().values
+    case["listed"] = {
+        "bracket": lists[0, :n_b].sort().values.tolist() == want_b.tolist() and n_b > 100,
+        "above": lists[1, :n_s].sort().values.tolist() == want_s.tolist() and n_s > 3,
+        "rest": int(lists[0, n_b:].abs().sum() + lists[1, n_s:].abs().sum()),
+        "done": int(help[W_DONE.value]),
+        "counts": (n_b, n_s),
+    }
     thr = torch.tensor([z_max - 2.0, z_max - 4.5, z_max - 7.0])
     above = z[None, :] > thr[:, None]
     e = torch.exp(z.double() - z_max)
@@ -777,9 +805,14 @@ def test_counting_read_is_the_same_by_parts_from_any_program(interpreted: Interp
     pack_row do on the GPU) give the same counts and the same mass bits, at temperature 1
     (raw logits) and 0.7 (divided). The counts are exact and the masses within float32 of a
     float64 sum, as the whole read's (the default); a published read is closed after it,
-    and helpers leave a closed one alone."""
+    and helpers leave a closed one alone. A listing read's parts (_cut_listed's, kind 1)
+    taken by helpers list the row's keys in its bracket and above its top, nothing else."""
     out = interpreted(SHARED_READ)
     for case in out["cases"]:
+        # A listing read's parts listed by helpers: the same keys as the row's, in some order
+        listed = case["listed"]
+        assert listed["bracket"] and listed["above"], listed
+        assert listed["rest"] == 0 and listed["done"] == out["parts"], listed
         alone, published, helped = case["owner_False"], case["owner_True"], case["helpers"]
         assert alone[:2] == published[:2], case
         assert published[2] == 0  # closed
