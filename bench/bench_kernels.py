@@ -1017,6 +1017,35 @@ def plot(rows, path) -> None:
         ax.set_yscale("log")
         ax.set_title(f"{zipf[0]['logits']} V={vocab} {dtype} {setting}")
     _save_settings_figure(fig, axes, "median time (us)", path)
+    if any(k.startswith("graph_us_") for r in sel for k in r):
+        plot_variants(sel, path.with_name(path.stem + "_variants.png"))
+
+
+def plot_variants(rows, path) -> None:
+    """--variants: bars of the default's and each variant's graph time, one group a
+    (setting, B), on a linear scale (the variants differ by a few percent)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = dict.fromkeys(k for r in rows for k in r if k.startswith("graph_us_"))
+    names = ["graph_us", *variants]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(names)
+    for j, key in enumerate(names):
+        ys = [r.get(key, float("nan")) for r in rows]
+        label = "default" if key == "graph_us" else key[len("graph_us_") :]
+        ax.bar([i + j * width for i in range(len(rows))], ys, width, label=label)
+    ticks = [f"{r['setting']} B={r['B']}" for r in rows]
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], ticks)
+    ax.set_ylabel("us per sample (graph, median)")
+    ax.set_title(
+        f"kernels.sample variants, {rows[0]['logits']} V={rows[0]['V']} {rows[0]['dtype']}"
+    )
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
