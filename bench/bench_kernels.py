@@ -1018,7 +1018,7 @@ def plot(rows, path) -> None:
         ax.set_title(f"{zipf[0]['logits']} V={vocab} {dtype} {setting}")
     _save_settings_figure(fig, axes, "median time (us)", path)
     if any(k.startswith("graph_us_") for r in sel for k in r):
-        plot_variants(sel, path.with_name(path.stem + "_variants.png"))
+        plot_variants(sel, path.with_name(path.stem + "_bars.png"))
 
 
 def plot_variants(rows, path) -> None:
