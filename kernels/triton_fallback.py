@@ -80,7 +80,9 @@ def _load_block(x_row, vocab, start, BLOCK: tl.constexpr):
 # words of the help buffer, and rows that wait on it take parts too (help_one). Each part's
 # masses are summed per lane in float32, then added per lane as fixed-point integers, so
 # the read's counts and masses are the same bits whoever took which part, and with or
-# without helpers (batch invariance).
+# without helpers (batch invariance). With the listing read shared too (shared_lists),
+# _cut_listed's read goes in the same parts, each taking its slots in the lists with one
+# atomic (_list_part).
 PART = tl.constexpr(8192)  # tokens a part (a multiple of the read's block)
 FIX = tl.constexpr(2.0**40)  # masses are <= 1 a token: a row's sum stays below 2^58
 OPEN = tl.constexpr(1 << 32)  # claim word: OPEN | next part while a read is published
@@ -112,10 +114,9 @@ def _above3(
     ordered32(z) > q, and their sum exp(z - z_max), in one read of the row.
 
     PARTS (band_config's shared_reads: 1, or 2 with the listing read shared too): the read
-    goes in parts (above), and with help_row's
-    publish (the row's words in the help buffer, publish) waiting rows may take some
-    (help_one); the read returns once they are done. Without PARTS, one float32 sum a lane
-    over the whole row.
+    goes in parts (above), and with help_row's publish (the row's words in the help buffer,
+    publish) waiting rows may take some (help_one); the read returns once they are done.
+    Without PARTS, one float32 sum a lane over the whole row.
 
     At temperature 1 (and on greedy rows, which scale by 1) z is x itself, so the read
     compares raw logits with the thresholds' floats and divides nothing: the same counts
@@ -242,8 +243,11 @@ def _unfix(s):
 
 @triton.jit
 def help_one(row, help, BLOCK: tl.constexpr):
-    """A waiting row's turn at the reads that rows before it published (_above3): claims a
-    part of the first open one, reads it and adds its counts and masses to that row's words.
+    """A waiting row's turn at the reads that rows before it published: claims a part of
+    the first open one and reads it. A counting read's part (_above3) adds its counts and
+    masses to that row's words (_help_count); a listing read's (_cut_listed) writes its
+    tokens to that row's lists (_list_part). resolve's helper programs (help_rows) pass
+    row = B: every row.
 
     help: (the help buffer [B, HELP_WORDS], x_ptr, stride_x, vocab). It waits on nothing:
     the owner waits for the parts claimed, and a claim on a closed read (the owner closed it
