@@ -352,15 +352,23 @@ def test_whole_row_fallback_matches_oracle(dtype: torch.dtype) -> None:
 REAL_ROWS = pathlib.Path(os.environ.get("MASKGATE_REAL_ROWS", ".cache/real_rows/smollm2.pt"))
 
 
+# band_config's shared reads with a wave of helper programs (off by default; session 38)
+SHARED_READS = {"shared_reads": True, "help_waves": 1}
+
+
 @pytest.mark.skipif(not REAL_ROWS.exists(), reason="no real rows file (bench/real_rows.py)")
+@pytest.mark.parametrize("shared", [False, True], ids=["default", "shared_reads"])
 @pytest.mark.parametrize(
     ("top_k", "top_p", "min_p", "bounded"),
     [(-1, 0.95, 0.0, False), (-1, 0.95, 0.0, True), (50, 0.9, 0.0, False), (-1, 1.0, 0.05, False)],
 )
-def test_real_rows_match_oracle(top_k: int, top_p: float, min_p: float, bounded: bool) -> None:
+def test_real_rows_match_oracle(
+    top_k: int, top_p: float, min_p: float, bounded: bool, shared: bool
+) -> None:
     """SmolLM2's rows at temperature 1 (top-p 0.95 supports of 1 to about 3500 tokens, the
     widest taking the rescue and the whole-row fallback) in launches of 128 rows, with a
-    mask cap of 2048 so that some exact-mode masks overflow and some bounded ones truncate."""
+    mask cap of 2048 so that some exact-mode masks overflow and some bounded ones truncate;
+    by default and with the fallback's reads shared (SHARED_READS)."""
     logits = torch.load(REAL_ROWS)["logits"]
     for start in range(0, logits.shape[0] - 127, 128):
         x = logits[start : start + 128].cuda()
@@ -378,11 +386,13 @@ def test_real_rows_match_oracle(top_k: int, top_p: float, min_p: float, bounded:
             batch["bounded"] = torch.ones(rows, dtype=torch.bool, device="cuda")
         want = torch.ones(rows, dtype=torch.bool)
         run_checked(
-            f"real rows {start} k={top_k} p={top_p} min_p={min_p} bounded={bounded}",
+            f"real rows {start} k={top_k} p={top_p} min_p={min_p} bounded={bounded}"
+            + (" shared" if shared else ""),
             batch,
             want,
             2048,
             bounded=batch.get("bounded"),
+            pass1=SHARED_READS if shared else None,
         )
 
 
