@@ -29,9 +29,11 @@ from kernels.triton_path import (
     band_config,
     cdiv,
     default_config,
+    help_programs,
     max_chunks,
     next_pow2,
     reread_constants,
+    shared_level,
 )
 
 VOCABS = [111, 1000, 32000, 128256, 151936, 262144]
@@ -248,3 +250,26 @@ def test_default_config_is_band_config_once_per_shape() -> None:
     for vocab, batch in ((151936, 1), (151936, 128), (32000, 512), (111, 3)):
         assert default_config(vocab, batch) == band_config(vocab, batch=batch)
     assert default_config(151936, 128) is default_config(151936, 128)
+
+
+def test_shared_reads_and_helper_programs_only_on_request() -> None:
+    """Shared reads are off by default; on, the listing read is shared too unless
+    shared_lists is off (resolve's SHARED 2 or 1). Helper programs need shared reads, come
+    only on the pack path (sm_count a wave; two under the interpreter) and never with the
+    fused launch, which has no pack path."""
+    import torch
+
+    cpu = torch.device("cpu")
+    cfg = band_config(49152, batch=128)
+    assert not cfg.shared_reads and shared_level(cfg) == 0 and help_programs(cfg, 2, cpu) == 0
+    shared = band_config(49152, batch=128, shared_reads=True, help_waves=2)
+    assert shared_level(shared) == 2
+    assert help_programs(shared, 2, cpu) == 4
+    assert help_programs(shared, 0, cpu) == help_programs(shared, 1, cpu) == 0
+    counts = band_config(49152, batch=128, shared_reads=True, shared_lists=False)
+    assert shared_level(counts) == 1 and counts.help_waves == 0
+    fused = band_config(49152, batch=128, fused=True, shared_reads=True, help_waves=1)
+    assert not fused.shared_reads and fused.help_waves == 0 and shared_level(fused) == 0
+    for bad in ({"help_waves": 1}, {"shared_reads": True, "help_waves": -1}):
+        with pytest.raises(ValueError, match="help_waves"):
+            band_config(49152, batch=128, **bad)
