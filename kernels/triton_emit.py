@@ -73,9 +73,10 @@ def sum_before(
 @triton.jit
 def help_rows(n_rows, sizes_ptr, help, BLOCK: tl.constexpr, HELP_BLOCK: tl.constexpr):
     """An extra program of resolve's launch (band_config's help_waves): it takes parts of
-    the rows' whole-row counting reads (triton_fallback.help_one) until every row has stored
-    its mask size (pack_row), after which no row opens a read. The extra programs come after
-    the rows in the grid, so every row they wait on has started (pack_row's order)."""
+    the rows' whole-row reads, counting and listing (triton_fallback.help_one), until every
+    row has stored its mask size (pack_row), after which no row opens a read. The extra
+    programs come after the rows in the grid, so every row they wait on has started
+    (pack_row's order)."""
     pending = _pending(sizes_ptr, n_rows, BLOCK)
     while pending:
         help_one(n_rows, help, HELP_BLOCK)
