@@ -78,9 +78,9 @@ def _load_block(x_row, vocab, start, BLOCK: tl.constexpr):
 # every part itself, except on the pack path (resolve_kernel's rows up to one an SM, which
 # wait for the rows before them in triton_emit.pack_row): there it publishes the read in its
 # words of the help buffer, and rows that wait on it take parts too (help_one). Each part's
-# masses are summed per lane in float32, then added per lane as fixed-point integers, so
-# the read's counts and masses are the same bits whoever took which part, and with or
-# without helpers (batch invariance). With the listing read shared too (shared_lists),
+# masses are summed in float32 over the part, then added as fixed-point integers, so the
+# read's counts and masses are the same bits whoever took which part, and with or without
+# helpers (batch invariance). With the listing read shared too (shared_lists),
 # _cut_listed's read goes in the same parts, each taking its slots in the lists with one
 # atomic (_list_part).
 PART = tl.constexpr(8192)  # tokens a part (a multiple of the read's block)
@@ -154,26 +154,26 @@ def _above3(
         tl.store(words + W_DONE, tl.zeros([], tl.int64))
         tl.debug_barrier()  # every thread's stores before the release below
         tl.atomic_xchg(words + W_CLAIM, OPEN, sem="release", scope="gpu")
-    c1 = tl.zeros([BLOCK], tl.int32)
-    c2 = tl.zeros([BLOCK], tl.int32)
-    c3 = tl.zeros([BLOCK], tl.int32)
-    f1 = tl.zeros([BLOCK], tl.int64)
-    f2 = tl.zeros([BLOCK], tl.int64)
-    f3 = tl.zeros([BLOCK], tl.int64)
+    # Each part is summed on its own (_part3), so the loop carries six scalars, not a
+    # lane's six sums: those spilled resolve's registers, the rows without a fallback too.
+    n1 = tl.zeros([], tl.int32)
+    n2 = tl.zeros([], tl.int32)
+    n3 = tl.zeros([], tl.int32)
+    s1 = tl.zeros([], tl.int64)
+    s2 = tl.zeros([], tl.int64)
+    s3 = tl.zeros([], tl.int64)
     mine = tl.full([], 0, tl.int64)
     part = _claim(words, publish, mine)
     while part < n_parts:
-        c1, c2, c3, f1, f2, f3 = _part3(
-            x_row, temp, vocab, part, q1, q2, q3, z_max, c1, c2, c3, f1, f2, f3, BLOCK
-        )
+        a1, a2, a3, g1, g2, g3 = _part3(x_row, temp, vocab, part, q1, q2, q3, z_max, BLOCK)
+        n1 += a1
+        n2 += a2
+        n3 += a3
+        s1 += g1
+        s2 += g2
+        s3 += g3
         mine += 1
         part = _claim(words, publish, mine)
-    n1 = tl.sum(c1, axis=0)
-    n2 = tl.sum(c2, axis=0)
-    n3 = tl.sum(c3, axis=0)
-    s1 = tl.sum(f1, axis=0)
-    s2 = tl.sum(f2, axis=0)
-    s3 = tl.sum(f3, axis=0)
     if publish:
         _close(words, n_parts - mine)
         n1 += tl.load(words + W_C, volatile=True).to(tl.int32)
@@ -284,17 +284,13 @@ def help_one(row, help, BLOCK: tl.constexpr):
 def _help_count(words, x_row, temp, vocab, part, q1, q2, q3, BLOCK: tl.constexpr):
     """A helper's part of a counting read: its counts and masses added to the row's words."""
     z_max = tl.load(words + W_ZMAX, volatile=True).to(tl.int32).to(tl.float32, bitcast=True)
-    c1 = tl.zeros([BLOCK], tl.int32)
-    f1 = tl.zeros([BLOCK], tl.int64)
-    c1, c2, c3, f1, f2, f3 = _part3(
-        x_row, temp, vocab, part, q1, q2, q3, z_max, c1, c1, c1, f1, f1, f1, BLOCK
-    )
-    tl.atomic_add(words + W_C, tl.sum(c1, axis=0).to(tl.int64), sem="relaxed", scope="gpu")
-    tl.atomic_add(words + W_C + 1, tl.sum(c2, axis=0).to(tl.int64), sem="relaxed", scope="gpu")
-    tl.atomic_add(words + W_C + 2, tl.sum(c3, axis=0).to(tl.int64), sem="relaxed", scope="gpu")
-    tl.atomic_add(words + W_M, tl.sum(f1, axis=0), sem="relaxed", scope="gpu")
-    tl.atomic_add(words + W_M + 1, tl.sum(f2, axis=0), sem="relaxed", scope="gpu")
-    tl.atomic_add(words + W_M + 2, tl.sum(f3, axis=0), sem="relaxed", scope="gpu")
+    c1, c2, c3, f1, f2, f3 = _part3(x_row, temp, vocab, part, q1, q2, q3, z_max, BLOCK)
+    tl.atomic_add(words + W_C, c1.to(tl.int64), sem="relaxed", scope="gpu")
+    tl.atomic_add(words + W_C + 1, c2.to(tl.int64), sem="relaxed", scope="gpu")
+    tl.atomic_add(words + W_C + 2, c3.to(tl.int64), sem="relaxed", scope="gpu")
+    tl.atomic_add(words + W_M, f1, sem="relaxed", scope="gpu")
+    tl.atomic_add(words + W_M + 1, f2, sem="relaxed", scope="gpu")
+    tl.atomic_add(words + W_M + 2, f3, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -343,17 +339,21 @@ def _list_part(x_row, temp, vocab, part, ends, lists, words, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _part3(
-    x_row, temp, vocab, part, q1, q2, q3, z_max, c1, c2, c3, f1, f2, f3, BLOCK: tl.constexpr
-):
-    """Three counts and three fixed-point masses a lane (c, f) plus part `part` of the row."""
+def _part3(x_row, temp, vocab, part, q1, q2, q3, z_max, BLOCK: tl.constexpr):
+    """Part `part` of the row: its three counts and three masses, each mass summed in
+    float32 over the part (the same reduction whoever reads it) and then fixed-point."""
     start = part * PART
     end = tl.minimum(start + PART, vocab)
-    c1, c2, c3, m1, m2, m3 = _count3(x_row, temp, start, end, q1, q2, q3, z_max, c1, c2, c3, BLOCK)
-    f1 += (m1 * FIX).to(tl.int64)
-    f2 += (m2 * FIX).to(tl.int64)
-    f3 += (m3 * FIX).to(tl.int64)
-    return c1, c2, c3, f1, f2, f3
+    c = tl.zeros([BLOCK], tl.int32)
+    c1, c2, c3, m1, m2, m3 = _count3(x_row, temp, start, end, q1, q2, q3, z_max, c, c, c, BLOCK)
+    return (
+        tl.sum(c1, axis=0),
+        tl.sum(c2, axis=0),
+        tl.sum(c3, axis=0),
+        (tl.sum(m1, axis=0) * FIX).to(tl.int64),
+        (tl.sum(m2, axis=0) * FIX).to(tl.int64),
+        (tl.sum(m3, axis=0) * FIX).to(tl.int64),
+    )
 
 
 @triton.jit

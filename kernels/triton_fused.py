@@ -164,5 +164,6 @@ def band_resolve_kernel(
             TIMING,
             EARLY,
             SHARED,
+            False,  # HELP: the fused launch never packs
             (m_ptr, cand_key_ptr, 0),  # no race: typed stand-ins that raced = 0 never reads
         )

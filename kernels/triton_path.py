@@ -571,9 +571,10 @@ def sample_triton(
     # pack their own slots (pack 2: split launches of up to one row an SM; pass 1 sets
     # mask_sizes to -1 first), or emit_kernel packs them after.
     offsets = torch.empty(n_rows + 1, dtype=torch.int64, device=dev)
+    packs = cfg.pack and bool(cfg.lanes) and not cfg.fused and 1 < batch <= sm_count(dev)
     if n_rows == 1:
         pack = 1
-    elif n_rows > 1 and cfg.pack and cfg.lanes and not cfg.fused and batch <= sm_count(dev):
+    elif n_rows > 1 and packs:
         pack = 2
     else:
         pack = 0
@@ -619,6 +620,9 @@ def sample_triton(
         "TIMING": phase_cycles is not None,
         "EARLY": cfg.early,
         "SHARED": shared_level(cfg),
+        # published reads and helping rows: compiled for the batch sizes that may pack (the
+        # pack a launch takes depends on its mask rows, which a compile must not)
+        "HELP": packs and cfg.shared_reads,
     }
     stats = (cand_key, m_c, s_c, d_c)
     # Rows nothing truncates (plain temperature sampling) draw from the whole row: pass 1 runs

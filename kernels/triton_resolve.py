@@ -145,8 +145,10 @@ def resolve_row(
     times_ptr,  # [B, PHASES] int64 cycle stamps of the row's phases, written when TIMING
     TIMING: tl.constexpr,
     EARLY: tl.constexpr,  # the first tier's pick stops once it holds the support
-    SHARED: tl.constexpr,  # the whole-row fallback's reads in parts, shared (pack 2): 0 off,
-    # 1 the counting reads, 2 the listing read too (band_config's shared_reads, shared_lists)
+    SHARED: tl.constexpr,  # the whole-row fallback's reads in parts: 0 off, 1 the counting
+    # reads, 2 the listing read too (band_config's shared_reads, shared_lists)
+    HELP: tl.constexpr,  # with SHARED, a launch that may pack (pack 2): reads are published
+    # and waiting rows help (a separate compile, so launches that never pack carry no such code)
     race,  # (g, w, raced): pass 1's race outputs (band_lanes_kernel), read when raced != 0
 ):
     """One row's whole pass 2. Pass 1's outputs are read through L2 (".cg"): in the fused
@@ -434,7 +436,7 @@ def resolve_row(
                 scratch + T1,  # T2 slots for the search's list
                 scratch + T1 + T2,  # S, when the search lists it
                 tl.where(midx >= 0, CAP_BLOCK, 0),
-                (help_ptr + row * HELP_WORDS, pack == 2),
+                (help_ptr + row * HELP_WORDS, (pack == 2) & HELP),
                 SHARED,
                 T2,
                 FB_BLOCK,
@@ -512,7 +514,7 @@ def resolve_row(
             offsets_ptr,
             (help_ptr, x_ptr, stride_x, vocab),
             1024,
-            FB_BLOCK if SHARED else 0,  # 0: no help_one
+            FB_BLOCK if HELP else 0,  # 0: no help_one
         )
     if TIMING:
         tl.store(stamp + 10, cycles(emitted))
@@ -571,6 +573,7 @@ def resolve_kernel(
     TIMING: tl.constexpr,
     EARLY: tl.constexpr,  # the first tier's pick stops once it holds the support
     SHARED: tl.constexpr,  # 0, 1 or 2: resolve_row's
+    HELP: tl.constexpr,  # resolve_row's: with SHARED, on a launch that may pack
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch after pass 1
     g_ptr=None,  # pass 1's race (band_lanes_kernel's g_ptr, w_ptr), read when raced != 0
     w_ptr=None,
@@ -582,8 +585,8 @@ def resolve_kernel(
         gdc_wait()
         gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
-    # Without SHARED the grid is the rows, and the condition folds away.
-    if (row < n_rows) | (not SHARED):
+    # Without HELP the grid is the rows, and the condition folds away.
+    if (row < n_rows) | (not HELP):
         resolve_row(
             row,
             cand_key_ptr,
@@ -635,7 +638,8 @@ def resolve_kernel(
             TIMING,
             EARLY,
             SHARED,
+            HELP,
             (g_ptr, w_ptr, raced),
         )
-    elif SHARED:
+    elif HELP:
         help_rows(n_rows, mask_sizes_ptr, (help_ptr, x_ptr, stride_x, vocab), 1024, FB_BLOCK)

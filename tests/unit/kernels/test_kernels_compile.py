@@ -211,6 +211,7 @@ def test_resolve_lowers_for_small_vocabularies(
         "TIMING": False,
         "EARLY": True,
         "SHARED": shared,
+        "HELP": shared > 0,
         "PDL": True,
     }
     types = {p: POINTERS.get(p, "i32") for p in resolve_kernel.arg_names}
