@@ -200,8 +200,9 @@ class BandConfig:
     race: bool = True  # pass 1 races the rows nothing truncates (lanes, not fused)
     look: int = 1  # tiles pass 1's loop reads ahead of its work (lanes, not fused): 1-3
     # the whole-row fallback's counting reads go in parts, which rows waiting on the pack
-    # path take too (triton_fallback._above3, help_one); off by default until timed on the
-    # benchmark's Zipf rows (on real rows it timed 12.7-13.7% faster, session 38)
+    # path take too (triton_fallback._above3, help_one). Off by default: on real rows at
+    # top-p 0.95 it timed 13-15% faster (a fifth of them take that fallback), on the
+    # benchmark's Zipf rows, where none does, 1-2 us slower (sessions 38-39, docs/kernels.md)
     shared_reads: bool = False
     # with shared_reads on the pack path: resolve's grid has this many waves of extra
     # programs (sm_count each) after the rows, which only help the rows' reads

@@ -409,7 +409,8 @@ def test_fallback_reads_give_the_same_bits_with_and_without_helpers() -> None:
     logits, top-p 0.95 supports of hundreds to thousands of tokens, many of them past the
     band) among Zipf rows, at temperatures 1 and 0.8: the pack path's launch (helpers), with
     extra programs, the emit path's (no helpers) and the fallback rows one at a time must
-    give the same bits, and the oracle's supports."""
+    give the same bits, and the oracle's supports. The last two compile resolve without
+    HELP (no publishing or helping code), so this also checks that compile's sums."""
     vocab, rows = 49152, 128
     g = torch.Generator().manual_seed(41)
     x = peaked_logits(rows, vocab, 1.6, g)

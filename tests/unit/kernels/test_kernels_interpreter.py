@@ -1069,9 +1069,13 @@ for r in range(9):  # one row a call, so each row's reads are counted alone
                        max_mask_tokens=cap, seed=seed[r:r+1], bounded=bounded[r:r+1])
     tri = sample_triton(one, cfg)
     out[r] = {"reads": len(READS), "draws": len(DRAWS), "fallback": bool(tri.fallback_rows[0]),
-              "gathers": len(GATHERS), "listing_reads": READS.count("_cut_listed")}
+              "gathers": len(GATHERS), "listing_reads": READS.count("_cut_listed"),
+              "alone": [int(tri.tokens[0]), float(tri.logprobs[0]), tri.masks()[0]]}
 HELPERS.clear()
 tri = sample_triton(inp, cfg)
+for r in range(9):  # the batch's rows against the same rows alone (batch invariance)
+    out[r]["same_alone"] = out[r].pop("alone") == [int(tri.tokens[r]), float(tri.logprobs[r]),
+                                                   tri.masks()[r]]
 cpu = sample_torch(inp)
 ref = reference(x, temp, k, p, mp)
 rep = check_result(tri, ref, want, bounded, cap)
@@ -1105,6 +1109,8 @@ def test_fallback_cuts_inside_ties_and_reads_the_row_a_few_times(
     assert out["ref_sizes"][3] == 299 and out["status"][3] == 1  # exact mode: overflow
     rows = out["rows"]
     assert all(rows[str(r)]["fallback"] for r in range(9)), rows
+    # each row alone (one mask row, no packing) gives its token, log-prob and mask in the batch
+    assert all(rows[str(r)]["same_alone"] for r in range(9)), rows
     reads = [rows[str(r)]["reads"] for r in range(9)]
     assert reads[3] == reads[5] == 1, reads  # nothing or min-p alone: one read counts the cut
     assert 1 < reads[4] <= 1 + 16 + 9, reads  # bounded: then a search for the best cap
@@ -1150,8 +1156,9 @@ print(json.dumps({"ok": rep.ok, "errors": rep.errors, "blocks": BLOCKS,
 def test_fallback_with_shared_reads_matches_the_whole_reads(interpreted: Interpreted) -> None:
     """band_config(shared_reads=True): the fallback's counting reads in parts, published on
     the pack path (9 mask rows, split launch), give the oracle's supports and the torch
-    path's tokens and masks on the same rows, with as many reads. With help_waves, the
-    launch's extra programs (two under the interpreter) find every row packed and end."""
+    path's tokens and masks on the same rows, with as many reads, and each row alone (a
+    resolve compiled without HELP) the batch's bits. With help_waves, the launch's extra
+    programs (two under the interpreter) find every row packed and end."""
     whole = interpreted(PRELUDE + COUNT_READS + WHOLE_ROW)
     out = interpreted(PRELUDE + "SHARED = True\nHELP_WAVES = 1\n" + COUNT_READS + WHOLE_ROW)
     assert out["ok"], out["errors"]
@@ -1159,6 +1166,8 @@ def test_fallback_with_shared_reads_matches_the_whole_reads(interpreted: Interpr
     assert out["sizes"] == whole["sizes"] and out["status"] == whole["status"]
     assert out["rows"] == whole["rows"]
     assert out["helpers"] == 2 and whole["helpers"] == 0
+    # the rows alone compile resolve without HELP (no launch of one row packs): same bits
+    assert all(row["same_alone"] for row in out["rows"].values()), out["rows"]
 
 
 def test_fallback_sorts_a_short_support_in_half_the_block(interpreted: Interpreted) -> None:
