@@ -331,10 +331,39 @@ def band_config(
     )
 
 
+# band_config keyword arguments kernels.sample's CUDA path adds, process-wide (use_shared_reads)
+_SAMPLE_OPTIONS: dict[str, bool] = {}
+
+
+def use_shared_reads(on: bool) -> None:
+    """From now on, in this process, kernels.sample's CUDA path shares the whole-row
+    fallback's reads (band_config's shared_reads) or not (the default). On: 13-15% faster on
+    a real model's rows at top-p 0.95, where about a fifth of the rows take that fallback;
+    1-2 us slower a launch where none does (docs/kernels.md). A worker sets it once, before
+    its warm-up (its mask_shared_reads setting)."""
+    _SAMPLE_OPTIONS["shared_reads"] = on
+    default_config.cache_clear()
+
+
 @functools.lru_cache(maxsize=1024)
 def default_config(vocab: int, batch: int) -> BandConfig:
-    """band_config(vocab, batch=batch), computed once per shape (kernels.sample's path)."""
-    return band_config(vocab, batch=batch)
+    """band_config(vocab, batch=batch) with use_shared_reads's choice, computed once per
+    shape (kernels.sample's path)."""
+    return band_config(vocab, batch=batch, **_SAMPLE_OPTIONS)
+
+
+def may_pack(cfg: BandConfig, batch: int, device: torch.device) -> bool:
+    """Whether a launch of `batch` rows under cfg packs the CSR in resolve when more than one
+    row asks for a mask (pack 2): split launches of up to one row an SM."""
+    return cfg.pack and bool(cfg.lanes) and not cfg.fused and 1 < batch <= sm_count(device)
+
+
+def compile_key(vocab: int, batch: int, device: torch.device) -> tuple[BandConfig, bool]:
+    """What kernels.sample's compiled kernels depend on at a batch size: the config, and with
+    shared reads whether the launch may pack (resolve's HELP). Equal keys, same compiles (the
+    worker's warm-up meets each key once)."""
+    cfg = default_config(vocab, batch)
+    return cfg, cfg.shared_reads and may_pack(cfg, batch, device)
 
 
 def long_segment(vocab: int, lanes: int, batch: int, chunk: int, programs: int) -> bool:
@@ -572,7 +601,7 @@ def sample_triton(
     # pack their own slots (pack 2: split launches of up to one row an SM; pass 1 sets
     # mask_sizes to -1 first), or emit_kernel packs them after.
     offsets = torch.empty(n_rows + 1, dtype=torch.int64, device=dev)
-    packs = cfg.pack and bool(cfg.lanes) and not cfg.fused and 1 < batch <= sm_count(dev)
+    packs = may_pack(cfg, batch, dev)
     if n_rows == 1:
         pack = 1
     elif n_rows > 1 and packs:

@@ -28,12 +28,14 @@ from kernels.triton_path import (
     ROW_LANES_MIN,
     band_config,
     cdiv,
+    compile_key,
     default_config,
     help_programs,
     max_chunks,
     next_pow2,
     reread_constants,
     shared_level,
+    use_shared_reads,
 )
 
 VOCABS = [111, 1000, 32000, 128256, 151936, 262144]
@@ -273,3 +275,25 @@ def test_shared_reads_and_helper_programs_only_on_request() -> None:
     for bad in ({"help_waves": 1}, {"shared_reads": True, "help_waves": -1}):
         with pytest.raises(ValueError, match="help_waves"):
             band_config(49152, batch=128, **bad)
+
+
+def test_use_shared_reads_sets_kernels_sample_default_and_its_compile_keys() -> None:
+    """use_shared_reads (the worker's mask_shared_reads) switches kernels.sample's default
+    config process-wide; with it on, the batch sizes that may pack (2 to one row an SM:
+    every B > 1 under the interpreter) compile resolve apart (HELP), which compile_key
+    tells the worker's warm-up. Off, one key per config, as before."""
+    import torch
+
+    cpu = torch.device("cpu")
+    assert not default_config(49152, 64).shared_reads
+    assert compile_key(49152, 1, cpu) == (default_config(49152, 1), False)
+    assert compile_key(49152, 64, cpu) == (default_config(49152, 64), False)
+    try:
+        use_shared_reads(True)
+        cfg = default_config(49152, 64)
+        assert cfg == band_config(49152, batch=64, shared_reads=True) and shared_level(cfg) == 2
+        assert compile_key(49152, 1, cpu) == (default_config(49152, 1), False)
+        assert compile_key(49152, 2, cpu)[1] and compile_key(49152, 64, cpu) == (cfg, True)
+    finally:
+        use_shared_reads(False)
+    assert default_config(49152, 64) == band_config(49152, batch=64)

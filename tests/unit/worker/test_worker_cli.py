@@ -95,3 +95,37 @@ def test_fused_kernels_reaches_the_model_runner(monkeypatch: pytest.MonkeyPatch)
         )
         load_backend(config)
     assert seen == [False, True]
+
+
+def test_mask_shared_reads_from_env_and_flag_reach_the_model_runner(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import worker.runner
+    from worker.server.backend import load_backend
+
+    assert load_config(env={}).mask_shared_reads is False  # off by default
+    env = {"MASKGATE_WORKER_MASK_SHARED_READS": "true"}
+    assert load_config(env=env).mask_shared_reads is True
+    assert main(["worker", "--mask-shared-reads", "--check-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["mask_shared_reads"] is True
+    # without the flag, the environment's choice stands
+    monkeypatch.setenv("MASKGATE_WORKER_MASK_SHARED_READS", "true")
+    assert main(["worker", "--check-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["mask_shared_reads"] is True
+    with pytest.raises(ConfigError, match="mask_shared_reads"):
+        load_config(env={"MASKGATE_WORKER_MASK_SHARED_READS": "sometimes"})
+
+    seen: list[object] = []
+    real = worker.runner.ModelRunner
+
+    def recording_runner(*args: object, **kw: object) -> object:
+        seen.append(kw.get("shared_reads"))
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker.runner, "ModelRunner", recording_runner)
+    for flag in (True, False):
+        config = load_config(
+            overrides={"device": "cpu", "mask_shared_reads": flag, "max_model_len": 64}, env={}
+        )
+        load_backend(config)
+    assert seen == [True, False]
