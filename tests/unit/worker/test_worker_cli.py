@@ -77,7 +77,9 @@ def test_fused_kernels_switch_from_file_env_and_flag(
         load_config(env={"MASKGATE_WORKER_FUSED_KERNELS": "sometimes"})
 
 
-def test_fused_kernels_reaches_the_model_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+def runner_arguments(monkeypatch: pytest.MonkeyPatch, setting: str, argument: str) -> list[object]:
+    """The ModelRunner keyword `argument` that load_backend passes for the worker setting
+    `setting` set to False, then True (a CPU runner of the tiny model each time)."""
     import worker.runner
     from worker.server.backend import load_backend
 
@@ -85,24 +87,25 @@ def test_fused_kernels_reaches_the_model_runner(monkeypatch: pytest.MonkeyPatch)
     real = worker.runner.ModelRunner
 
     def recording_runner(*args: object, **kw: object) -> object:
-        seen.append(kw.get("fused_kernels"))
+        seen.append(kw.get(argument))
         return real(*args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(worker.runner, "ModelRunner", recording_runner)
     for flag in (False, True):
         config = load_config(
-            overrides={"device": "cpu", "fused_kernels": flag, "max_model_len": 64}, env={}
+            overrides={"device": "cpu", setting: flag, "max_model_len": 64}, env={}
         )
         load_backend(config)
-    assert seen == [False, True]
+    return seen
+
+
+def test_fused_kernels_reaches_the_model_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert runner_arguments(monkeypatch, "fused_kernels", "fused_kernels") == [False, True]
 
 
 def test_mask_shared_reads_from_env_and_flag_reach_the_model_runner(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import worker.runner
-    from worker.server.backend import load_backend
-
     assert load_config(env={}).mask_shared_reads is False  # off by default
     env = {"MASKGATE_WORKER_MASK_SHARED_READS": "true"}
     assert load_config(env=env).mask_shared_reads is True
@@ -114,18 +117,5 @@ def test_mask_shared_reads_from_env_and_flag_reach_the_model_runner(
     assert json.loads(capsys.readouterr().out)["mask_shared_reads"] is True
     with pytest.raises(ConfigError, match="mask_shared_reads"):
         load_config(env={"MASKGATE_WORKER_MASK_SHARED_READS": "sometimes"})
-
-    seen: list[object] = []
-    real = worker.runner.ModelRunner
-
-    def recording_runner(*args: object, **kw: object) -> object:
-        seen.append(kw.get("shared_reads"))
-        return real(*args, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(worker.runner, "ModelRunner", recording_runner)
-    for flag in (True, False):
-        config = load_config(
-            overrides={"device": "cpu", "mask_shared_reads": flag, "max_model_len": 64}, env={}
-        )
-        load_backend(config)
-    assert seen == [True, False]
+    monkeypatch.delenv("MASKGATE_WORKER_MASK_SHARED_READS")
+    assert runner_arguments(monkeypatch, "mask_shared_reads", "shared_reads") == [False, True]
