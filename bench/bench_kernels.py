@@ -592,13 +592,35 @@ def ab_times(
                 band_median=float(band.double().median()),
                 support_max=int(res.support_sizes.max()),
             )
+        calls = max(STEADY_CALLS, len(bufs))
         for rnd in range(rounds):
             for v in variants:
-                us = graph_time(bufs, rep_ms, v, calls=max(STEADY_CALLS, len(bufs)))
+                us = graph_time(bufs, rep_ms, v, calls=calls)
                 record(B=batch, what="steady_us", variant=v, round=rnd, us=us)
+            # the one-pass floor in the same rounds, so each A/B run states the target ratio
+            us = floor_steady_time(bufs, rep_ms, calls)
+            record(B=batch, what="floor_steady_us", round=rnd, us=us)
         for v in variants:
             record(B=batch, what="replay_us", variant=v, us=graph_time(bufs, rep_ms, v))
+    print_ab(rows)
     plot_ab(rows, out / "kernels_ab.png")
+
+
+def print_ab(rows: list[dict]) -> None:
+    """A table of ab_times' rows: each variant's steady time per batch size (median of the
+    rounds, and their range) against the floor's median in the same rounds."""
+    floors = [r for r in rows if r["what"] == "floor_steady_us"]
+    steady = [r for r in rows if r["what"] == "steady_us"]
+    print(
+        f"{'B':>5} {'variant':>16} {'steady_us':>10} {'range':>15} {'floor_us':>9} {'x_floor':>8}"
+    )
+    for b in dict.fromkeys(r["B"] for r in steady):
+        floor = statistics.median(r["us"] for r in floors if r["B"] == b)
+        for v in dict.fromkeys(r["variant"] for r in steady):
+            times = [r["us"] for r in steady if r["B"] == b and r["variant"] == v]
+            med = statistics.median(times)
+            span = f"{min(times):.2f}-{max(times):.2f}"
+            print(f"{b:>5} {v:>16} {med:>10.2f} {span:>15} {floor:>9.2f} {med / floor:>8.2f}")
 
 
 def plot_ab(rows: list[dict], path: pathlib.Path) -> None:
