@@ -13,12 +13,15 @@ like the interpreter's left fold. Block sizes are powers of two in Triton; any o
 keeps the loop. Float sums are grouped as a tree instead of a fold, as a GPU groups them.
 
 It also patches triton.language once a launch instead of at every helper call
-(`_patch_lang_once`). Used by the tests and the benchmark scripts that interpret kernels; the
+(`_patch_lang_once`), and makes a launch with a keyword that is neither the kernel's
+parameter nor a compile option fail (`_strict_launch`), as a compiled launch does: the
+interpreter drops such keywords without a word, so a launch the GPU refuses passed on the CPU. Used by the tests and the benchmark scripts that interpret kernels; the
 Triton path on CUDA never imports this module.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -43,6 +46,10 @@ def install() -> bool:
     if callable(full) and hasattr(interpreter, "_LangPatchScope") and full is not _patch_lang_once:
         _patch_lang_once.full = full  # type: ignore[attr-defined]
         interpreter._patch_lang = _patch_lang_once
+    grid = getattr(interpreter, "GridExecutor", None)
+    if grid is not None and grid.__call__ is not _strict_launch:
+        _strict_launch.call = grid.__call__  # type: ignore[attr-defined]
+        grid.__call__ = _strict_launch
     return True
 
 
@@ -56,6 +63,31 @@ def uninstall() -> None:
     full = getattr(_patch_lang_once, "full", None)
     if full is not None and interpreter._patch_lang is _patch_lang_once:
         interpreter._patch_lang = full
+    call = getattr(_strict_launch, "call", None)
+    if call is not None and interpreter.GridExecutor.__call__ is _strict_launch:
+        interpreter.GridExecutor.__call__ = call
+
+
+@functools.cache
+def _launch_options() -> frozenset[str]:
+    """The keywords a compiled CUDA launch takes besides the kernel's parameters (num_warps,
+    maxnreg, launch_pdl, ...): the fields of the CUDA backend's options."""
+    import dataclasses
+
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl"})
+    return frozenset(f.name for f in dataclasses.fields(CUDAOptions))
+
+
+def _strict_launch(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """GridExecutor.__call__ that refuses unknown keywords before the interpreter drops them."""
+    unknown = set(kwargs) - set(self.arg_names) - _launch_options()
+    if unknown:
+        name = getattr(self.fn, "__name__", "kernel")
+        raise TypeError(f"{name} launched with unknown keywords: {sorted(unknown)}")
+    return _strict_launch.call(self, *args, **kwargs)  # type: ignore[attr-defined]
 
 
 def _patch_lang_once(fn: Any) -> Any:

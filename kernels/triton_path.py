@@ -650,9 +650,6 @@ def sample_triton(
         "TIMING": phase_cycles is not None,
         "EARLY": cfg.early,
         "SHARED": shared_level(cfg),
-        # published reads and helping rows: compiled for the batch sizes that may pack (the
-        # pack a launch takes depends on its mask rows, which a compile must not)
-        "HELP": packs and cfg.shared_reads,
     }
     stats = (cand_key, m_c, s_c, d_c)
     # Rows nothing truncates (plain temperature sampling) draw from the whole row: pass 1 runs
@@ -726,6 +723,10 @@ def sample_triton(
             g_ptr=race_g,
             w_ptr=race_w,
             raced=int(raced),
+            # published reads and helping rows: compiled for the batch sizes that may pack
+            # (the pack a launch takes depends on its mask rows, which a compile must not);
+            # the fused kernel has no such parameter (it never packs)
+            HELP=packs and cfg.shared_reads,
             num_warps=cfg.resolve_warps or (8 if cand_block >= 2048 else 4),
             **({"maxnreg": cfg.resolve_regs} if cfg.resolve_regs else {}),
             **({"launch_pdl": True} if pdl else {}),

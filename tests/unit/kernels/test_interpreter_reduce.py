@@ -78,3 +78,33 @@ def test_patched_interpreter_matches_its_own_code(interpreted: Any) -> None:
     assert loop == pairwise
     assert out["sums_close"]
     assert out["restored"]
+
+
+STRICT = """
+import json
+import torch
+import triton
+import triton.language as tl
+
+@triton.jit
+def double(x_ptr, o_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    tl.store(o_ptr + r, tl.load(x_ptr + r) * 2)
+
+x, o = torch.arange(8.0), torch.zeros(8)
+double[(1,)](x, o, N=8, num_warps=4, maxnreg=40, launch_pdl=True)  # options a GPU takes
+try:
+    double[(1,)](x, o, N=8, HELP=True)
+    refused = ""
+except Exception as e:
+    refused = str(e)
+print(json.dumps({"out": o.tolist(), "refused": refused}))
+"""
+
+
+def test_patched_interpreter_refuses_unknown_launch_keywords(interpreted: Any) -> None:
+    """The interpreter drops a keyword the kernel does not take; a compiled launch raises
+    (Triton's KeyError). With the patch both fail, so a CPU run meets such a launch too."""
+    out = interpreted(STRICT)
+    assert out["out"] == [2.0 * i for i in range(8)]
+    assert "double launched with unknown keywords: ['HELP']" in out["refused"]
