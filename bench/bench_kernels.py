@@ -624,8 +624,10 @@ def print_ab(rows: list[dict]) -> None:
 
 
 def plot_ab(rows: list[dict], path: pathlib.Path) -> None:
-    """Bars of each variant's median steady time per batch size (ab_times' rows)."""
+    """Bars of each variant's median steady time per batch size (ab_times' rows), beside the
+    one-pass floor's median in the same rounds, with the 1.5x-floor target dashed."""
     steady = [r for r in rows if r["what"] == "steady_us"]
+    floors = [r for r in rows if r["what"] == "floor_steady_us"]
     variants = list(dict.fromkeys(r["variant"] for r in steady))
     batches = list(dict.fromkeys(r["B"] for r in steady))
     import matplotlib
@@ -634,11 +636,24 @@ def plot_ab(rows: list[dict], path: pathlib.Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    width = 0.8 / len(variants)
-    for j, v in enumerate(variants):
-        times = [[r["us"] for r in steady if r["B"] == b and r["variant"] == v] for b in batches]
+    bars = variants + (["one-pass floor"] if floors else [])
+    width = 0.8 / len(bars)
+    for j, v in enumerate(bars):
+        picked = floors if j == len(variants) else [r for r in steady if r["variant"] == v]
+        times = [[r["us"] for r in picked if r["B"] == b] for b in batches]
         med = [statistics.median(t) if t else float("nan") for t in times]
-        ax.bar([i + j * width for i in range(len(batches))], med, width, label=v)
+        style = {"color": "0.6", "hatch": "//"} if j == len(variants) else {}
+        ax.bar([i + j * width for i in range(len(batches))], med, width, label=v, **style)
+        if j == len(variants):
+            for i, m in enumerate(med):
+                left, right = i - width / 2, i + 0.8 - width / 2
+                ax.plot(
+                    [left, right],
+                    [1.5 * m] * 2,
+                    "k--",
+                    lw=1,
+                    label="1.5x floor" if i == 0 else None,
+                )
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(batches))], [f"B={b}" for b in batches])
     ax.set_ylabel("us per sample (steady, median of rounds)")
     vocab = next((r["V"] for r in rows if "V" in r), 151936)
