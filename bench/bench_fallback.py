@@ -59,7 +59,7 @@ ONE_PLAIN = {"zipf_p0.95_one_plain"}
 
 
 def make_inputs(case: str, batch: int) -> dict:
-    from kernels.workloads import flat_logits, peaked_logits
+    from maskgate.kernels.workloads import flat_logits, peaked_logits
 
     kind, dtype, temp, k, p, mp, want, bounded = CASES[case]
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -92,7 +92,7 @@ def run(
     batches: list[int], rep_ms: int, cases: list[str], fb_blocks: list[int], variant: str = ""
 ) -> Iterator[dict]:
     """Each case's row as soon as it is timed (main saves the file after each)."""
-    from kernels import triton_path
+    from maskgate.kernels import triton_path
 
     for fb_block in fb_blocks:
         triton_path.FB_BLOCK = fb_block  # read at every launch: one compile per size
@@ -104,8 +104,8 @@ def run_cases(
 ) -> Iterator[dict]:
     from bench.bench_kernels import bench, replay_time, variant_config
     from bench.kernel_baselines import sort_path
-    from kernels.inputs import check_inputs
-    from kernels.triton_path import mask_index, sample_triton
+    from maskgate.kernels.inputs import check_inputs
+    from maskgate.kernels.triton_path import mask_index, sample_triton
 
     for case in cases:
         for batch in batches:
@@ -144,8 +144,8 @@ def run_cases(
 def run_cpu(repeats: int = 5) -> list[dict]:
     """kernels.sample on the CPU, rows nothing truncates and no mask (the general pool's
     plain sampling on a CPU worker): median ms of `repeats` calls."""
-    import kernels
     from bench.cpu_timing import median_times, sample_args
+    from maskgate import kernels
 
     torch.set_num_threads(1)
     rows = []
@@ -243,7 +243,7 @@ def main() -> None:
         return
     if not torch.cuda.is_available():
         sys.exit("bench_fallback.py needs CUDA")
-    from kernels import triton_path
+    from maskgate.kernels import triton_path
 
     cases = args.cases.split(",")
     if args.real:

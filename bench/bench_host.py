@@ -33,10 +33,10 @@ import torch
 if __package__ in (None, ""):  # run as a script: import from the repository root
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import kernels
 from bench.bench_kernels import CAP, _args, make_inputs, replay_time
-from kernels.inputs import check_inputs
-from kernels.triton_path import band_config, mask_index, sample_triton
+from maskgate import kernels
+from maskgate.kernels.inputs import check_inputs
+from maskgate.kernels.triton_path import band_config, mask_index, sample_triton
 
 PROFILE_TOP = 25
 BUSY_CYCLES = 2_000_000  # torch.cuda._sleep cycles queued ahead of a call: ~1 ms at 1.98 GHz

@@ -6,7 +6,7 @@ through the maskgate gateway, against workers serving random weights shaped like
 (vocab 151936, bf16). Three layouts, one after the other:
 
   sort_all_rows  one `mixed` worker; whenever any row of a decode batch asks for a mask, every
-                 row is sorted over the full vocabulary (SGLang's reference; worker/sort_all.py)
+                 row is sorted over the full vocabulary (SGLang's reference; maskgate/worker/sort_all.py)
   kernel         one `mixed` worker with the row-filtered kernels (kernels.sample)
   isolated       the gateway routes mask requests to a `mask` worker and the rest to a
                  `general` worker: two processes on the same GPU, each with half the KV budget
@@ -75,9 +75,9 @@ def model_setup(args: argparse.Namespace) -> tuple[str, int, dict[str, Any]]:
     import torch
 
     from bench.isolation.checkpoint import QWEN25_15B, write_checkpoint
-    from worker.kv_cache import bytes_per_slot
-    from worker.model.config import ModelConfig
-    from worker.model.tiny_random import CONFIG as TINY
+    from maskgate.worker.kv_cache import bytes_per_slot
+    from maskgate.worker.model.config import ModelConfig
+    from maskgate.worker.model.tiny_random import CONFIG as TINY
 
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     facts: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch.")}

@@ -32,12 +32,18 @@ import triton
 if __package__ in (None, ""):  # run as a script: import from the repository root
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import kernels
 from bench.cpu_timing import median_times, sample_args
 from bench.kernel_baselines import floor_pass, sort_path, topk_path
-from kernels.inputs import check_inputs
-from kernels.triton_path import NBISECT, band_config, launch_band, mask_index, sample_triton
-from kernels.workloads import entropy_nats, flat_logits, peaked_logits
+from maskgate import kernels
+from maskgate.kernels.inputs import check_inputs
+from maskgate.kernels.triton_path import (
+    NBISECT,
+    band_config,
+    launch_band,
+    mask_index,
+    sample_triton,
+)
+from maskgate.kernels.workloads import entropy_nats, flat_logits, peaked_logits
 
 SETTINGS = {  # name: (top_k, top_p, min_p)
     "k50_p0.9": (50, 0.9, 0.0),
@@ -787,7 +793,7 @@ def resolve_phases(out: pathlib.Path, batches: list[int], calls: int = 20) -> No
     show what a program pays when an earlier one on its SM has already fetched the code.
     Rows the rescue takes (B=256 has three in buffer 0) also get the rescue's phases, over
     those rows only. Writes kernels_phases.json."""
-    from kernels.triton_resolve import MAIN_STAMPS, PHASES
+    from maskgate.kernels.triton_resolve import MAIN_STAMPS, PHASES
 
     rows = []
     for batch in batches:
@@ -836,7 +842,7 @@ def real_row_cycles(
     took the rescue (its stamps written) or the fallback at all: which rows hold a launch,
     and by how much. Prints the slowest 20; writes real_row_cycles.json
     (real_row_cycles_VARIANT.json for a variant of VARIANTS)."""
-    from kernels.triton_resolve import MAIN_STAMPS, PHASES
+    from maskgate.kernels.triton_resolve import MAIN_STAMPS, PHASES
 
     n_buf = REAL["logits"].shape[0] // batch
     vocab = REAL["logits"].shape[1]
@@ -1042,7 +1048,7 @@ def plot(rows, path) -> None:
         rs = sorted((r for r in sel if r["setting"] == setting), key=lambda r: r["B"])
         bs = [r["B"] for r in rs]
         for key, label in [
-            ("sample_us", "kernels.sample"),
+            ("sample_us", "maskgate.kernels.sample"),
             ("graph_us", "kernels.sample (graph)"),
             ("steady_us", f"kernels.sample (steady, {STEADY_CALLS} a graph)"),
             ("floor_us", "(a) one-pass floor"),

@@ -59,11 +59,17 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench.bench_kernels import replay_time
-from kernels.order import key_ids
-from kernels.triton_common import EMPTY_KEY, ordered32, pack_key, scale
-from kernels.triton_fallback import _above3, _cut_listed, _load_block, fallback_draw, gather_above
-from kernels.triton_sort import sort_desc
-from kernels.workloads import peaked_logits
+from maskgate.kernels.order import key_ids
+from maskgate.kernels.triton_common import EMPTY_KEY, ordered32, pack_key, scale
+from maskgate.kernels.triton_fallback import (
+    _above3,
+    _cut_listed,
+    _load_block,
+    fallback_draw,
+    gather_above,
+)
+from maskgate.kernels.triton_sort import sort_desc
+from maskgate.kernels.workloads import peaked_logits
 
 
 @triton.jit

@@ -38,8 +38,8 @@ from bench.bench_kernels import (
     make_inputs,
     replay_time,
 )
-from kernels.inputs import check_inputs
-from kernels.triton_path import (
+from maskgate.kernels.inputs import check_inputs
+from maskgate.kernels.triton_path import (
     LANES,
     NBISECT,
     band_config,

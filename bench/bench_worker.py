@@ -48,11 +48,11 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
 import torch
 
 from bench.shapes import LLAMA32_1B, LOGIT_STD, QWEN25_15B
-from worker.batch import RowWork, SamplingParams
-from worker.model import ModelConfig, load
-from worker.model.loader import build
-from worker.model.random_weights import random_hf_weights
-from worker.runner import ModelRunner
+from maskgate.worker.batch import RowWork, SamplingParams
+from maskgate.worker.model import ModelConfig, load
+from maskgate.worker.model.loader import build
+from maskgate.worker.model.random_weights import random_hf_weights
+from maskgate.worker.runner import ModelRunner
 
 SHAPES: dict[str, dict[str, Any]] = {"qwen2.5-1.5b": QWEN25_15B, "llama-3.2-1b": LLAMA32_1B}
 # Not a real shape: for `--device cpu --models smoke`, a check that the script runs.

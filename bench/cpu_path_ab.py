@@ -46,7 +46,7 @@ def child(tree: str, real: str) -> None:
     sys.path.insert(0, tree)
     import torch
 
-    import kernels
+    from maskgate import kernels
 
     assert pathlib.Path(kernels.__file__).resolve().is_relative_to(pathlib.Path(tree).resolve())
     rows = torch.load(real)["logits"].float()

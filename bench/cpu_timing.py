@@ -17,7 +17,7 @@ import torch
 def sample_args(
     logits: torch.Tensor, top_k: int, top_p: float, min_p: float, want_mask: bool = True
 ) -> tuple[torch.Tensor, ...]:
-    """kernels.sample's positional arguments for a batch with one setting on every row, at
+    """maskgate.kernels.sample's positional arguments for a batch with one setting on every row, at
     temperature 1."""
     batch = logits.shape[0]
     return (

@@ -32,9 +32,10 @@ import torch
 if __package__ in (None, ""):  # run as a script: import from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import kernels.interpreter
-from kernels.inputs import check_inputs
-from kernels.triton_path import (
+
+from maskgate import kernels
+from maskgate.kernels.inputs import check_inputs
+from maskgate.kernels.triton_path import (
     RESCUE_ROUNDS,
     RESCUE_TIERS,
     TIERS,
@@ -99,7 +100,7 @@ def probe(args: argparse.Namespace) -> dict:
     )
     bisections = []
     if dev.type == "cpu":  # the interpreter runs resolve_row as Python: count the bisections
-        import kernels.triton_resolve as resolve
+        import maskgate.kernels.triton_resolve as resolve
 
         bisect = resolve.fallback_support
 

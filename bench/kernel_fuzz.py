@@ -26,12 +26,12 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
 
 def run_batch(seed: int, vocab_range: tuple[int, int] = (200, 700)) -> dict:
     """One random batch: its oracle check and where the two paths disagree."""
-    from kernels.conformance import check_result
-    from kernels.inputs import check_inputs
-    from kernels.reference import reference
-    from kernels.torch_path import sample_torch
-    from kernels.triton_path import band_config, sample_triton
-    from kernels.workloads import random_batch
+    from maskgate.kernels.conformance import check_result
+    from maskgate.kernels.inputs import check_inputs
+    from maskgate.kernels.reference import reference
+    from maskgate.kernels.torch_path import sample_torch
+    from maskgate.kernels.triton_path import band_config, sample_triton
+    from maskgate.kernels.workloads import random_batch
 
     batch = random_batch(seed, vocab_range)
     inp = check_inputs(**batch)
@@ -90,7 +90,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
-    import kernels.interpreter
+    from maskgate import kernels
 
     kernels.interpreter.install()  # tuple reductions on whole blocks, not element by element
     main()

@@ -30,7 +30,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: import from the repository root
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from kernels.workloads import peaked_logits
+from maskgate.kernels.workloads import peaked_logits
 
 # (lanes W, segment tokens): the default shapes at B = 1 and 128 (V = 151936), and the
 # 32768-token candidates timed in session 6.

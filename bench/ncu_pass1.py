@@ -26,8 +26,8 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
 
 from bench.bench_kernels import CAP, _args, band_pass, make_inputs
 from bench.kernel_baselines import floor_pass
-from kernels.inputs import check_inputs
-from kernels.triton_path import band_config, sample_triton
+from maskgate.kernels.inputs import check_inputs
+from maskgate.kernels.triton_path import band_config, sample_triton
 
 BATCH, VOCAB = 128, 151936
 

@@ -45,7 +45,7 @@ def sum_errors(x: torch.Tensor, temperature: float, launch_rows: int) -> dict[st
     errors of each segment's s_c and of each row's Z (combined in float64 from the segments'
     s_c and maxima m_c, so only pass 1's rounding is in it), summarised. Rows must be
     finite somewhere; segments of -inf only are left out."""
-    from kernels.triton_path import band_config, launch_band
+    from maskgate.kernels.triton_path import band_config, launch_band
 
     rows, vocab = x.shape
     cfg = band_config(vocab, batch=launch_rows)
@@ -75,7 +75,7 @@ def sum_errors(x: torch.Tensor, temperature: float, launch_rows: int) -> dict[st
 
 
 def run(real: str, rows: int) -> dict[str, dict]:
-    from kernels.workloads import peaked_logits
+    from maskgate.kernels.workloads import peaked_logits
 
     real_rows = torch.load(real)["logits"].float()[:rows].contiguous()
     cases = {f"real_T{t}": (real_rows, t) for t in TEMPERATURES}
@@ -132,7 +132,7 @@ def main() -> None:
         ap.error("--real is required (bench/real_rows.py writes the file)")
     # before anything imports triton (the kernels are imported in the functions above)
     os.environ["TRITON_INTERPRET"] = "1"
-    import kernels.interpreter
+    from maskgate import kernels
 
     kernels.interpreter.install()  # tuple reductions as a tree over blocks, as on the GPU
     results = run(args.real, args.rows)

@@ -41,8 +41,8 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench.bench_kernels import N_BUFFERS, VARIANTS, band_pass, make_inputs
-from kernels.triton_band_lanes import TIME_FIELDS
-from kernels.triton_path import band_config
+from maskgate.kernels.triton_band_lanes import TIME_FIELDS
+from maskgate.kernels.triton_path import band_config
 
 # Per program: ns start, ns end, cycles start, cycles end, SM, read again, cycles at the
 # loop's end, at the start and the end of the read again (0 where none)

@@ -23,7 +23,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: import from the repository root
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from kernels.workloads import entropy_nats, peaked_logits
+from maskgate.kernels.workloads import entropy_nats, peaked_logits
 
 DEFAULT_PATH = pathlib.Path(".cache/real_rows/smollm2.pt")
 STEPS = 32
@@ -68,7 +68,7 @@ def generate(steps: int = STEPS, seed: int = 0) -> dict:
     logits: [len(PROMPTS) * steps, V] float32, prompt-major."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from worker.model.gguf_convert import ensure_smollm2
+    from maskgate.worker.model.gguf_convert import ensure_smollm2
 
     path = ensure_smollm2(progress=print)  # the worker's converted copy (download once)
     tok = AutoTokenizer.from_pretrained(path)

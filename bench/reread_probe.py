@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
 
 from bench.fallback_probe import rescue_round
 from bench.lane_collisions import rows_of
-from kernels.triton_path import RESCUE_ROUNDS
+from maskgate.kernels.triton_path import RESCUE_ROUNDS
 
 VOCAB, LANES, DELTA, TOP_P = 151936, 512, 12.0, 0.95
 THRESHOLDS = (0, 8, 16, 32, 64, 1 << 30)  # 0: no reread; 1 << 30: every collided segment

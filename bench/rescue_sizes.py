@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench.lane_collisions import rows_of
-from kernels.triton_path import DELTA, TIERS, band_config
+from maskgate.kernels.triton_path import DELTA, TIERS, band_config
 
 
 def segment_floors(z: torch.Tensor, segment: int, lanes: int, kc: int) -> torch.Tensor:

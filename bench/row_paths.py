@@ -32,15 +32,16 @@ import torch
 if __package__ in (None, ""):  # run as a script: import from the repository root
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import kernels.interpreter
-import kernels.triton_fallback as fallback
-import kernels.triton_resolve as resolve
+
+import maskgate.kernels.triton_fallback as fallback
+import maskgate.kernels.triton_resolve as resolve
 from bench.real_rows import DEFAULT_PATH, support_sizes
 from bench.real_rows import rows as real_rows
-from kernels.conformance import check_result
-from kernels.inputs import check_inputs
-from kernels.reference import reference
-from kernels.triton_path import band_config, sample_triton
+from maskgate import kernels
+from maskgate.kernels.conformance import check_result
+from maskgate.kernels.inputs import check_inputs
+from maskgate.kernels.reference import reference
+from maskgate.kernels.triton_path import band_config, sample_triton
 
 kernels.interpreter.install()  # tuple reductions on whole blocks, not element by element
 

@@ -49,10 +49,10 @@ from bench.bench_kernels import (
     replay_time,
     same_csr,
 )
-from kernels.inputs import check_inputs
-from kernels.triton_band_lanes import _lane_step, _lane_step3
-from kernels.triton_common import FLT_MAX
-from kernels.triton_path import band_config, sample_triton
+from maskgate.kernels.inputs import check_inputs
+from maskgate.kernels.triton_band_lanes import _lane_step, _lane_step3
+from maskgate.kernels.triton_common import FLT_MAX
+from maskgate.kernels.triton_path import band_config, sample_triton
 
 LOG2E = tl.constexpr(1.4426950408889634)
 MODES = {"floor": 0, "lanes2": 1, "lanes3": 2}

@@ -1,6 +1,6 @@
 """Model shapes the worker benchmarks draw random weights for, as Hugging Face config keys.
 
-Weights follow worker/model/random_weights.py with LOGIT_STD, which makes a top-p 0.9 mask
+Weights follow maskgate/worker/model/random_weights.py with LOGIT_STD, which makes a top-p 0.9 mask
 hold about 100 of Qwen2.5's 151936 ids.
 """
 

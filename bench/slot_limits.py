@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: import from the repository roo
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench.lane_collisions import lane_of, parse, plot_rates, rows_of, supports
-from kernels.triton_path import LANES, RESCUE_ROUNDS
+from maskgate.kernels.triton_path import LANES, RESCUE_ROUNDS
 
 # (segment tokens, KC): B = 1's default (75 x 16 at V = 151936) and the smaller blocks timed
 # in session 11, then B = 128's default (10 x 128) and a 64-slot variant.

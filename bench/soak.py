@@ -1,6 +1,6 @@
 """Soak: mixed traffic at 80% of the measured maximum, with 1% of upstream answers faulted.
 
-Set-up: the real gateway (`python -m gateway --config FILE`) in front of two general and two
+Set-up: the real gateway (`python -m maskgate.gateway --config FILE`) in front of two general and two
 mask upstreams, each a `tests/integration/faults/fault_upstream.py` process. Traffic: general
 chat (JSON and SSE) and mask requests (/generate JSON and SSE, chat JSON), all valid.
 
@@ -144,7 +144,7 @@ def start_gateway(
     path.write_text(yaml.safe_dump(cfg))
     log = (workdir / "soak-gateway.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "--config", str(path), "--log-level", "info"],
+        [sys.executable, "-m", "maskgate.gateway", "--config", str(path), "--log-level", "info"],
         cwd=src,
         stdout=log,
         stderr=log,

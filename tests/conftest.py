@@ -43,9 +43,9 @@ def plain_sample() -> PlainSample:
     unseeded batch."""
     import torch
 
-    import kernels
-    from kernels.result import STATUS_OVERFLOW
-    from worker.batch import RowResult, RowWork
+    from maskgate import kernels
+    from maskgate.kernels.result import STATUS_OVERFLOW
+    from maskgate.worker.batch import RowResult, RowWork
 
     def run(
         logits: torch.Tensor, rows: list[RowWork], cap: int, keys: list[int] | None

@@ -78,10 +78,10 @@ class Proxy:
 
 
 def gateway(upstream: str, cpus: str, workers: int, access_log: bool, root: Path = REPO) -> Proxy:
-    """`python -m gateway` run from `root` (a checkout: compare two versions of the gateway)."""
+    """`python -m maskgate.gateway` run from `root` (a checkout: compare two versions of the gateway)."""
     port = free_port()
     argv = [
-        sys.executable, "-m", "gateway",
+        sys.executable, "-m", "maskgate.gateway",
         "--host", "127.0.0.1",
         "--port", str(port),
         "--general-endpoint", upstream,

@@ -3,7 +3,7 @@
 The worker loads models from a directory (config.json, safetensors, tokenizer). No tokenizer
 of the real model is available offline, so the directory carries tiny-random's byte-level
 tokenizer (512 ids): prompts are sent as input_ids, and output ids past the tokenizer decode to
-nothing, which only empties the `text` field. Weights follow worker/model/random_weights.py
+nothing, which only empties the `text` field. Weights follow maskgate/worker/model/random_weights.py
 with the shape and logit_std of bench/shapes.py, as bench_worker.py.
 """
 
@@ -18,9 +18,9 @@ import torch
 from safetensors.torch import save_file
 
 from bench import shapes
-from worker.model.config import ModelConfig
-from worker.model.random_weights import random_hf_weights
-from worker.model.tiny_random import tiny_tokenizer
+from maskgate.worker.model.config import ModelConfig
+from maskgate.worker.model.random_weights import random_hf_weights
+from maskgate.worker.model.tiny_random import tiny_tokenizer
 
 # config.json: the benchmark shape and the keys a Hugging Face directory carries besides.
 QWEN25_15B: dict[str, Any] = {

@@ -66,7 +66,7 @@ def worker(
 ) -> Proc:
     port = free_port()
     argv = [
-        sys.executable, "-m", "worker.cli", "worker",
+        sys.executable, "-m", "maskgate.cli", "worker",
         "--model", model,
         "--role", role,
         "--device", device,
@@ -86,7 +86,7 @@ def worker(
 def gateway(general: str, mask: str, processes: int) -> Proc:
     port = free_port()
     argv = [
-        sys.executable, "-m", "gateway",
+        sys.executable, "-m", "maskgate.gateway",
         "--host", "127.0.0.1",
         "--port", str(port),
         "--workers", str(processes),

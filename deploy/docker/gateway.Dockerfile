@@ -7,10 +7,11 @@
 FROM python:3.11-slim-bookworm AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-# Only what the gateway package needs: setuptools' package discovery then finds `gateway` alone,
-# so the worker extras (torch, triton, transformers) cannot leak into this image.
+# The one `maskgate` package, installed without the worker extra: its base dependencies are the
+# gateway's, so torch, triton and transformers never enter this image. The worker and kernels
+# modules are present as source but nothing the gateway runs imports them.
 COPY pyproject.toml README.md ./
-COPY gateway ./gateway
+COPY maskgate ./maskgate
 RUN python -m venv /opt/maskgate \
     && /opt/maskgate/bin/pip install --no-compile /src
 
@@ -34,5 +35,5 @@ EXPOSE 8080 9090
 # slim has no curl, so the check is a one-line urllib call with a 2 s timeout.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ['HEALTHCHECK_URL'], timeout=2)"]
-ENTRYPOINT ["python", "-m", "gateway"]
+ENTRYPOINT ["python", "-m", "maskgate.gateway"]
 CMD ["--config", "/etc/maskgate/gateway.yaml"]

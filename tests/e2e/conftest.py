@@ -1,6 +1,6 @@
 """Real processes: the gateway in front of a mask worker and a general worker, all running
 `tiny-random` on the CPU, started once per session (`maskgate worker` / `maskgate gateway`,
-through `python -m worker.cli` so no installed console script is needed).
+through `python -m maskgate.cli` so no installed console script is needed).
 
 Also the oracle for the log-prob checks: transformers' own Llama over the same weights
 (written out by `save_tiny_random`), an implementation independent of the worker's.
@@ -59,7 +59,7 @@ def _start(name: str, args: list[str], port: int, log_dir: Path) -> Proc:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MASKGATE_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", *args, "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "maskgate.cli", *args, "--host", "127.0.0.1", "--port", str(port)],
         cwd=REPO,
         env=env,
         stdout=log.open("wb"),
@@ -125,7 +125,7 @@ def oracle(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     import torch
     from transformers import AutoModelForCausalLM
 
-    from worker.model import save_tiny_random
+    from maskgate.worker.model import save_tiny_random
 
     path = save_tiny_random(tmp_path_factory.mktemp("tiny-random"))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

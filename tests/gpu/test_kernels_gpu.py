@@ -18,12 +18,12 @@ import time
 import pytest
 import torch
 
-import kernels
-from kernels.conformance import check_result
-from kernels.inputs import check_inputs
-from kernels.reference import reference
-from kernels.triton_path import band_config, sample_triton
-from kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits, peaked_logits
+from maskgate import kernels
+from maskgate.kernels.conformance import check_result
+from maskgate.kernels.inputs import check_inputs
+from maskgate.kernels.reference import reference
+from maskgate.kernels.triton_path import band_config, sample_triton
+from maskgate.kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits, peaked_logits
 
 pytestmark = [
     pytest.mark.gpu,

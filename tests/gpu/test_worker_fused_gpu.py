@@ -13,13 +13,13 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from worker.batch import RowWork
-from worker.model.attention import AttnGroup, attend, key_mask
-from worker.model.config import ModelConfig, RopeConfig
-from worker.model.layers import RMSNorm, RotaryEmbedding, rope_and_store
-from worker.model.triton_decode_attn import decode_attention
-from worker.model.triton_norm import add_rms_norm, silu_mul
-from worker.model.triton_rope import rope_and_store as rope_and_store_triton
+from maskgate.worker.batch import RowWork
+from maskgate.worker.model.attention import AttnGroup, attend, key_mask
+from maskgate.worker.model.config import ModelConfig, RopeConfig
+from maskgate.worker.model.layers import RMSNorm, RotaryEmbedding, rope_and_store
+from maskgate.worker.model.triton_decode_attn import decode_attention
+from maskgate.worker.model.triton_norm import add_rms_norm, silu_mul
+from maskgate.worker.model.triton_rope import rope_and_store as rope_and_store_triton
 
 pytestmark = [
     pytest.mark.gpu,
@@ -151,10 +151,10 @@ def test_decode_attention_replays_in_a_cuda_graph() -> None:
 
 def _runner_logits(name: str, dtype: torch.dtype, fused: bool, steps: int = 8) -> list:
     """Prefill 5 rows, decode `steps` steps (graphs; 5 rows, then 3), then one mixed step."""
-    from worker.model.loader import build
-    from worker.model.random_weights import random_hf_weights
-    from worker.model.tiny_random import tiny_tokenizer
-    from worker.runner import ModelRunner
+    from maskgate.worker.model.loader import build
+    from maskgate.worker.model.random_weights import random_hf_weights
+    from maskgate.worker.model.tiny_random import tiny_tokenizer
+    from maskgate.worker.runner import ModelRunner
 
     hidden, inter, heads, kv_heads, dim, rope, qk_norm = SHAPES[name]
     raw = {

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-import kernels
-from worker.batch import RowResult, RowWork, SamplingParams
-from worker.model import load
-from worker.row_sampling import RowSampler
-from worker.runner import ModelRunner
+from maskgate import kernels
+from maskgate.worker.batch import RowResult, RowWork, SamplingParams
+from maskgate.worker.model import load
+from maskgate.worker.row_sampling import RowSampler
+from maskgate.worker.runner import ModelRunner
 
 # The plain_sample fixture (tests/conftest.py): kernels.sample called the plain way.
 PlainSample = Callable[..., list[RowResult]]

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from worker.sort_all import sample_sort_all_rows
+from maskgate import kernels
+from maskgate.worker.sort_all import sample_sort_all_rows
 
 pytestmark = [
     pytest.mark.gpu,

@@ -25,9 +25,9 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway import GatewayConfig, create_app
-from gateway.settings import load_settings
-from gateway.state import STATE, GatewayState
+from maskgate.gateway import GatewayConfig, create_app
+from maskgate.gateway.state import STATE, GatewayState
+from maskgate.protocol.settings import load_settings
 
 # Test modules import shared bodies by name (pytest runs with --import-mode=importlib).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -244,7 +244,7 @@ def gateway_config(
         "retries": {"backoff_base_s": 0.001, "backoff_max_s": 0.01},
         "pools": {"general": {"endpoints": general or []}, "mask": {"endpoints": mask or []}},
     }
-    from gateway.settings import merge
+    from maskgate.protocol.settings import merge
 
     return load_settings(GatewayConfig, overrides=merge(base, overrides))
 

@@ -91,7 +91,7 @@ async def test_mask_responses_record_support_and_violations(upstreams, gateway, 
 async def test_separate_metrics_port_app_serves_probes_and_metrics(upstreams, make_config):
     from aiohttp.test_utils import TestClient, TestServer
 
-    from gateway.app import create_app, create_probe_app
+    from maskgate.gateway.app import create_app, create_probe_app
 
     app = create_app(make_config(metrics_port=9))
     probe = create_probe_app(app)

@@ -28,7 +28,7 @@ def clean_env() -> dict[str, str]:
 
 
 async def start_gateway(*args: str) -> tuple[asyncio.subprocess.Process, int]:
-    """Start `python -m gateway ARGS`; returns the process and the port from its log."""
+    """Start `python -m maskgate.gateway ARGS`; returns the process and the port from its log."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

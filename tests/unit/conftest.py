@@ -15,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 Interpreted = Callable[[str], dict]
 # Prepended to every interpreted check (a Triton the patch does not fit keeps its own loop).
-FAST_REDUCTIONS = "import kernels.interpreter\nkernels.interpreter.install()\n"
+FAST_REDUCTIONS = "import maskgate.kernels.interpreter\nfrom maskgate import kernels\nkernels.interpreter.install()\n"
 
 
 @pytest.fixture(scope="session")

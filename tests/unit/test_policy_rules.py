@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.errors import PolicyError
-from gateway.policy import (
+from maskgate.protocol.errors import PolicyError
+from maskgate.protocol.policy import (
     FULL_VOCAB_MESSAGE,
     META_INFO_MESSAGE,
     PolicyConfig,

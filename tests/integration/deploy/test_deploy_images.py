@@ -85,7 +85,7 @@ def test_gateway_image_gets_no_torch() -> None:
     for heavy in HEAVY:
         assert heavy not in text, f"the gateway image mentions {heavy}"
     copied = {args.split()[0] for op, args in ins if op == "COPY" and "--from" not in args}
-    assert not {"worker", "kernels"} & copied
+    assert "maskgate" in copied
     # It installs the project without extras: its dependencies are the base install alone.
     pyproject = tomllib.loads((DOCKER.parents[1] / "pyproject.toml").read_text())
     base_deps = " ".join(pyproject["project"]["dependencies"]).lower()
@@ -133,12 +133,13 @@ def test_every_copied_path_exists_and_survives_dockerignore() -> None:
 # modules import, and nothing pulls in torch or the worker (the image has neither).
 _IMAGE_PROBE = """
 import sys
-import gateway
+from maskgate import gateway
 assert gateway.__file__.startswith(sys.argv[1]), gateway.__file__
-from gateway.cli import main
+from maskgate.gateway.cli import main
 code = main(["--config", sys.argv[2], "--check-config"])
-import gateway.serve, gateway.supervisor
-leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "worker", "kernels"))
+import maskgate.gateway.serve, maskgate.gateway.supervisor
+heavy = ("torch", "triton", "transformers", "maskgate.worker", "maskgate.kernels")
+leaked = sorted(m for m in sys.modules if m.startswith(heavy))
 assert not leaked, leaked
 sys.exit(code)
 """
@@ -178,7 +179,7 @@ def test_gateway_image_install_runs_the_deployed_config(tmp_path: Path, kit) -> 
     with zipfile.ZipFile(wheel) as zf:
         top = {name.split("/")[0] for name in zf.namelist()}
         metadata = next(zf.read(n).decode() for n in zf.namelist() if n.endswith("/METADATA"))
-    assert {t for t in top if not t.endswith(".dist-info")} == {"gateway"}
+    assert {t for t in top if not t.endswith(".dist-info")} == {"maskgate"}
     required = [
         line
         for line in metadata.splitlines()

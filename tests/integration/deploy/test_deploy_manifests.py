@@ -146,8 +146,8 @@ def test_service_monitors_select_services_with_their_port(overlay: str, render, 
 def test_gateway_config_parses_with_the_gateways_model(
     overlay: str, render, kit, tmp_path: Path
 ) -> None:
-    from gateway.config import GatewayConfig
-    from gateway.settings import load_settings
+    from maskgate.gateway.config import GatewayConfig
+    from maskgate.protocol.settings import load_settings
 
     docs = render(f"overlays/{overlay}")
     text, gw = gateway_config(docs, kit)
@@ -186,8 +186,8 @@ def test_gateway_config_parses_with_the_gateways_model(
 
 @pytest.mark.parametrize("overlay", ["cpu-demo", "gpu", "external-upstreams"])
 def test_shutdown_timeline_adds_up(overlay: str, render, kit, tmp_path: Path) -> None:
-    from gateway.config import GatewayConfig
-    from gateway.settings import load_settings
+    from maskgate.gateway.config import GatewayConfig
+    from maskgate.protocol.settings import load_settings
 
     docs = render(f"overlays/{overlay}")
     text, gw = gateway_config(docs, kit)

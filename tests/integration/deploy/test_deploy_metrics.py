@@ -55,8 +55,8 @@ def referenced(rule_groups: dict[str, Any], dashboard: dict[str, Any], kit) -> d
 def gateway_config(kit, endpoint: str | None) -> Any:
     """The cpu-demo ConfigMap's config, listening on port 0, with both pools pointed at
     `endpoint` (a worker) or empty, instead of the cluster's DNS names."""
-    from gateway.config import GatewayConfig
-    from gateway.settings import load_settings
+    from maskgate.gateway.config import GatewayConfig
+    from maskgate.protocol.settings import load_settings
 
     pool = {"dns": None, "endpoints": [endpoint] if endpoint else []}
     return load_settings(
@@ -74,7 +74,7 @@ def gateway_config(kit, endpoint: str | None) -> Any:
 
 @pytest.fixture
 async def gateway_without_upstreams(kit) -> AsyncIterator[TestServer]:
-    from gateway import create_app
+    from maskgate.gateway import create_app
 
     server = TestServer(create_app(gateway_config(kit, None)), host="127.0.0.1")
     await server.start_server()
@@ -101,14 +101,14 @@ async def test_gateway_exports_every_gateway_metric_the_deploy_uses(
 @pytest.fixture(scope="module")
 def worker_url(tmp_path_factory: pytest.TempPathFactory, kit) -> Iterator[str]:
     """A real `maskgate worker --model tiny-random --device cpu` on a port it picks (0)."""
-    if importlib.util.find_spec("worker.cli") is None:
-        pytest.skip("the worker package cannot be imported (worker.cli missing)")
+    if importlib.util.find_spec("maskgate.cli") is None:
+        pytest.skip("the worker package cannot be imported (maskgate.cli missing)")
     log = tmp_path_factory.mktemp("worker") / "worker.log"
     args = ["worker", "--model", "tiny-random", "--device", "cpu", "--role", "mixed"]
     args += ["--host", "127.0.0.1", "--port", "0"]
     with log.open("wb") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", *args],
+            [sys.executable, "-m", "maskgate.cli", *args],
             cwd=kit.REPO,
             stdout=sink,
             stderr=subprocess.STDOUT,
@@ -143,7 +143,7 @@ def wait_for_ready_line(proc: subprocess.Popen[bytes], log: Path) -> int:
 async def test_worker_exports_every_worker_metric_the_deploy_uses(
     worker_url: str, kit, referenced: dict[str, set[str]]
 ) -> None:
-    from gateway import create_app
+    from maskgate.gateway import create_app
 
     # One mask request through a gateway to the worker, so the histograms hold real samples
     # (the mask support size at the gateway; batch size and mask kernel time at the worker).

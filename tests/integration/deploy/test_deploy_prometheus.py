@@ -57,10 +57,10 @@ async def fake_general_upstream() -> TestServer:
 @pytest.fixture
 async def gateway(kit) -> AsyncIterator[tuple[TestServer, TestServer]]:
     """(traffic server, metrics server) of a gateway built from the cpu-demo ConfigMap."""
-    from gateway import create_app
-    from gateway.app import create_probe_app
-    from gateway.config import GatewayConfig
-    from gateway.settings import load_settings
+    from maskgate.gateway import create_app
+    from maskgate.gateway.app import create_probe_app
+    from maskgate.gateway.config import GatewayConfig
+    from maskgate.protocol.settings import load_settings
 
     upstream = await fake_general_upstream()
     config = load_settings(

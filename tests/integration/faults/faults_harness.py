@@ -1,4 +1,4 @@
-"""Harness for the fault tests: the real gateway (`python -m gateway --config FILE`) as a
+"""Harness for the fault tests: the real gateway (`python -m maskgate.gateway --config FILE`) as a
 subprocess, in front of `fault_upstream.py` processes that the tests disrupt with signals
 and run-time knobs.
 
@@ -167,7 +167,7 @@ class Procs:
         cfg_path.write_text(yaml.safe_dump(config))
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         env = {k: v for k, v in env.items() if not k.startswith("MASKGATE_")}
-        args = [*(wrap or []), sys.executable, "-m", "gateway", "--config", str(cfg_path)]
+        args = [*(wrap or []), sys.executable, "-m", "maskgate.gateway", "--config", str(cfg_path)]
         with log.open("wb") as out:
             proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=out)
         self.started.append(proc)

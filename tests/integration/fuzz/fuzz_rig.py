@@ -13,7 +13,7 @@ import aiohttp
 from aiohttp import web
 from fault_upstream import Knobs, Upstream
 
-from gateway.state import GatewayState
+from maskgate.gateway.state import GatewayState
 
 
 @dataclass

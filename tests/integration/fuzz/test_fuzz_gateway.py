@@ -34,9 +34,9 @@ from fuzz_rig import Rig
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway import policy
-from gateway.errors import PolicyError
-from gateway.openapi import openapi_spec, request_schema
+from maskgate.gateway.openapi import openapi_spec, request_schema
+from maskgate.protocol import policy
+from maskgate.protocol.errors import PolicyError
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import jsonschema
 import orjson
 import pytest
 
-from gateway.openapi import ERROR_CODES, openapi_spec, request_schema
-from gateway.policy import POLICY_CODES
+from maskgate.gateway.openapi import ERROR_CODES, openapi_spec, request_schema
+from maskgate.protocol.policy import POLICY_CODES
 
 pytestmark = pytest.mark.integration
 

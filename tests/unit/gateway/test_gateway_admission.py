@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from gateway.admission import Admission
-from gateway.errors import PolicyError
+from maskgate.gateway.admission import Admission
+from maskgate.protocol.errors import PolicyError
 
 
 async def test_fast_path_then_queue_full_is_429():

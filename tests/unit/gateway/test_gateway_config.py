@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.cli import build_parser, main, overrides_from
-from gateway.config import GatewayConfig
-from gateway.settings import ConfigError, load_settings
+from maskgate.gateway.cli import build_parser, main, overrides_from
+from maskgate.gateway.config import GatewayConfig
+from maskgate.protocol.settings import ConfigError, load_settings
 
 
 def load(**kw):

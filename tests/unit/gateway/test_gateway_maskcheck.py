@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import orjson
 
-from gateway.maskcheck import check_mask_response
-from gateway.metrics import GatewayMetrics
+from maskgate.gateway.maskcheck import check_mask_response
+from maskgate.gateway.metrics import GatewayMetrics
 
 
 def meta(masks, logprobs=None, length=None):

@@ -16,15 +16,15 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway import GatewayConfig, create_app
-from gateway.settings import load_settings
-from gateway.upstream import (
+from maskgate.gateway import GatewayConfig, create_app
+from maskgate.gateway.upstream import (
     BodyError,
     ConnectError,
     DisconnectedError,
     ProtocolError,
     UpstreamClient,
 )
+from maskgate.protocol.settings import load_settings
 
 
 class Script(asyncio.Protocol):

@@ -1,4 +1,4 @@
-"""kernels.interpreter: kernels give under it what they give under the interpreter's own code.
+"""maskgate.kernels.interpreter: kernels give under it what they give under the interpreter's own code.
 
 Every interpreted check runs with it (tests/unit/conftest.py), so this holds it to the code it
 replaces: our tuple reductions on blocks of each shape along each axis (keep_dims too), a
@@ -16,8 +16,9 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
-import kernels.interpreter
-from kernels.triton_common import add3_max3_add3, argmax_key_add
+import maskgate.kernels.interpreter
+from maskgate import kernels
+from maskgate.kernels.triton_common import add3_max3_add3, argmax_key_add
 
 @triton.jit
 def first_nonzero(a, b):  # associative, not commutative: the leftmost non-zero value

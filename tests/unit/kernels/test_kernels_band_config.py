@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("triton")  # the worker extra installs it; a gateway-only checkout has none
 
-from kernels.triton_path import (
+from maskgate.kernels.triton_path import (
     CAND_TARGET,
     LANE_PROGRAMS,
     LONG_ROW_LANES,

@@ -15,9 +15,9 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from kernels.triton_common import MUL_A  # noqa: E402
-from kernels.triton_fused import band_resolve_kernel  # noqa: E402
-from kernels.triton_path import (  # noqa: E402
+from maskgate.kernels.triton_common import MUL_A  # noqa: E402
+from maskgate.kernels.triton_fused import band_resolve_kernel  # noqa: E402
+from maskgate.kernels.triton_path import (  # noqa: E402
     DELTA,
     FB_BLOCK,
     NBISECT,
@@ -31,7 +31,7 @@ from kernels.triton_path import (  # noqa: E402
     max_chunks,
     reread_constants,
 )
-from kernels.triton_resolve import PHASES  # noqa: E402
+from maskgate.kernels.triton_resolve import PHASES  # noqa: E402
 
 POINTERS = {
     "x_ptr": "*fp32",
@@ -133,7 +133,7 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
     reread None: long segments (band_config(long_segments=True)), of 32768 tokens, that read
     collided lanes again at 32 tops and start without the PDL wait. look 1: the loop reads
     one tile ahead (the default before session 35), at 40 registers."""
-    from kernels.triton_band_lanes import band_lanes_kernel
+    from maskgate.kernels.triton_band_lanes import band_lanes_kernel
 
     cfg = band_config(
         151936, batch=128, keep=keep, reread=reread, long_segments=reread is None, look=look
@@ -190,7 +190,7 @@ def test_resolve_lowers_for_small_vocabularies(
     candidates' names for its read blocks failed to compile for every vocabulary below
     about 4096 tokens (the worker's small models) while passing every interpreted test. With
     shared: the whole-row fallback's reads in parts, its counting and listing reads (2)."""
-    from kernels.triton_resolve import resolve_kernel
+    from maskgate.kernels.triton_resolve import resolve_kernel
 
     cfg = band_config(vocab, batch=batch, fused=False)
     cand_block = triton.next_power_of_2(cfg.ncand)
@@ -224,7 +224,7 @@ def test_resolve_lowers_for_small_vocabularies(
 def test_emit_lowers_once_for_every_row_count(sm90_compile: Any) -> None:
     """emit_kernel takes no block over the mask rows (its sum runs in pieces), so one compile
     serves every R and a worker's warm-up meets it with any batch that packs there."""
-    from kernels.triton_emit import emit_kernel
+    from maskgate.kernels.triton_emit import emit_kernel
 
     assert not [p for p in emit_kernel.arg_names if p.startswith("R")]
     types = {"slot_ptr": "*i32", "cnt_ptr": "*i64", "offsets_ptr": "*i64", "ids_ptr": "*i32"}

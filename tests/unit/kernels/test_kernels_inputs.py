@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels.inputs import check_inputs
+from maskgate import kernels
+from maskgate.kernels.inputs import check_inputs
 
 
 def good(batch: int = 3, vocab: int = 20) -> dict:

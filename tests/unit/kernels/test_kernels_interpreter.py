@@ -21,12 +21,12 @@ Interpreted = Callable[[str], dict]  # the `interpreted` fixture (tests/unit/con
 PRELUDE = """
 import itertools, json, sys
 import torch
-from kernels.conformance import check_result
-from kernels.inputs import check_inputs
-from kernels.reference import reference
-from kernels.torch_path import sample_torch
-from kernels.triton_path import band_config, sample_triton
-from kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
+from maskgate.kernels.conformance import check_result
+from maskgate.kernels.inputs import check_inputs
+from maskgate.kernels.reference import reference
+from maskgate.kernels.torch_path import sample_torch
+from maskgate.kernels.triton_path import band_config, sample_triton
+from maskgate.kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
 FUSED = True  # lanes pass 1: resolve in the same launch (band_resolve_kernel) or after it
 SHARED = False  # the whole-row fallback's counting reads in parts (band_config's shared_reads)
@@ -131,8 +131,8 @@ print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_r
 """
 
 NO_BISECTION = """
-import kernels.triton_resolve
-
+import maskgate.kernels.triton_resolve
+from maskgate import kernels
 def no_bisection(*args, **kwargs):  # the interpreter runs resolve_row as Python
     raise AssertionError("the bisection fallback ran")
 
@@ -140,8 +140,8 @@ kernels.triton_resolve.fallback_support = no_bisection
 """
 
 COUNT_SORTS = """
-import kernels.triton_resolve
-
+import maskgate.kernels.triton_resolve
+from maskgate import kernels
 SORTS = []  # one entry per best_sorted call: the tiers and the rescue's picks
 _best_sorted = kernels.triton_resolve.best_sorted
 
@@ -227,9 +227,9 @@ KC = 4
 )
 
 CONTRACT = """
-from kernels.order import key_ids, key_z
+from maskgate.kernels.order import key_ids, key_z
 EMPTY_KEY = -(2**63)
-from kernels.triton_path import launch_band
+from maskgate.kernels.triton_path import launch_band
 vocab = 700
 g = torch.Generator().manual_seed(3)
 x = adversarial_logits(list(ADVERSARIAL_KINDS) * 2, vocab, g)
@@ -309,7 +309,7 @@ for pattern, mode in itertools.product(
         "ids": [tri.mask_ids[:n].tolist(), cpu.mask_ids.tolist()],
         "tokens": [tri.tokens.tolist(), cpu.tokens.tolist()],
     })
-from kernels.triton_path import _ARRIVALS
+from maskgate.kernels.triton_path import _ARRIVALS
 # the fused launches (lanes=16, B=5) left their row counters at zero for the next launch
 print(json.dumps({"cases": out, "counters": [int(c.abs().sum()) for c in _ARRIVALS.values()]}))
 """
@@ -346,8 +346,8 @@ EARLY_STOP = """
 # about 10 nats above the rest. The first tier's threshold search stops as soon as its pick
 # holds the support: by mass (top-p alone), by count (top-k), by the min-p bound, at once for
 # a greedy row. The last row has no such bound in the first tier (top-k 1000, past it).
-import kernels.triton_decide
-
+import maskgate.kernels.triton_decide
+from maskgate import kernels
 STEPS = []  # one entry per step of a threshold search, in any tier
 _counts = kernels.triton_decide.counts_below
 _counts_mass = kernels.triton_decide.counts_mass_below
@@ -489,7 +489,7 @@ def test_lanes_pass_one_keeps_the_band_contract(interpreted: Interpreted) -> Non
 
 
 LOOK_AHEAD = """
-from kernels.triton_path import launch_band
+from maskgate.kernels.triton_path import launch_band
 vocab = 700
 g = torch.Generator().manual_seed(5)
 x = adversarial_logits(list(ADVERSARIAL_KINDS), vocab, g)
@@ -668,7 +668,7 @@ def test_reread_picks_the_collided_lanes_that_matter(interpreted: Interpreted) -
 
 LOGIT_FLOOR = """
 import json, sys, torch
-from kernels.order import ordered_bits, scaled_logits
+from maskgate.kernels.order import ordered_bits, scaled_logits
 sys.path.insert(0, "tests/unit/kernels")
 from triton_probes import floor_probe
 
@@ -723,9 +723,9 @@ def test_logit_floor_is_the_exact_logit_threshold(interpreted: Interpreted) -> N
 
 SHARED_READ = """
 import json, sys, torch
-from kernels.order import ordered_bits, scaled_logits
-from kernels.order import pack_keys
-from kernels.triton_fallback import (FIX, HELP_WORDS, OPEN, PART, W_C, W_CLAIM, W_CUR, W_DONE,
+from maskgate.kernels.order import ordered_bits, scaled_logits
+from maskgate.kernels.order import pack_keys
+from maskgate.kernels.triton_fallback import (FIX, HELP_WORDS, OPEN, PART, W_C, W_CLAIM, W_CUR, W_DONE,
                                      W_KIND, W_M, W_Q, W_TEMP, W_ZMAX)
 sys.path.insert(0, "tests/unit/kernels")
 from triton_probes import above3_probe, help_probe
@@ -829,7 +829,7 @@ def test_counting_read_is_the_same_by_parts_from_any_program(interpreted: Interp
 
 GATHER = """
 import json, sys, torch
-from kernels.order import pack_keys, scaled_logits
+from maskgate.kernels.order import pack_keys, scaled_logits
 sys.path.insert(0, "tests/unit/kernels")  # the probe module, by path (tests is no package)
 from triton_probes import gather_probe
 
@@ -948,8 +948,8 @@ PAST_TIER = """
 # top-p alone, so no later round can decide them; and pass 1's lists and segment sums
 # already prove it (band_past_tier), so with it on they take no round at all. Row 0 with
 # top-k on (k = 150 may cut right after the tier) runs the rescue's rounds as before.
-import kernels.triton_resolve
-
+import maskgate.kernels.triton_resolve
+from maskgate import kernels
 GATHERS = []
 _gather_above = kernels.triton_resolve.gather_above
 _band_past_tier = kernels.triton_resolve.band_past_tier
@@ -1006,8 +1006,8 @@ def test_rescue_stops_once_a_top_p_support_outgrows_the_tier(interpreted: Interp
 
 
 COUNT_READS = """
-import kernels.triton_fallback
-
+import maskgate.kernels.triton_fallback
+from maskgate import kernels
 READS = []  # one entry per read of a row by the fallback's threshold searches
 for _name in ("_above3", "_level_ids3", "_cut_listed"):
     def _counted(*args, _f=getattr(kernels.triton_fallback, _name), _n=_name):
@@ -1017,8 +1017,8 @@ for _name in ("_above3", "_level_ids3", "_cut_listed"):
 """
 
 WHOLE_ROW = """
-import kernels.triton_resolve
-
+import maskgate.kernels.triton_resolve
+from maskgate import kernels
 DRAWS = []  # draws that read the whole row (the other fallback rows draw from their list)
 _draw = kernels.triton_resolve.fallback_draw
 def _drawn(*args):
@@ -1132,10 +1132,11 @@ def test_fallback_cuts_inside_ties_and_reads_the_row_a_few_times(
 
 HALF_SORT = """
 import triton.language as tl
-import kernels.triton_resolve
-
+import maskgate.kernels.triton_resolve
+from maskgate import kernels
 kernels.triton_resolve.HALF_SORT_MIN = tl.constexpr(64)  # cap 128: halves of 64 keys
-import kernels.triton_sort
+import maskgate.kernels.triton_sort
+from maskgate import kernels
 kernels.triton_sort.SORT_RUN = tl.constexpr(16)  # sorts in runs of 16, then merges
 kernels.triton_sort.MERGE_MIN = tl.constexpr(32)
 BLOCKS = []  # (|S|, the block its listed draw sorts in), one a call
@@ -1185,7 +1186,7 @@ def test_fallback_sorts_a_short_support_in_half_the_block(interpreted: Interpret
 SORT_DESC = """
 import json
 import torch, triton, triton.language as tl
-from kernels.triton_sort import sort_desc
+from maskgate.kernels.triton_sort import sort_desc
 
 @triton.jit
 def sort_rows(src, n_ptr, buf, out, T: tl.constexpr, RUN: tl.constexpr):
@@ -1222,8 +1223,8 @@ THRESHOLDS = """
 import json, math
 import numpy as np
 import torch, triton, triton.language as tl
-from kernels.triton_common import ordered32
-from kernels.triton_fallback import _thresholds
+from maskgate.kernels.triton_common import ordered32
+from maskgate.kernels.triton_fallback import _thresholds
 
 @triton.jit
 def thresholds(f_ptr, i_ptr, out, G: tl.constexpr):
@@ -1308,8 +1309,10 @@ def _ordered32(v: float) -> int:
 
 
 RANDOM_ROWS = """
-import kernels.triton_fallback
-import kernels.triton_resolve
+import maskgate.kernels.triton_fallback
+from maskgate import kernels
+import maskgate.kernels.triton_resolve
+from maskgate import kernels
 from bench.kernel_fuzz import run_batch
 
 S_OUT = []  # per bracket list of the whole-row search: whether that read listed S too
@@ -1350,8 +1353,8 @@ def test_random_rows_match_oracle_and_torch_path(interpreted: Interpreted) -> No
 
 
 PLAIN_ROWS = """
-import kernels.triton_resolve
-
+import maskgate.kernels.triton_resolve
+from maskgate import kernels
 WHOLE_READS = []  # rows that drew by reading the whole row in resolve_kernel
 _draw = kernels.triton_resolve.fallback_draw
 def _counted(*args):

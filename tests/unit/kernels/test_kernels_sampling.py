@@ -7,8 +7,8 @@ import math
 
 import torch
 
-import kernels
-from kernels.reference import reference
+from maskgate import kernels
+from maskgate.kernels.reference import reference
 
 
 def draws(

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-import kernels
-from kernels.conformance import check_result
-from kernels.reference import reference
-from kernels.result import STATUS_OVERFLOW, STATUS_TRUNCATED
-from kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
+from maskgate import kernels
+from maskgate.kernels.conformance import check_result
+from maskgate.kernels.reference import reference
+from maskgate.kernels.result import STATUS_OVERFLOW, STATUS_TRUNCATED
+from maskgate.kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
 
 def grid_batch(vocab: int, seed: int) -> dict[str, torch.Tensor]:
@@ -248,7 +248,7 @@ def test_row_blocks_do_not_change_results(rows_a_block: int, monkeypatch) -> Non
     """The pass over whole rows goes a block of rows at a time (torch_path.ROW_BLOCK): blocks
     of one or three rows give bit for bit what one block for the whole batch gives, on the
     grid's mixed batch with greedy, plain, bad (NaN, +inf, all -inf) and fallback rows."""
-    from kernels import torch_path
+    from maskgate.kernels import torch_path
 
     vocab = 1000
     batch = grid_batch(vocab, seed=11)
@@ -290,7 +290,7 @@ def test_top_k_rows_take_a_shorter_first_prefix(monkeypatch) -> None:
     (torch_path._first_tier); ties at the cut (bf16 ties, flat rows) send rows on to the usual
     tiers. Every output equals what the usual first prefix of 512 gives, fallback flags
     included, and matches the oracle."""
-    from kernels import torch_path
+    from maskgate.kernels import torch_path
 
     batch = grid_batch(5000, seed=21)
     rows = torch.isin(batch["top_k"], torch.tensor([1, 2, 50], dtype=torch.int32)).nonzero()
@@ -310,9 +310,9 @@ def test_top_k_rows_take_a_shorter_first_prefix(monkeypatch) -> None:
 def test_noise_keys_of_a_few_rows_hash_on_the_host_alike() -> None:
     """Up to HOST_KEY_ROWS rows the noise keys are hashed on Python ints: the same words as
     the tensor hash, for seeds and steps across the whole int64 range."""
-    from kernels.inputs import check_inputs
-    from kernels.noise import row_keys
-    from kernels.torch_path import HOST_KEY_ROWS, noise_keys
+    from maskgate.kernels.inputs import check_inputs
+    from maskgate.kernels.noise import row_keys
+    from maskgate.kernels.torch_path import HOST_KEY_ROWS, noise_keys
 
     lo, hi = -(2**63), 2**63 - 1
     seed = torch.tensor([lo, hi, -1, 0, 1, 2**32, -(2**32) - 7, 123456789012345], dtype=torch.int64)
@@ -341,7 +341,7 @@ def test_plain_row_draw_keeps_every_token_that_can_win() -> None:
     """Plain rows without a mask give noise only to tokens that could still beat the row's top
     token (draw_whole). A row built so that the token with the largest noise wins from about 14
     nats below the top, by a hair, draws it, as the tiers (noise on every token of S) do."""
-    from kernels.noise import gumbel, row_keys
+    from maskgate.kernels.noise import gumbel, row_keys
 
     vocab, b = 50000, 4
     seed = torch.arange(b, dtype=torch.int64) * 31 + 5

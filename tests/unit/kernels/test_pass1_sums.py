@@ -14,7 +14,7 @@ CODE = """
 import json
 import torch
 from bench.pass1_sums import sum_errors
-from kernels.workloads import peaked_logits
+from maskgate.kernels.workloads import peaked_logits
 g = torch.Generator().manual_seed(1)
 x = torch.cat([torch.randn(1, 20000, generator=g) * 3, peaked_logits(1, 20000, 1.2, g)])
 print(json.dumps({str(t): sum_errors(x, t, launch_rows=128) for t in (0.7, 1.0)}))

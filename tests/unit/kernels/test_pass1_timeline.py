@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from bench.pass1_timeline import summarise  # noqa: E402
-from kernels.triton_path import band_config, launch_band  # noqa: E402
+from maskgate.kernels.triton_path import band_config, launch_band  # noqa: E402
 
 
 def launch(programs: list[tuple[int, int, bool]], ghz: float = 2.0) -> dict:

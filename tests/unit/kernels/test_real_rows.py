@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from bench.real_rows import describe, support_sizes
-from kernels.reference import reference
-from kernels.workloads import peaked_logits
+from maskgate.kernels.reference import reference
+from maskgate.kernels.workloads import peaked_logits
 
 
 def test_support_sizes_match_the_oracle_under_top_p() -> None:

@@ -15,7 +15,7 @@ CODE = """
 import json
 import torch
 import bench.search_reads as sr
-from kernels.triton_path import band_config
+from maskgate.kernels.triton_path import band_config
 sr.count_reads()
 g = torch.Generator().manual_seed(2)
 row = torch.randn(8192, generator=g)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.triton_common import logit_floor
-from kernels.triton_fallback import _above3, gather_above, help_one
+from maskgate.kernels.triton_common import logit_floor
+from maskgate.kernels.triton_fallback import _above3, gather_above, help_one
 
 
 @triton.jit

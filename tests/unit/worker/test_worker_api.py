@@ -10,9 +10,9 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from worker.config import WorkerConfig
-from worker.server import create_app
-from worker.server.backend import Backend, load_backend
+from maskgate.worker.config import WorkerConfig
+from maskgate.worker.server import create_app
+from maskgate.worker.server.backend import Backend, load_backend
 
 CONFIG = WorkerConfig(
     model="tiny-random", device="cpu", max_model_len=64, max_num_seqs=4, max_body_bytes=4096

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from gateway.settings import ConfigError
-from worker.cli import main
-from worker.config import load_config
+from maskgate.cli import main
+from maskgate.protocol.settings import ConfigError
+from maskgate.worker.config import load_config
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def test_importing_the_cli_loads_no_torch() -> None:
     # `maskgate gateway` must run in the gateway image, which has no torch.
-    code = "import sys, worker.cli; print('torch' in sys.modules)"
+    code = "import sys, maskgate.cli; print('torch' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
@@ -80,8 +80,8 @@ def test_fused_kernels_switch_from_file_env_and_flag(
 def runner_arguments(monkeypatch: pytest.MonkeyPatch, setting: str, argument: str) -> list[object]:
     """The ModelRunner keyword `argument` that load_backend passes for the worker setting
     `setting` set to False, then True (a CPU runner of the tiny model each time)."""
-    import worker.runner
-    from worker.server.backend import load_backend
+    from maskgate import worker
+    from maskgate.worker.server.backend import load_backend
 
     seen: list[object] = []
     real = worker.runner.ModelRunner

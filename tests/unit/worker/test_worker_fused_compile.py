@@ -1,4 +1,4 @@
-"""Every Triton kernel of worker/model compiles for an H100/H200 (sm_90), without a GPU.
+"""Every Triton kernel of maskgate/worker/model compiles for an H100/H200 (sm_90), without a GPU.
 
 The interpreter tests run the kernels' logic in numpy; they do not lower them. Lowering
 catches what only the compiler sees (tl.dot shape limits, type promotion in loops, layouts),
@@ -14,7 +14,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from worker.model import triton_decode_attn, triton_norm, triton_rope  # noqa: E402
+from maskgate.worker.model import triton_decode_attn, triton_norm, triton_rope  # noqa: E402
 
 I64 = {"c_slot": "i64"}  # slot strides exceed int32 for long slots
 

@@ -23,12 +23,12 @@ PRELUDE = """
 import json
 import torch
 from torch.nn import functional as F
-from worker.model.attention import AttnGroup, attend, key_mask
-from worker.model.config import RopeConfig
-from worker.model.layers import RMSNorm, RotaryEmbedding, rope_and_store
-from worker.model.triton_decode_attn import decode_attention
-from worker.model.triton_norm import add_rms_norm, silu_mul
-from worker.model import triton_rope
+from maskgate.worker.model.attention import AttnGroup, attend, key_mask
+from maskgate.worker.model.config import RopeConfig
+from maskgate.worker.model.layers import RMSNorm, RotaryEmbedding, rope_and_store
+from maskgate.worker.model.triton_decode_attn import decode_attention
+from maskgate.worker.model.triton_norm import add_rms_norm, silu_mul
+from maskgate.worker.model import triton_rope
 
 g = torch.Generator().manual_seed(0)
 def randn(*shape):

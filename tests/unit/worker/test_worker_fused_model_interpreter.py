@@ -21,10 +21,10 @@ Interpreted = Callable[[str], dict]  # the `interpreted` fixture (tests/unit/con
 SCRIPT = """
 import json
 import torch
-from worker.model.attention import build_attn_batch
-from worker.model.config import ModelConfig
-from worker.model.llama import LlamaForCausalLM
-from worker.model.random_weights import random_hf_weights
+from maskgate.worker.model.attention import build_attn_batch
+from maskgate.worker.model.config import ModelConfig
+from maskgate.worker.model.llama import LlamaForCausalLM
+from maskgate.worker.model.random_weights import random_hf_weights
 
 COMMON = {"vocab_size": 300, "hidden_size": 48, "intermediate_size": 72, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,

@@ -9,8 +9,8 @@ import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from worker.model import ModelConfig, ModelConfigError
-from worker.model.layers import rope_inv_freq
+from maskgate.worker.model import ModelConfig, ModelConfigError
+from maskgate.worker.model.layers import rope_inv_freq
 
 BASE: dict[str, Any] = {
     "model_type": "llama",

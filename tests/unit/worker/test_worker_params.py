@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import ApiError
-from worker.params import (
+from maskgate.protocol.errors import ApiError
+from maskgate.worker.params import (
     DEFAULT_MAX_NEW_TOKENS,
     MAX_SEED,
     parse_generate_params,

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from worker.batch import RowWork, SamplingParams
-from worker.model import LoadedModel, load
-from worker.runner import ModelRunner
+from maskgate.worker.batch import RowWork, SamplingParams
+from maskgate.worker.model import LoadedModel, load
+from maskgate.worker.runner import ModelRunner
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,16 @@ from typing import Any
 import pytest
 import torch
 
-import kernels
-from kernels.triton_path import band_config
-from worker.batch import RowWork
-from worker.row_sampling import LOGITS_DTYPE, SMALL_BATCHES, warm_up_batches, warm_up_sampler
-from worker.runner import ModelRunner
+from maskgate import kernels
+from maskgate.kernels.triton_path import band_config
+from maskgate.worker.batch import RowWork
+from maskgate.worker.row_sampling import (
+    LOGITS_DTYPE,
+    SMALL_BATCHES,
+    warm_up_batches,
+    warm_up_sampler,
+)
+from maskgate.worker.runner import ModelRunner
 
 
 @pytest.mark.parametrize(
@@ -35,7 +40,7 @@ def test_warm_up_batches_with_shared_reads_meet_every_resolve_compile() -> None:
     """With the fallback's reads shared, resolve compiles apart for the batch sizes that
     may pack (one row an SM of the device at most; every B > 1 on the CPU), so the warm-up
     adds B = 2 to B = 1's config."""
-    from kernels.triton_path import compile_key, use_shared_reads
+    from maskgate.kernels.triton_path import compile_key, use_shared_reads
 
     cpu = torch.device("cpu")
     vocab, max_batch = 151936, 64

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
-from worker.batch import RowResult, RowWork, SamplingParams, StepStats
-from worker.scheduler import Scheduler
-from worker.sequence import SeqStatus, Sequence, StopRule
+from maskgate.worker.batch import RowResult, RowWork, SamplingParams, StepStats
+from maskgate.worker.scheduler import Scheduler
+from maskgate.worker.sequence import SeqStatus, Sequence, StopRule
 
 EOS = 0
 
@@ -313,8 +313,8 @@ def test_stop_string_late_in_a_long_output_is_found() -> None:
 def test_engine_counts_the_samplers_fallback_rows() -> None:
     """The engine exports the sampler's fallback rows (wide supports that hold a GPU step)
     as maskgate_worker_sampler_fallback_rows_total, step by step."""
-    from worker.engine import Engine
-    from worker.metrics import WorkerMetrics
+    from maskgate.worker.engine import Engine
+    from maskgate.worker.metrics import WorkerMetrics
 
     class FallbackRunner(FakeRunner):
         def run(self, rows: list[RowWork]) -> tuple[list[RowResult | None], StepStats]:

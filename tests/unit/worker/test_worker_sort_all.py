@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-import kernels
-from worker.sort_all import sample_sort_all_rows
+from maskgate import kernels
+from maskgate.worker.sort_all import sample_sort_all_rows
 
 
 def _case(bounded_row: int | None = None) -> tuple[tuple[torch.Tensor, ...], dict]:

@@ -1,7 +1,0 @@
-"""maskgate's gateway: a reverse proxy that enforces the sampling-mask policy and routes
-mask requests to a dedicated pool (design sections 2 and 4)."""
-
-from gateway.app import create_app
-from gateway.config import GatewayConfig
-
-__all__ = ["GatewayConfig", "create_app"]

@@ -1,0 +1,5 @@
+import sys
+
+from maskgate.gateway.cli import main
+
+sys.exit(main())

@@ -1,0 +1,162 @@
+"""The gateway's one typed configuration (design section 4).
+
+Built only through `gateway.settings.load_settings` (YAML file < `MASKGATE_*` environment <
+CLI flags), validated once at start. Every model forbids unknown keys, so a misspelt option
+stops the start with an error that names it instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from maskgate.protocol.policy import PolicyConfig
+
+POOL_NAMES = ("general", "mask")
+
+
+def normalize_endpoint(url: str) -> str:
+    """`http://host:port` with no path and no trailing slash; raises ValueError otherwise."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"endpoint {url!r} must start with http:// or https://")
+    if not parts.hostname:
+        raise ValueError(f"endpoint {url!r} has no host")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"endpoint {url!r} must not carry a path, query or fragment")
+    try:
+        parts.port  # noqa: B018 - parsing the port validates it
+    except ValueError as e:
+        raise ValueError(f"endpoint {url!r} has an invalid port") from e
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+EndpointUrl = Annotated[str, AfterValidator(normalize_endpoint)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TimeoutsConfig(StrictModel):
+    """Seconds. There is no total timeout: a stream may run as long as tokens keep coming."""
+
+    connect_s: PositiveFloat = 2.0  # TCP connect to an upstream
+    # Request sent -> response headers (a non-streaming LLM answer arrives whole, so this
+    # bounds the whole generation) and, for streams, headers -> first chunk.
+    ttfb_s: PositiveFloat = 600.0
+    idle_s: PositiveFloat = 120.0  # longest gap between two chunks of a streamed body
+    health_interval_s: PositiveFloat = 5.0
+    health_timeout_s: PositiveFloat = 2.0
+
+
+class RetriesConfig(StrictModel):
+    """Retries happen only before the first byte reaches the client, on connect errors and
+    502/503/504, each to another endpoint."""
+
+    max_attempts: int = Field(default=3, ge=1)  # total attempts, including the first
+    backoff_base_s: float = Field(
+        default=0.025, ge=0
+    )  # delay before retry n: base * 2**(n-1), jittered
+    backoff_max_s: float = Field(default=0.5, ge=0)
+
+
+class CircuitConfig(StrictModel):
+    """Per endpoint. Failures are connect errors, timeouts and 5xx answers other than 503;
+    4xx, 429 and 503 answers are not endpoint faults and are never counted."""
+
+    failure_threshold: int = Field(default=5, ge=1)  # consecutive failures that open the circuit
+    open_s: PositiveFloat = 10.0  # open -> half-open after this long; one probe request then
+
+
+class PoolConfig(StrictModel):
+    endpoints: list[EndpointUrl] = Field(default_factory=list)
+    # DNS discovery: every A/AAAA address of `dns` becomes `{dns_scheme}://addr:{dns_port}`.
+    dns: str | None = None
+    dns_port: int = Field(default=30000, ge=1, le=65535)
+    dns_scheme: Literal["http", "https"] = "http"
+    dns_interval_s: PositiveFloat = 10.0
+    # Admission (rule 10): requests past `max_concurrency` wait in a FIFO queue of at most
+    # `max_queue` for at most `queue_timeout_s`.
+    max_concurrency: int = Field(default=1024, ge=1)
+    max_queue: int = Field(default=4096, ge=0)
+    queue_timeout_s: PositiveFloat = 30.0
+    # Active health checks: GET `health_path`; null disables them (and passive ejection).
+    health_path: str | None = "/health"
+    unhealthy_threshold: int = Field(default=3, ge=1)
+    healthy_threshold: int = Field(default=2, ge=1)
+    circuit: CircuitConfig = Field(default_factory=CircuitConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> PoolConfig:
+        if self.health_path is not None and not self.health_path.startswith("/"):
+            raise ValueError("health_path must start with '/'")
+        if len(set(self.endpoints)) != len(self.endpoints):
+            raise ValueError("endpoints must not repeat")
+        return self
+
+
+class PoolsConfig(StrictModel):
+    general: PoolConfig = Field(default_factory=PoolConfig)
+    mask: PoolConfig = Field(
+        default_factory=lambda: PoolConfig(max_concurrency=256, max_queue=1024)
+    )
+
+
+class PolicySettings(StrictModel):
+    max_mask_tokens: int = Field(default=4096, ge=1)
+    max_mask_ids_per_request: int = Field(default=64 * 1024 * 1024, ge=1)
+    reject_logit_transforms: bool = True
+    default_max_tokens: int = Field(default=2048, ge=1)
+
+    def to_policy(self) -> PolicyConfig:
+        return PolicyConfig(
+            max_mask_tokens=self.max_mask_tokens,
+            max_mask_ids_per_request=self.max_mask_ids_per_request,
+            reject_logit_transforms=self.reject_logit_transforms,
+            default_max_tokens=self.default_max_tokens,
+        )
+
+
+class GatewayConfig(StrictModel):
+    host: str = "0.0.0.0"
+    port: int = Field(default=8080, ge=0, le=65535)
+    # None: /healthz, /readyz and /metrics on `port`. Else /metrics moves to this port
+    # (probes answer on both).
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    workers: int = Field(default=1, ge=1, le=256)  # processes sharing `port` (SO_REUSEPORT)
+    api_keys: list[str] = Field(default_factory=list)  # empty: no client authentication
+    # None: any authenticated caller may ask for masks. Else only these keys (rule 2).
+    mask_allow_keys: list[str] | None = None
+    admin_key: str | None = None  # None: the admin API needs only client authentication
+    upstream_api_key: str | None = None  # sent upstream as `Authorization: Bearer ...`
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
+    # SIGTERM: readiness fails at once; the listener stays open `shutdown_delay_s` (so load
+    # balancers notice), then in-flight requests get `shutdown_grace_s` to finish.
+    shutdown_delay_s: float = Field(default=0.0, ge=0)
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    retries: RetriesConfig = Field(default_factory=RetriesConfig)
+    pools: PoolsConfig = Field(default_factory=PoolsConfig)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = True  # one JSON line per proxied request (at info level)
+
+    @model_validator(mode="after")
+    def _check(self) -> GatewayConfig:
+        if any(not k for k in self.api_keys):
+            raise ValueError("api_keys must not contain empty keys")
+        if self.mask_allow_keys is not None and self.api_keys:
+            unknown = set(self.mask_allow_keys) - set(self.api_keys)
+            if unknown:
+                raise ValueError("mask_allow_keys must be a subset of api_keys")
+        if self.mask_allow_keys is not None and not self.api_keys:
+            raise ValueError("mask_allow_keys needs api_keys (callers must authenticate)")
+        if self.workers > 1 and self.port == 0:
+            raise ValueError("workers > 1 needs a fixed port (the processes share it)")
+        if self.metrics_port is not None and self.metrics_port == self.port != 0:
+            raise ValueError("metrics_port must differ from port")
+        return self

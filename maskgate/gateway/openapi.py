@@ -1,0 +1,454 @@
+"""The OpenAPI 3.1 description of the gateway's HTTP surface, served as `GET /openapi.json`.
+
+Request schemas describe what the gateway accepts, with the mask fields and sampling fields
+typed and bounded exactly as the mask policy checks them (design section 2, rule 3: `true`
+is not a number, `"20"` is not an integer). Rules that relate several fields (meta info,
+streaming, logit transforms) are written as `if`/`then` on `return_sampling_mask`; the
+rules that need arithmetic (full vocabulary, the top-k cap, the payload estimate) are given
+in prose under `x-maskgate-mask-policy`. Unknown fields are allowed everywhere: the gateway
+forwards them untouched.
+
+JSON Schema counts `1.0` as an integer; the gateway does not (it must be written `1`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from maskgate.protocol.policy import GRAMMAR_FIELDS, POLICY_CODES
+
+# Codes the gateway answers outside the mask policy (authentication, routing, upstreams,
+# the admin API, the HTTP layer).
+GATEWAY_CODES = (
+    "missing_api_key",
+    "invalid_api_key",
+    "invalid_admin_key",
+    "mask_pool_unavailable",
+    "no_healthy_upstream",
+    "upstream_unreachable",
+    "upstream_timeout",
+    "upstream_error",
+    "upstream_stream_error",
+    "unknown_pool",
+    "unknown_endpoint",
+    "invalid_endpoint",
+    "not_found",
+    "method_not_allowed",
+    "http_error",
+    "internal_error",
+)
+ERROR_CODES = (*sorted(POLICY_CODES), *GATEWAY_CODES)
+
+_MASK_POLICY = [
+    "1. The body is a JSON object within the size limit (400 invalid_json, 413 body_too_large).",
+    "2. With an allow-list configured, only listed keys may ask for masks "
+    "(403 sampling_mask_forbidden).",
+    "3. Mask and sampling fields have the types and ranges of this schema "
+    "(400 sampling_mask_invalid_param).",
+    "4. Chat and completions: return_meta_info=true (400 sampling_mask_requires_meta_info).",
+    "5. Chat and completions: not stream=true (400 sampling_mask_stream_unsupported).",
+    "6. No penalties, logit_bias, grammar constraints, min_tokens or custom logit processors "
+    "(400 sampling_mask_logit_transform).",
+    "7. Not the full vocabulary: with defaults resolved, a sampling request (temperature > 0) "
+    "with top_k off (-1, 0 or >= vocab size), float32(top_p) >= 1 and min_p == 0 is rejected "
+    "(400 sampling_mask_full_vocabulary).",
+    "8. top_k <= max_mask_tokens (400 sampling_mask_top_k_exceeds_cap).",
+    "9. n * max_tokens * min(top_k or cap, cap) <= max_mask_ids_per_request "
+    "(400 sampling_mask_payload_too_large).",
+    "10. Mask pool admission (429 pool_overloaded / 503 queue_timeout, with Retry-After).",
+]
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+_INT_GE0 = {"type": "integer", "minimum": 0}
+_STOP = _nullable({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]})
+
+_ANY: dict[str, Any] = {}  # any JSON value
+_EMPTY = {"anyOf": [{"type": "null"}, {"const": ""}, {"const": []}, {"const": {}}]}
+# Grammar constraints (rule 6, `policy.GRAMMAR_FIELDS`): passed through untyped; under a
+# mask they must be empty.
+
+# Sampling fields shared by the OpenAI bodies (top level) and SGLang's `sampling_params`.
+SAMPLING_FIELDS: dict[str, Any] = {
+    "temperature": _nullable({"type": "number", "minimum": 0}),
+    "top_p": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+    "top_k": _nullable({"type": "integer", "minimum": -1, "description": "-1 and 0 mean off"}),
+    "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+    "frequency_penalty": _nullable({"type": "number"}),
+    "presence_penalty": _nullable({"type": "number"}),
+    "repetition_penalty": _nullable({"type": "number"}),
+    "min_tokens": _nullable(_INT_GE0),
+    "min_new_tokens": _nullable(_INT_GE0),
+    "n": _nullable({"type": "integer", "minimum": 1}),
+    "stop": _STOP,
+    "logit_bias": _ANY,
+    "custom_logit_processor": _ANY,
+    **dict.fromkeys(GRAMMAR_FIELDS, _ANY),
+}
+_MASK_MODE = _nullable({"type": "string", "enum": ["exact", "bounded"]})
+
+# Under a mask: every logit transform neutral or absent (rule 6).
+_NEUTRAL: dict[str, Any] = {
+    "frequency_penalty": _nullable({"const": 0}),
+    "presence_penalty": _nullable({"const": 0}),
+    "repetition_penalty": _nullable({"const": 1}),
+    "min_tokens": _nullable({"const": 0}),
+    "min_new_tokens": _nullable({"const": 0}),
+    "logit_bias": {"anyOf": [{"type": "null"}, {"const": []}, {"const": {}}]},
+    "custom_logit_processor": {"anyOf": [{"type": "null"}, {"const": ""}]},
+    **dict.fromkeys(GRAMMAR_FIELDS, _EMPTY),
+}
+_ASKS_MASK = {
+    "properties": {"return_sampling_mask": {"const": True}},
+    "required": ["return_sampling_mask"],
+}
+
+
+def _openai_request(extra: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    props = {
+        "model": {"type": "string"},
+        **extra,
+        **SAMPLING_FIELDS,
+        "max_tokens": _nullable(_INT_GE0),
+        "stream": _nullable({"type": "boolean"}),
+        "seed": _nullable({"type": "integer"}),
+        "response_format": _nullable({"type": "object"}),
+        "return_sampling_mask": _nullable({"type": "boolean"}),
+        "return_meta_info": _nullable({"type": "boolean"}),
+        "return_token_ids": _nullable({"type": "boolean"}),
+        "sampling_mask_mode": _MASK_MODE,
+        "sampling_seed": _nullable({"type": "integer"}),
+    }
+    mask_rules = {
+        "properties": {
+            "return_meta_info": {"const": True},
+            "stream": {"enum": [False, None]},
+            "response_format": _nullable(
+                {"type": "object", "properties": {"type": _nullable({"const": "text"})}}
+            ),
+            **_NEUTRAL,
+        },
+        "required": ["return_meta_info"],
+    }
+    return {
+        "type": "object",
+        "properties": props,
+        "required": required,
+        "additionalProperties": True,
+        "if": _ASKS_MASK,
+        "then": mask_rules,
+    }
+
+
+CHAT_REQUEST = _openai_request(
+    {
+        "messages": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"role": {"type": "string"}, "content": {}},
+                "required": ["role"],
+            },
+        },
+        "max_completion_tokens": _nullable(_INT_GE0),
+    },
+    ["messages"],
+)
+COMPLETION_REQUEST = _openai_request(
+    {
+        "prompt": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}},
+                {"type": "array", "items": {"type": "integer"}},
+                {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+            ]
+        }
+    },
+    ["prompt"],
+)
+
+SAMPLING_PARAMS = {
+    "type": "object",
+    "properties": {**SAMPLING_FIELDS, "max_new_tokens": _nullable(_INT_GE0)},
+    "additionalProperties": True,
+}
+_MASKED_SAMPLING_PARAMS = {"type": "object", "properties": _NEUTRAL}
+# SGLang's batch test: `text` is a list, or `input_ids` is a list of lists.
+_BATCH = {
+    "anyOf": [
+        {"properties": {"text": {"type": "array"}}, "required": ["text"]},
+        {
+            "properties": {"input_ids": {"type": "array", "prefixItems": [{"type": "array"}]}},
+            "required": ["input_ids"],
+        },
+    ]
+}
+GENERATE_REQUEST = {
+    "type": "object",
+    "description": "SGLang's native request: one prompt, or a batch when `text` is a list of "
+    "strings or `input_ids` a list of lists. In a batch, `return_sampling_mask` and "
+    "`sampling_params` may be lists, one entry per prompt (the lengths must match; the "
+    "gateway checks it). A batch is a mask request when any item asks for a mask; the whole "
+    "batch then goes to the mask pool, and rules 6-9 apply to the items that ask.",
+    "properties": {
+        "text": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        "input_ids": {
+            "anyOf": [
+                {"type": "array", "items": {"type": "integer"}},
+                {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+            ]
+        },
+        "sampling_params": _nullable(
+            {"anyOf": [SAMPLING_PARAMS, {"type": "array", "items": SAMPLING_PARAMS}]}
+        ),
+        "return_sampling_mask": _nullable(
+            {"anyOf": [{"type": "boolean"}, {"type": "array", "items": {"type": "boolean"}}]}
+        ),
+        "sampling_mask_mode": _MASK_MODE,
+        "stream": _nullable({"type": "boolean"}),
+        "rid": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        "return_logprob": _nullable({"type": "boolean"}),
+        "custom_logit_processor": _ANY,
+    },
+    "additionalProperties": True,
+    "allOf": [
+        {  # a single prompt takes one flag and one sampling_params object
+            "if": _BATCH,
+            "else": {
+                "properties": {
+                    "return_sampling_mask": _nullable({"type": "boolean"}),
+                    "sampling_params": _nullable(SAMPLING_PARAMS),
+                }
+            },
+        },
+        {
+            "if": _ASKS_MASK,
+            "then": {
+                "properties": {
+                    "sampling_params": _nullable(
+                        {
+                            "anyOf": [
+                                _MASKED_SAMPLING_PARAMS,
+                                {"type": "array", "items": _MASKED_SAMPLING_PARAMS},
+                            ]
+                        }
+                    ),
+                    "custom_logit_processor": {"anyOf": [{"type": "null"}, {"const": ""}]},
+                }
+            },
+        },
+    ],
+}
+
+ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string", "enum": ["invalid_request_error", "server_error"]},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "string", "enum": list(ERROR_CODES)},
+            },
+        }
+    },
+}
+
+_MASK_META = {
+    "type": "object",
+    "description": "Design section 3: one mask (token ids, argmax first) and one log-prob "
+    "per generated token; the sampled token is always inside its mask.",
+    "properties": {
+        "output_token_sampling_mask": {
+            "type": "array",
+            "items": {"type": "array", "items": {"type": "integer"}},
+        },
+        "output_token_sampling_logprobs": {"type": "array", "items": {"type": "number"}},
+        "output_token_sampling_mask_length": {"type": "integer"},
+        "output_token_sampling_mask_truncated": {"type": "array", "items": {"type": "boolean"}},
+    },
+    "additionalProperties": True,
+}
+
+
+def _error_ref() -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+def _responses(ok: str, statuses: tuple[int, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "200": {
+            "description": ok,
+            "content": {
+                "application/json": {"schema": {"type": ["object", "array"]}},
+                "text/event-stream": {"schema": {"type": "string"}},
+            },
+        }
+    }
+    why = {
+        400: "The request breaks the mask policy (rules 1, 3-9) or is not valid JSON.",
+        401: "Missing or invalid API key.",
+        403: "This key may not ask for masks (rule 2).",
+        413: "The body is over the size limit.",
+        429: "The pool's admission queue is full (rule 10); see Retry-After.",
+        502: "The upstream failed or could not be reached.",
+        503: "No healthy endpoint (mask_pool_unavailable), queue timeout, or upstream 503.",
+        504: "The upstream sent no response within the first-byte timeout.",
+    }
+    for status in statuses:
+        out[str(status)] = {"description": why[status], **_error_ref()}
+    return out
+
+
+_INFERENCE_STATUSES = (400, 401, 403, 413, 429, 502, 503, 504)
+
+
+def _post(summary: str, schema: str, ok: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}
+                },
+            },
+            "responses": _responses(ok, _INFERENCE_STATUSES),
+        }
+    }
+
+
+def _get(summary: str, content_type: str = "application/json") -> dict[str, Any]:
+    return {
+        "get": {
+            "summary": summary,
+            "responses": {"200": {"description": summary, "content": {content_type: {}}}},
+        }
+    }
+
+
+ENDPOINT_LIST = {
+    "type": "object",
+    "description": 'One URL or several: {"url": "http://host:port"} or {"urls": [...]} '
+    "(or ?url=... query parameters). URLs carry no path.",
+    "properties": {
+        "url": {"type": "string"},
+        "urls": {"type": "array", "items": {"type": "string"}},
+    },
+    "anyOf": [{"required": ["url"]}, {"required": ["urls"]}],
+}
+
+
+def _admin_endpoints() -> dict[str, Any]:
+    body = {
+        "required": False,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/EndpointList"}}},
+    }
+    pool = {
+        "name": "pool",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "enum": ["general", "mask"]},
+    }
+    errors = {
+        "400": {"description": "invalid_endpoint or invalid_json", **_error_ref()},
+        "401": {"description": "Missing or invalid (admin) key.", **_error_ref()},
+        "404": {"description": "unknown_pool, or unknown_endpoint on DELETE", **_error_ref()},
+    }
+    return {
+        "parameters": [pool],
+        "post": {
+            "summary": "Add endpoints at run time (RL frameworks register rollout servers)",
+            "requestBody": body,
+            "responses": {
+                "201": {"description": "Added; the pool as it is now"},
+                "200": {"description": "Already present; nothing changed"},
+                **errors,
+            },
+        },
+        "delete": {
+            "summary": "Remove endpoints; requests already sent to them finish",
+            "requestBody": body,
+            "responses": {"200": {"description": "Removed; the pool as it is now"}, **errors},
+        },
+    }
+
+
+_SPEC: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "maskgate gateway",
+        "version": "0.1.0",
+        "description": "An OpenAI-compatible reverse proxy that routes sampling-mask requests "
+        "to a dedicated mask pool and enforces the mask policy. Any other path is proxied to "
+        "the general pool unchanged.",
+    },
+    "x-maskgate-mask-policy": _MASK_POLICY,
+    "paths": {
+        "/v1/chat/completions": _post(
+            "OpenAI chat completion",
+            "ChatCompletionRequest",
+            "The upstream's answer (masks in choices[i].meta_info), or an SSE stream.",
+        ),
+        "/v1/completions": _post(
+            "OpenAI text completion",
+            "CompletionRequest",
+            "The upstream's answer (masks in choices[i].meta_info), or an SSE stream.",
+        ),
+        "/generate": _post(
+            "SGLang native generation (single or batch)",
+            "GenerateRequest",
+            "The upstream's answer (masks in meta_info; a list for a batch), or an SSE stream.",
+        ),
+        "/v1/models": _get("Models served by the general pool"),
+        "/healthz": _get("Liveness: 200 while the process serves"),
+        "/readyz": _get("Readiness: 200 while accepting traffic, 503 once draining"),
+        "/metrics": _get("Prometheus metrics (prefix maskgate_)", "text/plain"),
+        "/openapi.json": _get("This document"),
+        "/admin/pools": _get("Pools, their endpoints, health, in-flight and circuit state"),
+        "/admin/pools/{pool}/endpoints": _admin_endpoints(),
+    },
+    "components": {
+        "securitySchemes": {
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "Client API key, when `api_keys` is configured; the admin "
+                "API takes the admin key when `admin_key` is configured.",
+            }
+        },
+        "schemas": {
+            "ChatCompletionRequest": CHAT_REQUEST,
+            "CompletionRequest": COMPLETION_REQUEST,
+            "GenerateRequest": GENERATE_REQUEST,
+            "SamplingParams": SAMPLING_PARAMS,
+            "MaskMetaInfo": _MASK_META,
+            "Error": ERROR,
+            "EndpointList": ENDPOINT_LIST,
+        },
+    },
+    "security": [{}, {"bearer": []}],  # authentication is optional (configuration)
+}
+
+
+def openapi_spec() -> dict[str, Any]:
+    """The OpenAPI 3.1 document as a fresh dict (callers may change their copy)."""
+    return copy.deepcopy(_SPEC)
+
+
+def request_schema(path: str) -> dict[str, Any]:
+    """The JSON Schema (2020-12) of the request body of `path`, e.g. "/generate"."""
+    name = {
+        "/v1/chat/completions": "ChatCompletionRequest",
+        "/v1/completions": "CompletionRequest",
+        "/generate": "GenerateRequest",
+    }[path]
+    return copy.deepcopy(_SPEC["components"]["schemas"][name])

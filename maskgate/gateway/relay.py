@@ -1,0 +1,199 @@
+"""Sending an upstream's answer to the client: whole, or chunk by chunk for streams.
+
+Also the per-request bookkeeping both the proxy and the relay write into, and the rule that
+turns an upstream status into a circuit-breaker verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from maskgate.gateway.maskcheck import check_mask_response
+from maskgate.gateway.pool import Endpoint, Pool
+from maskgate.gateway.state import GatewayState
+from maskgate.gateway.upstream import Response, UpstreamError
+from maskgate.protocol.errors import ServerError, error_event
+
+# RFC 9110 7.6.1: meaningful for one connection only, never forwarded either way.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# aiohttp sets these itself on the answer to the client.
+_DROP_RESPONSE = HOP_BY_HOP | {"content-length", "date", "server"}
+
+
+class RequestCtx:
+    """Per-request bookkeeping for metrics and the access log."""
+
+    __slots__ = (
+        "attempts",
+        "pool",
+        "rid",
+        "route_label",
+        "started",
+        "status",
+        "upstream",
+        "waited",
+    )
+
+    def __init__(self, rid: str, route_label: str, started: float) -> None:
+        self.rid = rid
+        self.route_label = route_label
+        self.started = started  # time.perf_counter() when the request arrived
+        self.pool = "none"  # label until the request is routed
+        self.upstream: str | None = None
+        self.status = 0
+        self.waited = 0.0  # seconds spent queued or waiting on upstreams
+        self.attempts = 0
+
+
+def response_headers(upstream: Response, rid: str) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.headers:
+        if name.lower() not in _DROP_RESPONSE:
+            headers.add(name, value)
+    headers["X-Request-Id"] = rid
+    return headers
+
+
+def record_status(state: GatewayState, pool: Pool, ep: Endpoint, status: int) -> None:
+    if status >= 500 and status != 503:
+        state.metrics.upstream_errors.labels(pool.name, ep.url, "status_5xx").inc()
+        ep.circuit.record_failure()
+    elif status in (429, 503):
+        ep.circuit.record_neutral()
+    else:
+        ep.circuit.record_success()
+
+
+async def relay(
+    request: web.Request,
+    state: GatewayState,
+    ctx: RequestCtx,
+    pool: Pool,
+    ep: Endpoint,
+    upstream: Response,
+    mask: bool,
+) -> web.StreamResponse:
+    """Send the upstream's answer to the client. Closing `upstream` early (client gone,
+    cancellation, failure) drops the connection, which is how the upstream learns to abort."""
+    done = False
+    try:
+        ctx.status = upstream.status
+        if upstream.streamed or upstream.content_type == "text/event-stream":
+            out = await _relay_stream(request, state, ctx, pool, ep, upstream)
+            done = True
+            return out
+        t0 = time.perf_counter()
+        try:
+            body = await _read_whole(upstream, state.config.timeouts.idle_s)
+        except (UpstreamError, TimeoutError) as e:
+            state.metrics.upstream_errors.labels(pool.name, ep.url, "body").inc()
+            ep.circuit.record_failure()
+            raise ServerError(
+                "upstream_error", f"the {pool.name} upstream failed mid-answer: {type(e).__name__}"
+            ) from e
+        ctx.waited += time.perf_counter() - t0
+        record_status(state, pool, ep, upstream.status)
+        if mask and upstream.status == 200 and upstream.header("Content-Encoding") is None:
+            check_mask_response(ctx.route_label, body, pool.name, state.metrics)
+        done = True
+        return web.Response(
+            status=upstream.status, body=body, headers=response_headers(upstream, ctx.rid)
+        )
+    finally:
+        if done:
+            upstream.release()
+        else:
+            upstream.close()
+
+
+async def _read_whole(upstream: Response, idle_s: float) -> bytes:
+    """The whole body, each piece within `idle_s` of the last (no limit on the total). It
+    usually came with the headers, and then no timer is needed."""
+    body = upstream.take_complete_body()
+    if body is not None:
+        return body
+    pieces: list[bytes] = []
+    while True:
+        async with asyncio.timeout(idle_s):
+            piece = await upstream.readchunk()
+        if not piece:
+            return b"".join(pieces)
+        pieces.append(piece)
+
+
+async def _relay_stream(
+    request: web.Request,
+    state: GatewayState,
+    ctx: RequestCtx,
+    pool: Pool,
+    ep: Endpoint,
+    upstream: Response,
+) -> web.StreamResponse:
+    """Relay chunk by chunk. A write waits while the client's buffer is full, and no read
+    happens meanwhile, so a slow client slows the upstream down (backpressure)."""
+    out = web.StreamResponse(status=upstream.status, headers=response_headers(upstream, ctx.rid))
+    await out.prepare(request)
+    timeouts = state.config.timeouts
+    first = True
+    at_boundary = True  # the client has whole SSE frames only (nothing or "...\n\n" last)
+    while True:
+        t_wait = time.perf_counter()
+        try:
+            # The first chunk may take the time to first byte; later ones the idle timeout.
+            async with asyncio.timeout(timeouts.ttfb_s if first else timeouts.idle_s):
+                data = await upstream.readchunk()
+        except (UpstreamError, TimeoutError) as e:
+            upstream.close()
+            await _end_stream_with_error(state, pool, ep, out, e, at_boundary)
+            return out
+        now = time.perf_counter()
+        ctx.waited += now - t_wait
+        if not data:
+            break
+        if first:
+            state.metrics.stream_ttfb.labels(ctx.route_label, pool.name).observe(now - ctx.started)
+            first = False
+        await out.write(data)  # ConnectionResetError when the client is gone
+        at_boundary = data.endswith((b"\n\n", b"\r\n\r\n"))
+        ctx.waited += time.perf_counter() - now  # waiting on the client is not overhead
+    record_status(state, pool, ep, upstream.status)
+    await out.write_eof()
+    return out
+
+
+async def _end_stream_with_error(
+    state: GatewayState,
+    pool: Pool,
+    ep: Endpoint,
+    out: web.StreamResponse,
+    e: BaseException,
+    at_boundary: bool,
+) -> None:
+    kind = "timeout" if isinstance(e, TimeoutError) else "stream"
+    state.metrics.upstream_errors.labels(pool.name, ep.url, kind).inc()
+    state.metrics.stream_errors.labels(pool.name).inc()
+    ep.circuit.record_failure()
+    err = ServerError(
+        "upstream_stream_error",
+        f"the {pool.name} upstream failed mid-stream ({type(e).__name__}); "
+        "the answer is incomplete",
+    )
+    # After a partial frame, end it first: the error must arrive as an event of its own.
+    await out.write(error_event(err) if at_boundary else b"\n\n" + error_event(err))
+    await out.write_eof()

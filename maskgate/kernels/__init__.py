@@ -1,0 +1,10 @@
+"""Sampling-mask kernels: kernels.sample and its result type (design sections 3 and 6).
+
+kernels.reference (the float64 oracle) is imported explicitly by tests; it is not part of the
+serving API.
+"""
+
+from maskgate.kernels.result import SampleResult
+from maskgate.kernels.sample import sample
+
+__all__ = ["SampleResult", "sample"]

@@ -1,0 +1,128 @@
+"""Strict typed reads of a JSON body's fields ("20" is not an int, true is not a number).
+
+The gateway's mask policy and the worker's parameter parsing read fields through the same
+`Fields`, so a bad field gets the same status and message whichever of the two answers; each
+passes its own error maker, which names the error code (the policy's
+`sampling_mask_invalid_param`, the worker's `invalid_parameter`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from maskgate.protocol.errors import ApiError
+
+# Defaults applied when a sampling field is absent or null (design 2, rule 7).
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_K = -1
+DEFAULT_TOP_P = 1.0
+DEFAULT_MIN_P = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedParams:
+    """The four sampling fields, checked, with the defaults applied."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """Typed field access; `invalid(param, problem)` makes the error a bad field raises.
+
+    `where` prefixes the field's name in `param` and the message (`""` or `"sampling_params."`).
+    """
+
+    invalid: Callable[[str, str], ApiError]
+
+    def boolean(
+        self, d: Mapping[str, Any], name: str, where: str = "", *, required: bool = False
+    ) -> bool | None:
+        value = d.get(name)
+        if value is None and not required:
+            return None
+        if not isinstance(value, bool):
+            raise self.invalid(where + name, f"must be a bool, not {json_type(value)}")
+        return value
+
+    def number(self, d: Mapping[str, Any], name: str, where: str) -> float | None:
+        value = d.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.invalid(where + name, f"must be a number, not {json_type(value)}")
+        if not math.isfinite(value):
+            raise self.invalid(where + name, f"must be finite, got {value}")
+        return float(value)
+
+    def integer(
+        self,
+        d: Mapping[str, Any],
+        name: str,
+        where: str,
+        *,
+        minimum: int,
+        maximum: int | None = None,
+    ) -> int | None:
+        value = d.get(name)
+        if value is None:
+            return None
+        if not is_int(value):
+            raise self.invalid(where + name, f"must be an integer, not {json_type(value)}")
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+            raise self.invalid(where + name, f"must be {bound}, got {value}")
+        return int(value)
+
+    def sampling(self, d: Mapping[str, Any], where: str) -> ResolvedParams:
+        """temperature, top_p, min_p and top_k: types first, then ranges, then defaults."""
+        temperature = self.number(d, "temperature", where)
+        top_p = self.number(d, "top_p", where)
+        min_p = self.number(d, "min_p", where)
+        top_k = self.integer(d, "top_k", where, minimum=-1)
+        if temperature is not None and temperature < 0:
+            raise self.invalid(where + "temperature", f"must be >= 0, got {temperature}")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise self.invalid(where + "top_p", f"must be in (0, 1], got {top_p}")
+        if min_p is not None and not 0 <= min_p <= 1:
+            raise self.invalid(where + "min_p", f"must be in [0, 1], got {min_p}")
+        return ResolvedParams(
+            temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
+            top_k=DEFAULT_TOP_K if top_k is None else top_k,
+            top_p=DEFAULT_TOP_P if top_p is None else top_p,
+            min_p=DEFAULT_MIN_P if min_p is None else min_p,
+        )
+
+
+def is_int(value: Any) -> bool:
+    """A JSON integer: an int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def json_type(value: Any) -> str:
+    """How an error message names a JSON value's type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"

@@ -1,0 +1,237 @@
+"""The engine loop: one dedicated thread runs schedule -> runner.run -> postprocess, and hands
+each step's results to the asyncio handlers without blocking the event loop.
+
+Handlers submit a request (one or more sequences) and read `Event`s from the request's
+asyncio queue. The engine thread never touches asyncio objects directly: it batches a step's
+events into one `loop.call_soon_threadsafe` call. Requests and aborts reach the thread through
+a thread-safe inbox; the thread blocks on it when there is nothing to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+
+from maskgate.protocol.errors import ApiError
+from maskgate.worker.batch import Runner, StepStats
+from maskgate.worker.metrics import WorkerMetrics
+from maskgate.worker.scheduler import Scheduler, StepOutcome
+from maskgate.worker.sequence import Sequence
+
+log = logging.getLogger("maskgate.worker.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """What one step did to one sequence (a snapshot, safe to read on the event loop)."""
+
+    index: int  # the sequence's index within its request
+    token: int | None = None  # committed output token, None when the step committed none
+    logprob: float | None = None  # mask rows only
+    mask: list[int] | None = None  # mask rows only
+    truncated: bool = False
+    finish_reason: str | None = None  # set on the sequence's last event
+    matched_stop: int | str | None = None
+    text_limit: int | None = None
+    error: ApiError | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class RequestHandle:
+    """The handler's side of one request: its sequences' events, in order."""
+
+    def __init__(self, engine: Engine, seqs: list[Sequence]) -> None:
+        self.engine = engine
+        self.seqs = seqs  # owned by the engine thread once submitted; do not read from here
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.num_open = len(seqs)
+
+    async def next_event(self, timeout: float) -> Event | None:
+        """The next event, or None after `timeout` seconds without one (the caller then
+        checks whether its client is still there)."""
+        if self.queue.empty():
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that races with the result, and events arrive every step, so a
+            # disconnected client's cancellation would often be lost.
+            try:
+                async with asyncio.timeout(timeout):
+                    ev = await self.queue.get()
+            except TimeoutError:
+                return None
+        else:
+            ev = self.queue.get_nowait()
+        if ev.finished:
+            self.num_open -= 1
+        return ev
+
+    def abort(self) -> None:
+        if self.num_open:
+            self.engine.abort(self)
+
+
+class Engine:
+    def __init__(self, runner: Runner, scheduler: Scheduler, metrics: WorkerMetrics) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self._inbox: queue.SimpleQueue[tuple[str, RequestHandle | None]] = queue.SimpleQueue()
+        self._owner: dict[int, tuple[RequestHandle, int]] = {}  # id(seq) -> (handle, index)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.num_steps = 0
+
+    # --- event-loop side -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="maskgate-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._inbox.put(("stop", None))
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        self._thread = None
+
+    def submit(self, seqs: list[Sequence]) -> RequestHandle:
+        handle = RequestHandle(self, seqs)
+        self._inbox.put(("add", handle))
+        return handle
+
+    def abort(self, handle: RequestHandle) -> None:
+        self._inbox.put(("abort", handle))
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # --- engine thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._drain_inbox(block=not self.scheduler.has_work()):
+                if self.scheduler.has_work():
+                    self.step()
+            err = ApiError("worker_shutting_down", "the worker is stopping", status=503)
+        except Exception:
+            log.exception("engine loop crashed")
+            err = ApiError("worker_error", "the engine loop failed", status=500)
+        self._fail_all(err)
+
+    def _drain_inbox(self, *, block: bool) -> bool:
+        """Apply queued adds and aborts. False when asked to stop."""
+        while True:
+            try:
+                kind, handle = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if kind == "stop":
+                return False
+            assert handle is not None
+            if kind == "add":
+                self._add(handle)
+            else:
+                self._abort(handle)
+
+    def _add(self, handle: RequestHandle) -> None:
+        events: list[tuple[RequestHandle, Event]] = []
+        for i, seq in enumerate(handle.seqs):
+            self._owner[id(seq)] = (handle, i)
+            self.scheduler.add(seq)
+            if seq.is_finished:  # max_new_tokens=0
+                events.append(self._event(seq))
+        self._publish(events)
+        self._update_gauges()
+
+    def _abort(self, handle: RequestHandle) -> None:
+        events = [self._event(s) for s in handle.seqs if self.scheduler.abort(s)]
+        self._publish(events)
+        self._update_gauges()
+
+    def step(self) -> None:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return
+        try:
+            results, stats = self.runner.run([row for _, row in batch])
+        except Exception:
+            log.exception("model runner step failed; failing the step's requests")
+            err = ApiError("worker_error", "the model runner failed", status=500)
+            self._publish([self._fail(seq, err) for seq, _ in batch if not seq.is_finished])
+            return
+        outcome = self.scheduler.postprocess(batch, results)
+        self.num_steps += 1
+        self._observe(outcome, len(batch), stats, any(r.want_mask for _, r in batch))
+        self._publish([self._event(seq) for seq in outcome.updated])
+
+    def _fail(self, seq: Sequence, err: ApiError) -> tuple[RequestHandle, Event]:
+        self.scheduler.abort(seq)
+        seq.error = err
+        seq.finish_reason = "error"
+        return self._event(seq)
+
+    def _fail_all(self, err: ApiError) -> None:
+        seqs = [*self.scheduler.waiting, *self.scheduler.running]
+        self._publish([self._fail(seq, err) for seq in seqs])
+
+    def _event(self, seq: Sequence) -> tuple[RequestHandle, Event]:
+        handle, index = self._owner[id(seq)]
+        committed = seq.error is None and seq.finish_reason != "abort" and seq.output_ids
+        ev = Event(
+            index=index,
+            token=seq.output_ids[-1] if committed else None,
+            logprob=seq.logprobs[-1] if committed and seq.want_mask else None,
+            mask=seq.masks[-1] if committed and seq.want_mask else None,
+            truncated=bool(committed and seq.want_mask and seq.truncated[-1]),
+            finish_reason=seq.finish_reason,
+            matched_stop=seq.matched_stop,
+            text_limit=seq.text_limit,
+            error=seq.error,
+        )
+        if seq.is_finished:
+            del self._owner[id(seq)]
+        return handle, ev
+
+    def _publish(self, events: list[tuple[RequestHandle, Event]]) -> None:
+        if events and self._loop is not None:
+            self._loop.call_soon_threadsafe(_deliver, events)
+
+    def _observe(self, out: StepOutcome, rows: int, stats: StepStats, masks: bool) -> None:
+        m = self.metrics
+        m.batch_size.observe(rows)
+        m.generated_tokens.inc(out.num_generated)
+        m.prompt_tokens.inc(out.num_prompt_tokens)
+        for t in out.ttft:
+            m.ttft.observe(t)
+        for t in out.itl:
+            m.itl.observe(t)
+        if masks:
+            m.mask_kernel_seconds.observe(stats.mask_seconds)
+        if stats.num_fallback_rows:
+            m.sampler_fallback_rows.inc(stats.num_fallback_rows)
+        overflows = sum(
+            1
+            for s in out.updated
+            if s.error is not None and s.error.code == "sampling_mask_overflow"
+        )
+        if overflows:
+            m.mask_overflows.inc(overflows)
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        self.metrics.waiting.set(self.scheduler.num_waiting)
+        self.metrics.running.set(self.scheduler.num_running)
+        self.metrics.kv_usage.set(self.scheduler.kv_usage)
+
+
+def _deliver(events: list[tuple[RequestHandle, Event]]) -> None:
+    for handle, ev in events:
+        handle.queue.put_nowait(ev)

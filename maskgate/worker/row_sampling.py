@@ -1,0 +1,303 @@
+"""The sampler call of a step: per-row parameters to device tensors, `kernels.sample` (or the
+sort-all baseline, same signature), and its outputs back to per-row `RowResult`s.
+
+The runner's forward is still running on the GPU when the sampler is called, so nothing here
+waits on the device before `kernels.sample` is launched: the parameters go over in one
+asynchronous copy from pinned memory, and the host's only waits are the copies back of the
+results.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+import torch
+
+from maskgate import kernels
+from maskgate.kernels.result import STATUS_OVERFLOW
+from maskgate.worker.batch import RowResult, RowWork
+
+SampleFn = Callable[..., Any]  # kernels.sample or worker.sort_all.sample_sort_all_rows
+
+
+# Batch sizes whose every sampler variant (seeded, unseeded, with and without masks) is
+# compiled at start: Triton specialises integer arguments equal to 1 or divisible by 16.
+SMALL_BATCHES = (1, 2, 16)
+# The runner's logits dtype (LlamaForCausalLM.compute_logits): pass 1's config depends on it.
+LOGITS_DTYPE = torch.float32
+# The per-row fields of RowSampler's parameter buffer, in buffer order, with the dtypes
+# kernels.sample takes. Each starts at a multiple of ALIGN bytes: Triton compiles a separate
+# kernel variant for pointers that are not 16-byte aligned.
+_FIELDS = (
+    ("seed", torch.int64),
+    ("step", torch.int64),
+    ("temperature", torch.float32),
+    ("top_p", torch.float32),
+    ("min_p", torch.float32),
+    ("top_k", torch.int32),
+    ("bounded", torch.bool),
+    ("want_mask", torch.bool),  # last: the sampler reads it on the host (it sizes outputs)
+)
+_NUMPY = {
+    torch.int64: np.int64,
+    torch.float32: np.float32,
+    torch.int32: np.int32,
+    torch.bool: np.bool_,
+}
+ALIGN = 16
+INT32_MAX = 2**31 - 1
+
+
+@torch.inference_mode()
+def warm_up_sampler(
+    sample_fn: SampleFn,
+    vocab_size: int,
+    device: torch.device,
+    max_mask_tokens: int,
+    max_batch: int,
+) -> None:
+    """Compile the sampler's Triton variants before traffic arrives; compiled mid-traffic, a
+    variant stalls every stream of the worker for seconds.
+
+    Calls are keyed (seed and step given) as RowSampler's always are, so the sampler's
+    unseeded variant is never compiled. SMALL_BATCHES run sample_fn with and without masks.
+    Then `kernels.sample` (the baseline sends its mask-free batches there too) runs twice at
+    each size of `warm_up_batches(vocab_size, max_batch)`, every row asking for a mask and no
+    row asking: its pass 1 has a config per batch range, compiled with the race of rows
+    nothing truncates only for launches with a row that asks for no mask (a general pool's
+    batches), and its resolve kernel specialises on that config's chunk count.
+    """
+    for b in SMALL_BATCHES:
+        for want in (True, False):
+            _warm_call(sample_fn, b, vocab_size, device, max_mask_tokens, want)
+    covered = SMALL_BATCHES if sample_fn is kernels.sample else ()
+    for b in warm_up_batches(vocab_size, max_batch, device):
+        if b not in covered:
+            for want in (True, False):
+                _warm_call(kernels.sample, b, vocab_size, device, max_mask_tokens, want)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def warm_up_batches(
+    vocab_size: int, max_batch: int, device: torch.device | None = None
+) -> list[int]:
+    """Batch sizes that meet every compiled variant of kernels.sample's CUDA path for batches of
+    1..max_batch rows, all rows asking for masks (ascending, few: one per compile key and
+    max_batch).
+
+    Pass 1's config (`default_config(vocab, B)`) is what varies with the batch (a handful of
+    configs, in power-of-two steps of B), and the resolve kernel with it; with shared reads
+    (`use_shared_reads`) resolve also compiles apart for the batch sizes that may pack, 2 to
+    one row an SM of `device` (`compile_key`). The smallest B of each key meets it. Nothing
+    else specialises on the batch: resolve takes its mask-packing mode at run time and the
+    emit kernel, which only batches past one row an SM launch, compiles once. max_batch runs
+    too, so the largest launch and its buffers are ready before traffic.
+    """
+    from maskgate.kernels.triton_path import compile_key  # triton: only needed on CUDA
+
+    dev = torch.device("cpu") if device is None else device
+    batches = {max_batch}
+    seen = set()
+    for b in range(1, max_batch + 1):
+        key = compile_key(vocab_size, b, dev)
+        if key not in seen:
+            seen.add(key)
+            batches.add(b)
+    return sorted(batches)
+
+
+def _warm_call(
+    sample_fn: SampleFn,
+    b: int,
+    vocab_size: int,
+    device: torch.device,
+    max_mask_tokens: int,
+    want: bool,
+) -> None:
+    """One keyed sampler call over [b, vocab_size] random logits of the runner's dtype."""
+    logits = torch.randn(b, vocab_size, device=device, dtype=LOGITS_DTYPE)
+    rows = torch.ones(b, device=device)
+    ids = torch.arange(b, device=device, dtype=torch.int64)
+    sample_fn(
+        logits,
+        rows.clone(),
+        torch.full((b,), 50, device=device, dtype=torch.int32),
+        rows * 0.9,
+        rows * 0.0,
+        torch.full((b,), want, dtype=torch.bool),
+        max_mask_tokens=max_mask_tokens,
+        seed=ids,
+        step=ids.clone(),
+        bounded=torch.zeros(b, device=device, dtype=torch.bool),
+    )
+
+
+class RowSampler:
+    """The sampler call of a step, with the parameter buffers it reuses from step to step.
+
+    All per-row parameters of a step go to the device in one copy: the fields share one byte
+    buffer (pinned on CUDA, so the copy is asynchronous and the host does not wait for the
+    forward still running on the GPU), and the sampler's arguments are typed views of its
+    device twin, each starting at a multiple of ALIGN bytes whatever the batch.
+    """
+
+    def __init__(self, sample_fn: SampleFn, device: torch.device, max_mask_tokens: int) -> None:
+        self.sample_fn = sample_fn
+        self.device = device
+        self.max_mask_tokens = max_mask_tokens
+        self.cuda = device.type == "cuda"
+        self.capacity = 0  # rows the buffers hold; grown on demand
+        self.host_fields: dict[str, np.ndarray] = {}  # name -> view of host_buf, [capacity]
+        # name -> view of device_buf, [capacity] (want_mask: of host_buf)
+        self.fields: dict[str, torch.Tensor] = {}
+        self.views: dict[int, dict[str, torch.Tensor]] = {}  # B -> fields cut to [B]
+        # The last parameter copy: the host buffer is rewritten only once it has completed.
+        self.copied = torch.cuda.Event() if self.cuda else None
+
+    def sample(
+        self, logits: torch.Tensor, rows: list[RowWork]
+    ) -> tuple[list[RowResult], float, int]:
+        """kernels.sample over logits [B, V], row i of logits being rows[i]; returns per-row
+        results, the sampler's seconds (device time on CUDA) and the number of rows that
+        needed the sampler's slow full pass."""
+        b = len(rows)
+        self._fill(rows)
+        f = self.views.get(b)
+        if f is None:
+            f = self.views[b] = {name: t[:b] for name, t in self.fields.items()}
+        timer = _Timer(self.device)
+        res = self.sample_fn(
+            logits,
+            f["temperature"],
+            f["top_k"],
+            f["top_p"],
+            f["min_p"],
+            f["want_mask"],
+            max_mask_tokens=self.max_mask_tokens,
+            seed=f["seed"],
+            step=f["step"],
+            bounded=f["bounded"],
+        )
+        timer.mark()
+        results, num_fallback = _to_rows(res, rows)
+        return results, timer.seconds(), num_fallback
+
+    def _fill(self, rows: list[RowWork]) -> None:
+        """Writes the rows' parameters to the host buffer and starts its copy to the device.
+
+        Every row is keyed: unseeded rows get a fresh random 63-bit key, which is what kernels
+        does for seed=None, so the sampler always runs one variant (its seeded one) and its
+        unseeded one is never compiled nor its device random draw launched."""
+        b = len(rows)
+        if b > self.capacity:
+            self._allocate(b)
+        if self.copied is not None:
+            # The previous copy from the host buffer: long complete, as every step ends in a
+            # copy back; this only guards the rewrite.
+            self.copied.synchronize()
+        h = self.host_fields
+        params = [r.params for r in rows]
+        h["temperature"][:b] = [p.temperature for p in params]
+        h["top_p"][:b] = [p.top_p for p in params]
+        h["min_p"][:b] = [p.min_p for p in params]
+        # top_k >= V means off (design 3.4), so clamping to the int32 range keeps its meaning.
+        h["top_k"][:b] = [min(p.top_k, INT32_MAX) for p in params]
+        h["bounded"][:b] = [r.bounded for r in rows]
+        h["want_mask"][:b] = [r.want_mask for r in rows]
+        h["seed"][:b] = [p.seed if p.seed is not None else random.getrandbits(63) for p in params]
+        h["step"][:b] = [r.step for r in rows]
+        if self.copied is not None:
+            self.device_buf.copy_(self.host_buf[: self.device_buf.numel()], non_blocking=True)
+            self.copied.record()
+
+    def _allocate(self, batch: int) -> None:
+        """Buffers for up to `batch` rows, rounded up to a multiple of 16."""
+        cap = -(-batch // 16) * 16
+        spans = {}
+        size = 0
+        for name, dtype in _FIELDS:
+            spans[name] = (size, size + cap * dtype.itemsize)
+            size += -(-cap * dtype.itemsize // ALIGN) * ALIGN
+        self.host_buf = torch.empty(size, dtype=torch.uint8, pin_memory=self.cuda)
+        # Every field but want_mask goes to the device; on CPU the sampler reads host_buf.
+        self.device_buf = self.host_buf
+        if self.cuda:
+            on_device = spans["want_mask"][0]
+            self.device_buf = torch.empty(on_device, dtype=torch.uint8, device=self.device)
+        host = self.host_buf.numpy()
+        for name, dtype in _FIELDS:
+            lo, hi = spans[name]
+            self.host_fields[name] = host[lo:hi].view(_NUMPY[dtype])
+            buf = self.host_buf if name == "want_mask" else self.device_buf
+            self.fields[name] = buf[lo:hi].view(dtype)
+        self.views.clear()
+        self.capacity = cap
+
+
+def _to_rows(res: Any, rows: list[RowWork]) -> tuple[list[RowResult], int]:
+    """A SampleResult to per-row results, in one device-to-host copy of everything but the
+    mask ids and one of the mask ids (their count is known only from the first)."""
+    b = len(rows)
+    # res.mask_rows is these rows, ascending: known here, so not copied.
+    mask_rows = [i for i, r in enumerate(rows) if r.want_mask]
+    num_masks = len(mask_rows)
+    parts = [res.tokens, res.logprobs, res.nan_rows, res.fallback_rows]
+    if num_masks:
+        parts += [res.support_sizes, res.mask_status, res.mask_offsets]
+    # One float64 block holds every value exactly (ids, sizes and offsets are < 2**53, the
+    # log-probs float32); `out=` casts each part straight to it.
+    size = 4 * b + (b + 2 * num_masks + 1 if num_masks else 0)
+    block = torch.empty(size, dtype=torch.float64, device=res.tokens.device)
+    values = torch.cat(parts, out=block).cpu().numpy()
+    tokens = values[:b].astype(np.int64).tolist()
+    nan = (values[2 * b : 3 * b] != 0).tolist()
+    num_fallback = int(np.count_nonzero(values[3 * b : 4 * b]))
+    # Positional: RowResult(token, logprob, mask, mask_status, support_size, nan).
+    results = list(
+        map(RowResult, tokens, values[b : 2 * b].tolist(), repeat(None), repeat(0), repeat(0), nan)
+    )
+    if num_masks:
+        meta = values[4 * b :].astype(np.int64)
+        sizes = meta[:b].tolist()
+        status = meta[b : b + num_masks].tolist()
+        offsets = meta[b + num_masks :].tolist()
+        ids = res.mask_ids[: offsets[-1]].tolist()
+        for j, row in enumerate(mask_rows):
+            r = results[row]
+            r.mask_status = st = status[j]
+            r.support_size = sizes[row]
+            r.mask = None if st == STATUS_OVERFLOW else ids[offsets[j] : offsets[j + 1]]
+    return results, num_fallback
+
+
+class _Timer:
+    """Time of the sampler call: CUDA events on CUDA (device time, read once the results are
+    back, so timing adds no wait), perf_counter around the call on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def mark(self) -> None:
+        """The end of the timed region (just after the sampler call)."""
+        if self.cuda:
+            self.end.record()
+        else:
+            self.t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        if self.cuda:
+            self.end.synchronize()  # already passed when the results have been copied back
+            return self.begin.elapsed_time(self.end) / 1000.0
+        return self.t1 - self.t0

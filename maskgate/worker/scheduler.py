@@ -1,0 +1,265 @@
+"""Continuous batching over KV slots, torch-free.
+
+Each step the scheduler builds one batch of `RowWork`: a decode row (one token) for every
+running sequence whose prompt is in the cache, then prompt chunks for sequences still
+prefilling, then newly admitted sequences, while the step's prefill budget lasts. A sequence
+is admitted when a KV slot is free and fewer than `max_num_seqs` run; otherwise it waits in
+FIFO order. A slot holds a whole sequence (prompt + output <= max_model_len), so admission is
+the only capacity decision: nothing is ever preempted.
+
+`postprocess` commits the sampled tokens, applies the finish rules (EOS, stop token ids, stop
+strings, max_new_tokens, max_model_len) and turns overflow / NaN results into request errors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from maskgate.protocol.errors import ApiError
+from maskgate.worker.batch import RowResult, RowWork, Runner
+from maskgate.worker.sequence import SeqStatus, Sequence
+
+OVERFLOW = 1  # RowResult.mask_status values (maskgate/worker/batch.py)
+TRUNCATED = 2
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What one step changed, for the engine's events and metrics."""
+
+    updated: list[Sequence] = field(default_factory=list)  # got a token or finished
+    ttft: list[float] = field(default_factory=list)  # seconds, arrival -> first token
+    itl: list[float] = field(default_factory=list)  # seconds between consecutive tokens
+    num_generated: int = 0
+    num_prompt_tokens: int = 0  # prompt tokens prefilled this step
+
+
+class Scheduler:
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        max_num_seqs: int,
+        max_prefill_tokens: int,
+        max_mask_tokens: int,
+        decode: Callable[[list[int]], str] | None = None,
+    ) -> None:
+        if max_num_seqs < 1 or max_prefill_tokens < 1:
+            raise ValueError("max_num_seqs and max_prefill_tokens must be >= 1")
+        self.runner = runner
+        self.max_num_seqs = min(max_num_seqs, runner.max_num_slots)
+        self.max_prefill_tokens = max_prefill_tokens
+        self.max_model_len = runner.max_model_len
+        self.max_mask_tokens = max_mask_tokens
+        self.eos_token_ids = runner.eos_token_ids
+        self.decode = decode  # output ids -> text; needed only for stop strings
+        self.free_slots: deque[int] = deque(range(runner.max_num_slots))
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV slots held by running sequences."""
+        return 1.0 - len(self.free_slots) / self.runner.max_num_slots
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        # The API layer rejects prompts that do not fit; this is an internal invariant.
+        assert 0 < seq.num_prompt_tokens < self.max_model_len, "prompt must fit one KV slot"
+        if seq.rule.max_new_tokens == 0:
+            seq.finish("length")
+            return
+        self.waiting.append(seq)
+
+    def abort(self, seq: Sequence) -> bool:
+        """Stop `seq` now, wherever it is. False when it had already finished."""
+        if seq.is_finished:
+            return False
+        if seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.finish("abort")
+        self._retire(seq)
+        return True
+
+    def schedule(self) -> list[tuple[Sequence, RowWork]]:
+        """The next step's rows: decodes first (latency), then prompt chunks within budget."""
+        batch: list[tuple[Sequence, RowWork]] = []
+        for seq in self.running:
+            if not seq.is_prefilling:
+                batch.append((seq, self._decode_row(seq)))
+        budget = self.max_prefill_tokens
+        for seq in self.running:
+            if seq.is_prefilling and budget > 0:
+                row = self._prefill_row(seq, budget)
+                budget -= len(row.token_ids)
+                batch.append((seq, row))
+        while self.waiting and budget > 0 and self.can_admit():
+            seq = self.waiting.popleft()
+            self.admit(seq)
+            row = self._prefill_row(seq, budget)
+            budget -= len(row.token_ids)
+            batch.append((seq, row))
+        return batch
+
+    def can_admit(self) -> bool:
+        return bool(self.free_slots) and len(self.running) < self.max_num_seqs
+
+    def admit(self, seq: Sequence) -> None:
+        seq.slot = self.free_slots.popleft()
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+
+    def postprocess(
+        self, batch: list[tuple[Sequence, RowWork]], results: list[RowResult | None]
+    ) -> StepOutcome:
+        assert len(batch) == len(results), "runner must answer every row"
+        now = time.monotonic()
+        out = StepOutcome()
+        for (seq, row), res in zip(batch, results, strict=True):
+            if seq.is_prefilling:
+                seq.num_prefilled += len(row.token_ids)
+                out.num_prompt_tokens += len(row.token_ids)
+            if not row.sample or seq.is_finished:
+                continue
+            assert res is not None, "a sampling row needs a result"
+            if res.nan:
+                seq.fail(numerical_error())
+            elif res.mask_status == OVERFLOW:
+                seq.fail(overflow_error(res.support_size, self.max_mask_tokens, row.step))
+            else:
+                self._commit(seq, res, now, out)
+            out.updated.append(seq)
+            if seq.is_finished:
+                self._retire(seq)
+        return out
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _decode_row(self, seq: Sequence) -> RowWork:
+        # One RowWork per sequence, updated in place each decode step: building a fresh one
+        # per row per step was the scheduler's largest cost at batch 128. The runner reads
+        # rows only during run(), so reuse is safe.
+        row = seq.decode_row
+        n = len(seq.output_ids)
+        if row is None:
+            row = seq.decode_row = RowWork(
+                slot=_slot(seq),
+                token_ids=[],
+                start_pos=0,
+                sample=True,
+                params=seq.params,
+                want_mask=seq.want_mask,
+                bounded=seq.bounded,
+            )
+        row.token_ids = [seq.output_ids[-1]]
+        row.start_pos = len(seq.prompt_ids) + n - 1
+        row.step = n
+        return row
+
+    def _prefill_row(self, seq: Sequence, budget: int) -> RowWork:
+        start = seq.num_prefilled
+        end = min(seq.num_prompt_tokens, start + budget)
+        last = end == seq.num_prompt_tokens
+        return RowWork(
+            slot=_slot(seq),
+            token_ids=seq.prompt_ids[start:end],
+            start_pos=start,
+            sample=last,
+            params=seq.params,
+            want_mask=seq.want_mask and last,
+            bounded=seq.bounded,
+            step=0,
+        )
+
+    def _commit(self, seq: Sequence, res: RowResult, now: float, out: StepOutcome) -> None:
+        if seq.last_token_time is None:
+            seq.first_token_time = now
+            out.ttft.append(now - seq.arrival)
+        else:
+            out.itl.append(now - seq.last_token_time)
+        seq.last_token_time = now
+        seq.output_ids.append(res.token)
+        out.num_generated += 1
+        if seq.want_mask:
+            assert res.mask is not None, "a mask row needs a mask"
+            seq.logprobs.append(res.logprob)
+            seq.masks.append(res.mask)
+            seq.truncated.append(res.mask_status == TRUNCATED)
+        self._check_finish(seq, res.token)
+
+    def _check_finish(self, seq: Sequence, token: int) -> None:
+        rule = seq.rule
+        is_eos = not rule.ignore_eos and token in self.eos_token_ids
+        if is_eos or token in rule.stop_token_ids:
+            seq.finish("stop", token)
+        elif rule.stop and self._match_stop(seq):
+            pass
+        elif seq.num_output_tokens >= rule.max_new_tokens:
+            seq.finish("length")
+        elif seq.num_prompt_tokens + seq.num_output_tokens >= self.max_model_len:
+            seq.finish("length")  # the slot is full
+
+    def _match_stop(self, seq: Sequence) -> bool:
+        assert self.decode is not None, "stop strings need a decode function"
+        longest = max(len(s) for s in seq.rule.stop)
+        # Cheap test on the decoded tail, so a long output is not decoded whole every step.
+        # A new match ends in the newest token and spans at most `longest` characters; a
+        # character takes at most 4 byte-level tokens, plus a few that decode to nothing.
+        tail = self.decode(seq.output_ids[-(4 * longest + 8) :])
+        if not any(s in tail for s in seq.rule.stop):
+            return False
+        text = self.decode(seq.output_ids)
+        hits = [(i, s) for s in seq.rule.stop if (i := text.find(s)) >= 0]
+        if not hits:
+            return False
+        pos, stop = min(hits)
+        seq.text_limit = pos
+        seq.finish("stop", stop)
+        return True
+
+    def _retire(self, seq: Sequence) -> None:
+        if seq.slot is None:
+            return
+        self.running.remove(seq)
+        self.runner.release(seq.slot)
+        self.free_slots.append(seq.slot)
+        seq.slot = None
+
+
+def _slot(seq: Sequence) -> int:
+    assert seq.slot is not None, "a running sequence holds a slot"
+    return seq.slot
+
+
+def overflow_error(support_size: int, cap: int, step: int) -> ApiError:
+    return ApiError(
+        "sampling_mask_overflow",
+        f"the sampling mask of output token {step} has |S|={support_size} tokens, more than "
+        f"the worker's cap C={cap} (max_mask_tokens). Lower top_p, raise min_p or set "
+        f"top_k <= {cap}, or send sampling_mask_mode='bounded' to receive the first {cap} "
+        "ids with the step flagged in output_token_sampling_mask_truncated.",
+        status=400,
+        param="top_p",
+    )
+
+
+def numerical_error() -> ApiError:
+    return ApiError(
+        "worker_numerical_error",
+        "the model produced NaN logits for this request; no token was sampled",
+        status=500,
+        error_type="server_error",
+    )

@@ -1,0 +1,87 @@
+"""Request state: one `Sequence` per generated completion (a choice of `n`, an item of a batch).
+
+The scheduler owns the mutable fields (status, slot, progress, outputs); the API layer builds a
+sequence from a validated request and reads it back through the engine's events. Nothing here
+imports torch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+from maskgate.protocol.errors import ApiError
+from maskgate.worker.batch import RowWork, SamplingParams
+
+
+class SeqStatus(Enum):
+    WAITING = auto()  # queued; holds no KV slot
+    RUNNING = auto()  # holds a KV slot; prefilling (possibly over several steps) or decoding
+    FINISHED = auto()
+
+
+@dataclass(frozen=True, slots=True)
+class StopRule:
+    """When a sequence ends, besides the cap on its length."""
+
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()  # stop strings; the output text is cut before the match
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+
+
+@dataclass(slots=True)
+class Sequence:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    rule: StopRule
+    want_mask: bool = False
+    bounded: bool = False
+    arrival: float = field(default_factory=time.monotonic)  # seconds, monotonic clock
+
+    status: SeqStatus = SeqStatus.WAITING
+    slot: int | None = None
+    num_prefilled: int = 0  # prompt tokens whose KV is written
+    output_ids: list[int] = field(default_factory=list)
+    # Per output token, only for mask rows (design 3.8-3.10).
+    logprobs: list[float] = field(default_factory=list)
+    masks: list[list[int]] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    matched_stop: int | str | None = None  # the EOS/stop id or the stop string that ended it
+    text_limit: int | None = None  # chars of the decoded output kept (cut before a stop string)
+    error: ApiError | None = None
+    decode_row: RowWork | None = None  # reused by the scheduler each decode step
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_prefilled < len(self.prompt_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    def next_position(self) -> int:
+        """Position of the token a decode step feeds (the last sampled one)."""
+        return len(self.prompt_ids) + len(self.output_ids) - 1
+
+    def finish(self, reason: str, matched: int | str | None = None) -> None:
+        self.status = SeqStatus.FINISHED
+        self.finish_reason = reason
+        self.matched_stop = matched
+
+    def fail(self, err: ApiError) -> None:
+        self.error = err
+        self.finish("error")

@@ -1,0 +1,162 @@
+"""`create_app(config)`: the worker's aiohttp application, used by the CLI and every test.
+
+The model loads and the engine thread starts in `cleanup_ctx`, so the server listens only
+once it can answer; handlers reach everything through `app[STATE]`. One middleware renders
+every error as the OpenAI-style body of `gateway.errors.ApiError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from maskgate.protocol.errors import ApiError
+from maskgate.worker.config import WorkerConfig
+from maskgate.worker.engine import Engine
+from maskgate.worker.metrics import WorkerMetrics
+from maskgate.worker.scheduler import Scheduler
+from maskgate.worker.server import generate, openai
+from maskgate.worker.server.backend import Backend, load_backend
+from maskgate.worker.server.output import ClientGone
+from maskgate.worker.server.state import STATE, StateRef, WorkerState, policy_config
+
+log = logging.getLogger("maskgate.worker")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(config: WorkerConfig, *, backend: Backend | None = None) -> web.Application:
+    """`backend`: an already loaded model + runner (tests share one); None loads
+    `config.model` at startup, off the event loop."""
+    app = web.Application(middlewares=[error_middleware], client_max_size=config.max_body_bytes)
+    app[STATE] = StateRef()
+    app.cleanup_ctx.append(_engine_ctx(config, backend))
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/get_model_info", handle_model_info)
+    app.router.add_get("/metrics", handle_metrics)
+    generate.setup(app)
+    openai.setup(app)
+    return app
+
+
+def _engine_ctx(
+    config: WorkerConfig, backend: Backend | None
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        loaded = backend
+        if loaded is None:
+            t0 = time.monotonic()
+            loaded = await asyncio.get_running_loop().run_in_executor(None, load_backend, config)
+            log.info("model %s ready in %.1f s", loaded.model_name, time.monotonic() - t0)
+        metrics = WorkerMetrics()
+        tok = loaded.tokenizer
+        scheduler = Scheduler(
+            loaded.runner,
+            max_num_seqs=config.max_num_seqs,
+            max_prefill_tokens=config.max_prefill_tokens,
+            max_mask_tokens=config.max_mask_tokens,
+            decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+        )
+        engine = Engine(loaded.runner, scheduler, metrics)
+        engine.start()
+        app[STATE].state = WorkerState(
+            config=config,
+            engine=engine,
+            runner=loaded.runner,
+            tokenizer=tok,
+            model_name=config.served_model_name or loaded.model_name,
+            metrics=metrics,
+            policy=policy_config(config),
+        )
+        try:
+            yield
+        finally:
+            await engine.stop()
+
+    return ctx
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return error_response(e)
+    except web.HTTPRequestEntityTooLarge as e:
+        return error_response(ApiError("body_too_large", e.text or "body too large", status=413))
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status, "http_error")
+        return error_response(
+            ApiError(code, f"{request.method} {request.path}: {e.reason}", status=e.status)
+        )
+    except ClientGone:
+        return web.Response(status=499)  # nobody is left to read it
+    except ConnectionResetError:
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(
+            ApiError("worker_error", "internal error", status=500, error_type="server_error")
+        )
+
+
+def error_response(err: ApiError) -> web.Response:
+    return web.Response(
+        status=err.status, body=err.to_bytes(), content_type="application/json", headers=err.headers
+    )
+
+
+def _json(obj: object) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), content_type="application/json")
+
+
+def _state(request: web.Request) -> WorkerState:
+    return request.app[STATE].get()
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    state = _state(request)
+    if not state.engine.alive:
+        return web.json_response({"status": "engine stopped"}, status=503)
+    return _json({"status": "ok", "role": state.config.role})
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    state = _state(request)
+    model = {
+        "id": state.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "maskgate",
+        "max_model_len": state.max_model_len,
+    }
+    return _json({"object": "list", "data": [model]})
+
+
+async def handle_model_info(request: web.Request) -> web.Response:
+    state = _state(request)
+    return _json(
+        {
+            "model_path": state.config.model,
+            "served_model_name": state.model_name,
+            "is_generation": True,
+            "vocab_size": state.vocab_size,
+            "max_model_len": state.max_model_len,
+            "max_num_seqs": state.engine.scheduler.max_num_seqs,
+            "role": state.config.role,
+            "max_mask_tokens": state.config.max_mask_tokens,
+        }
+    )
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    body = _state(request).metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})

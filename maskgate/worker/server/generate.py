@@ -1,0 +1,233 @@
+"""SGLang's native `POST /generate`: text or input_ids, single or batch, optional streaming.
+
+Response per sequence: `{"text", "output_ids", "meta_info"}`; a single prompt with n=1 answers
+one object, anything else a list (item-major: item 0's n choices, then item 1's, ...).
+Streams send one SSE chunk per sequence per engine step, cumulative by default (as SGLang
+does) or deltas with `incremental_streaming_output`, then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from maskgate.protocol.fields import json_type
+from maskgate.protocol.policy import Route
+from maskgate.worker.engine import RequestHandle
+from maskgate.worker.params import (
+    GenParams,
+    invalid,
+    opt_bool,
+    parse_generate_params,
+    unsupported,
+)
+from maskgate.worker.sequence import Sequence
+from maskgate.worker.server.output import (
+    SSE_DONE,
+    SeqOutput,
+    collect,
+    follow,
+    holdback,
+    open_stream,
+    sse,
+)
+from maskgate.worker.server.state import WorkerState, admit, check_prompt, request_id
+
+_KNOWN = frozenset(
+    {
+        "text",
+        "input_ids",
+        "sampling_params",
+        "return_sampling_mask",
+        "sampling_mask_mode",
+        "stream",
+        "incremental_streaming_output",
+        "rid",
+    }
+)
+# Log-prob options that mean nothing while return_logprob is off (clients send defaults).
+_LOGPROB_OPTIONS = frozenset({"logprob_start_len", "top_logprobs_num", "return_text_in_logprobs"})
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    prompt_ids: list[int]
+    params: GenParams
+    want_mask: bool
+    rid: str
+
+
+async def handle_generate(request: web.Request) -> web.StreamResponse:
+    state, body, _ = await admit(request, Route.GENERATE)
+    items, is_batch = parse_request(body, state, request_id(request))
+    bounded = body.get("sampling_mask_mode") == "bounded"
+    seqs: list[Sequence] = []
+    outs: list[SeqOutput] = []
+    for item in items:
+        for j in range(item.params.n):
+            rid = item.rid if item.params.n == 1 else f"{item.rid}-{j}"
+            seqs.append(
+                Sequence(
+                    rid=rid,
+                    prompt_ids=item.prompt_ids,
+                    params=item.params.choice_params(j),
+                    rule=item.params.rule,
+                    want_mask=item.want_mask,
+                    bounded=bounded and item.want_mask,
+                )
+            )
+            outs.append(
+                SeqOutput(
+                    rid,
+                    len(item.prompt_ids),
+                    item.want_mask,
+                    bounded,
+                    holdback=holdback(item.params.rule.stop),
+                )
+            )
+    many = is_batch or len(seqs) > 1
+    handle = state.engine.submit(seqs)
+    try:
+        if opt_bool(body, "stream"):
+            incremental = opt_bool(body, "incremental_streaming_output")
+            if incremental is None:
+                incremental = state.config.incremental_streaming_output
+            return await _stream(request, state, handle, outs, many=many, incremental=incremental)
+        await collect(request, handle, outs)
+    finally:
+        handle.abort()
+    results = [_result(state, out) for out in outs]
+    return web.json_response(results if many else results[0], dumps=_dumps)
+
+
+def parse_request(
+    body: dict[str, Any], state: WorkerState, default_rid: str
+) -> tuple[list[Item], bool]:
+    """Validate the body; one Item per prompt. Raises ApiError (400) on any bad field."""
+    for name, value in body.items():
+        if name in _KNOWN or value in (None, False, [], {}, ""):
+            continue
+        if name == "return_logprob":
+            raise unsupported(name, "log-probs of the raw distribution (use return_sampling_mask)")
+        if name not in _LOGPROB_OPTIONS:
+            raise unsupported(name, f"the field {name!r}")
+    prompts, is_batch = _prompts(body, state)
+    size = len(prompts)
+    params = _per_item(body.get("sampling_params"), size, is_batch, "sampling_params")
+    parsed = [
+        parse_generate_params(sp, f"sampling_params[{i}]" if size > 1 else "sampling_params")
+        for i, sp in enumerate(params)
+    ]
+    flags = _per_item(body.get("return_sampling_mask"), size, is_batch, "return_sampling_mask")
+    mode = body.get("sampling_mask_mode")
+    if mode not in (None, "exact", "bounded"):
+        raise invalid("sampling_mask_mode", f"must be 'exact' or 'bounded', got {mode!r}")
+    opt_bool(body, "stream")
+    opt_bool(body, "incremental_streaming_output")
+    rids = _rids(body.get("rid"), size, is_batch, default_rid)
+    items = []
+    for ids, gp, flag, rid in zip(prompts, parsed, flags, rids, strict=True):
+        if flag not in (None, True, False):
+            raise invalid("return_sampling_mask", f"must be a bool, not {json_type(flag)}")
+        items.append(Item(ids, gp, bool(flag), rid))
+    return items, is_batch
+
+
+def _prompts(body: dict[str, Any], state: WorkerState) -> tuple[list[list[int]], bool]:
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise invalid("text", "or input_ids: send exactly one of them")
+    tok = state.tokenizer
+    if isinstance(text, str):
+        return [check_prompt(tok.encode(text), state, "text")], False
+    if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+        return [check_prompt(tok.encode(t), state, f"text[{i}]") for i, t in enumerate(text)], True
+    if text is not None:
+        raise invalid("text", "must be a string or a non-empty list of strings")
+    if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids):
+        return [check_prompt(x, state, f"input_ids[{i}]") for i, x in enumerate(ids)], True
+    if isinstance(ids, list):
+        return [check_prompt(ids, state, "input_ids")], False
+    raise invalid("input_ids", "must be a list of token ids or a non-empty list of such lists")
+
+
+def _per_item(value: Any, size: int, is_batch: bool, name: str) -> list[Any]:
+    if isinstance(value, list):
+        if not is_batch or len(value) != size:
+            want = f"a list of {size} values (one per prompt)" if is_batch else "not a list"
+            raise invalid(name, f"must be {want} here")
+        return value
+    return [value] * size
+
+
+def _rids(value: Any, size: int, is_batch: bool, default: str) -> list[str]:
+    if value is None:
+        value = default
+    if isinstance(value, str):
+        return [value] if not is_batch else [f"{value}-{i}" for i in range(size)]
+    if (
+        is_batch
+        and isinstance(value, list)
+        and len(value) == size
+        and all(isinstance(v, str) for v in value)
+    ):
+        return value
+    raise invalid("rid", "must be a string (or, for a batch, a list of one string per prompt)")
+
+
+def _result(state: WorkerState, out: SeqOutput) -> dict[str, Any]:
+    return {"text": out.text(state.tokenizer), "output_ids": out.ids, "meta_info": out.meta_info()}
+
+
+async def _stream(
+    request: web.Request,
+    state: WorkerState,
+    handle: RequestHandle,
+    outs: list[SeqOutput],
+    *,
+    many: bool,
+    incremental: bool,
+) -> web.StreamResponse:
+    resp: web.StreamResponse | None = None
+    sent_ids = [0] * len(outs)  # incremental mode: what each sequence already sent
+    sent_chars = [0] * len(outs)
+    async for ev in follow(request, handle):
+        out = outs[ev.index]
+        out.apply(ev)
+        if out.error is not None:
+            if resp is None:  # nothing sent yet: a proper error status
+                raise out.error
+            await resp.write(sse(out.error.body()))
+            return resp
+        if resp is None:
+            resp = await open_stream(request)
+        text = out.stream_text(state.tokenizer)
+        k = ev.index
+        chunk: dict[str, Any]
+        if incremental:
+            chunk = {
+                "text": text[sent_chars[k] :],
+                "output_ids": out.ids[sent_ids[k] :],
+                "meta_info": out.meta_info(since=sent_ids[k]),
+            }
+            sent_ids[k], sent_chars[k] = len(out.ids), len(text)
+        else:
+            chunk = {"text": text, "output_ids": out.ids, "meta_info": out.meta_info()}
+        if many:
+            chunk["index"] = k
+        await resp.write(sse(chunk))
+    if resp is None:
+        resp = await open_stream(request)
+    await resp.write(SSE_DONE)
+    return resp
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_post("/generate", handle_generate)

@@ -1,0 +1,243 @@
+"""OpenAI-compatible `POST /v1/chat/completions` and `POST /v1/completions`.
+
+Extensions (as SGLang): top_k, min_p, stop_token_ids, ignore_eos, return_sampling_mask,
+sampling_mask_mode, return_meta_info (-> choices[i].meta_info) and return_token_ids
+(-> choices[i].token_ids). Mask requests never stream (policy rule 5); other requests may,
+as SSE chunks ending in `data: [DONE]`. The `model` field is not checked (as in SGLang):
+a worker serves one model and answers with its name.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from maskgate.protocol.errors import ApiError
+from maskgate.protocol.policy import Route
+from maskgate.worker.engine import RequestHandle
+from maskgate.worker.params import GenParams, invalid, opt_bool, parse_openai_params
+from maskgate.worker.sequence import Sequence
+from maskgate.worker.server.output import (
+    SSE_DONE,
+    SeqOutput,
+    collect,
+    follow,
+    holdback,
+    open_stream,
+    sse,
+)
+from maskgate.worker.server.state import WorkerState, admit, check_prompt, request_id
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+async def handle_chat(request: web.Request) -> web.StreamResponse:
+    state, body, masked = await admit(request, Route.CHAT)
+    prompt = check_prompt(_chat_prompt(body, state), state, "messages")
+    params = parse_openai_params(body, state.max_model_len - len(prompt))
+    return await _serve(request, state, body, Route.CHAT, [prompt], params, masked)
+
+
+async def handle_completions(request: web.Request) -> web.StreamResponse:
+    state, body, masked = await admit(request, Route.COMPLETIONS)
+    prompts = _completion_prompts(body, state)
+    params = parse_openai_params(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    return await _serve(request, state, body, Route.COMPLETIONS, prompts, params, masked)
+
+
+def _chat_prompt(body: dict[str, Any], state: WorkerState) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages", "must be a non-empty list of {role, content} objects")
+    flat = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise invalid(f"messages[{i}]", "must be an object with a string role")
+        flat.append({"role": msg["role"], "content": _content_text(msg.get("content"), i)})
+    tok: Any = state.tokenizer
+    if getattr(tok, "chat_template", None) is None:
+        raise ApiError(
+            "chat_template_missing",
+            f"model {state.model_name!r} has no chat template; use /v1/completions",
+            param="messages",
+        )
+    text = tok.apply_chat_template(flat, tokenize=False, add_generation_prompt=True)
+    # The template already holds BOS and role markers; encoding must not add them twice.
+    return list(tok.encode(text, add_special_tokens=False))
+
+
+def _content_text(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise invalid(f"messages[{i}].content", "supports only text parts")
+            if not isinstance(part.get("text"), str):
+                raise invalid(f"messages[{i}].content", "text parts need a string text")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise invalid(f"messages[{i}].content", "must be a string or a list of text parts")
+
+
+def _completion_prompts(body: dict[str, Any], state: WorkerState) -> list[list[int]]:
+    prompt = body.get("prompt")
+    tok = state.tokenizer
+    if isinstance(prompt, str):
+        return [check_prompt(tok.encode(prompt), state, "prompt")]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return [
+                check_prompt(tok.encode(p), state, f"prompt[{i}]") for i, p in enumerate(prompt)
+            ]
+        if all(isinstance(p, list) for p in prompt):
+            return [check_prompt(p, state, f"prompt[{i}]") for i, p in enumerate(prompt)]
+        return [check_prompt(prompt, state, "prompt")]
+    raise invalid("prompt", "must be a string, a list of strings, or token ids")
+
+
+async def _serve(
+    request: web.Request,
+    state: WorkerState,
+    body: dict[str, Any],
+    route: Route,
+    prompts: list[list[int]],
+    params: GenParams,
+    masked: bool,
+) -> web.StreamResponse:
+    stream = bool(opt_bool(body, "stream"))
+    meta = bool(opt_bool(body, "return_meta_info"))
+    token_ids = bool(opt_bool(body, "return_token_ids"))
+    bounded = masked and body.get("sampling_mask_mode") == "bounded"
+    rid = request_id(request)
+    seqs: list[Sequence] = []
+    outs: list[SeqOutput] = []
+    for p, ids in enumerate(prompts):
+        for j in range(params.n):
+            k = p * params.n + j
+            seq = Sequence(f"{rid}-{k}", ids, params.choice_params(j), params.rule)
+            seq.want_mask, seq.bounded = masked, bounded
+            seqs.append(seq)
+            hold = holdback(params.rule.stop)
+            outs.append(SeqOutput(f"{rid}-{k}", len(ids), masked, bounded, holdback=hold))
+    total = sum(len(p) for p in prompts)
+    reply = _Reply(state, route, rid, outs, prompt_tokens=total, meta=meta, token_ids=token_ids)
+    handle = state.engine.submit(seqs)
+    try:
+        if stream:
+            return await _stream(request, handle, reply, body)
+        await collect(request, handle, outs)
+    finally:
+        handle.abort()
+    return web.json_response(reply.full(), dumps=lambda o: orjson.dumps(o).decode())
+
+
+class _Reply:
+    """Builds the OpenAI response objects (whole, or SSE chunks) for one request."""
+
+    def __init__(
+        self,
+        state: WorkerState,
+        route: Route,
+        rid: str,
+        outs: list[SeqOutput],
+        *,
+        prompt_tokens: int,
+        meta: bool,
+        token_ids: bool,
+    ) -> None:
+        self.state, self.outs = state, outs
+        self.chat = route is Route.CHAT
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + rid
+        self.created = int(time.time())
+        self.prompt_tokens = prompt_tokens  # each prompt once, whatever n is (as OpenAI)
+        self.meta, self.token_ids = meta, token_ids
+
+    def envelope(self, chunk: bool) -> dict[str, Any]:
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {
+            "id": self.id,
+            "object": kind + (".chunk" if chunk and self.chat else ""),
+            "created": self.created,
+            "model": self.state.model_name,
+        }
+
+    def usage(self) -> dict[str, int]:
+        completion = sum(len(o.ids) for o in self.outs)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+    def choice(self, k: int, text: str, ids: list[int], *, delta: bool = False) -> dict[str, Any]:
+        out = self.outs[k]
+        c: dict[str, Any] = {"index": k}
+        if self.chat:
+            c["delta" if delta else "message"] = (
+                {"content": text} if delta else {"role": "assistant", "content": text}
+            )
+        else:
+            c["text"] = text
+        c["logprobs"] = None
+        c["finish_reason"] = out.openai_finish_reason()
+        c["matched_stop"] = out.matched_stop
+        if self.meta and not delta:
+            c["meta_info"] = out.meta_info()
+        if self.token_ids:
+            c["token_ids"] = ids
+        return c
+
+    def full(self) -> dict[str, Any]:
+        tok = self.state.tokenizer
+        choices = [self.choice(k, o.text(tok), o.ids) for k, o in enumerate(self.outs)]
+        return {**self.envelope(False), "choices": choices, "usage": self.usage()}
+
+    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {**self.envelope(True), "choices": choices}
+
+
+async def _stream(
+    request: web.Request, handle: RequestHandle, reply: _Reply, body: dict[str, Any]
+) -> web.StreamResponse:
+    """Non-mask requests only (policy rule 5). One chunk per choice per engine step."""
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise invalid("stream_options", "must be an object")
+    include_usage = bool(opts and opt_bool(opts, "include_usage", "stream_options."))
+    tok = reply.state.tokenizer
+    resp = await open_stream(request)
+    if reply.chat:  # the role arrives first, as OpenAI sends it
+        first = [
+            {"index": k, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            for k in range(len(reply.outs))
+        ]
+        await resp.write(sse(reply.chunk(first)))
+    sent_ids = [0] * len(reply.outs)
+    sent_chars = [0] * len(reply.outs)
+    async for ev in follow(request, handle):
+        k = ev.index
+        out = reply.outs[k]
+        out.apply(ev)
+        if out.error is not None:
+            await resp.write(sse(out.error.body()))
+            return resp
+        text = out.stream_text(tok)
+        piece, ids = text[sent_chars[k] :], out.ids[sent_ids[k] :]
+        if not piece and not out.finished and not reply.token_ids:
+            continue  # an incomplete character: wait for the next token
+        sent_chars[k], sent_ids[k] = max(len(text), sent_chars[k]), len(out.ids)
+        await resp.write(sse(reply.chunk([reply.choice(k, piece, ids, delta=True)])))
+    if include_usage:
+        await resp.write(sse({**reply.chunk([]), "usage": reply.usage()}))
+    await resp.write(SSE_DONE)
+    return resp
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", handle_chat)
+    app.router.add_post("/v1/completions", handle_completions)

@@ -1,0 +1,170 @@
+"""Per-sequence output as the handlers see it: events accumulate here, responses read it.
+
+Also the pieces every endpoint shares: following a request's events while watching for a
+client that went away, SSE framing, and the design-3 `meta_info` mask fields.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+from aiohttp import web
+
+from maskgate.protocol.errors import ApiError
+from maskgate.worker.engine import Event, RequestHandle
+
+DISCONNECT_POLL_S = 0.5  # how often a waiting handler checks that its client is still there
+REPLACEMENT_CHAR = "\ufffd"  # a token that ends inside a multi-byte character decodes to this
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+
+class ClientGone(Exception):
+    """The client closed the connection; the request was aborted."""
+
+
+@dataclass(slots=True)
+class SeqOutput:
+    rid: str
+    prompt_tokens: int
+    want_mask: bool
+    bounded: bool
+    # Streams hold back this many trailing characters (longest stop string - 1), so text
+    # that may turn out to start a stop string is never sent before the match is known.
+    holdback: int = 0
+    start: float = field(default_factory=time.monotonic)
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    masks: list[list[int]] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+    text_limit: int | None = None
+    error: ApiError | None = None
+    # Incremental detokenization for streams (token offsets into `ids`).
+    streamed: str = ""
+    prefix_offset: int = 0
+    read_offset: int = 0
+
+    def apply(self, ev: Event) -> None:
+        if ev.token is not None:
+            self.ids.append(ev.token)
+            if self.want_mask:
+                assert ev.mask is not None and ev.logprob is not None
+                self.masks.append(ev.mask)
+                self.logprobs.append(ev.logprob)
+                self.truncated.append(ev.truncated)
+        if ev.finished:
+            self.finish_reason = ev.finish_reason
+            self.matched_stop = ev.matched_stop
+            self.text_limit = ev.text_limit
+            self.error = ev.error
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def text(self, tok: Tokenizer) -> str:
+        """The decoded output, cut before a matched stop string."""
+        text = tok.decode(self.ids, skip_special_tokens=True)
+        return text if self.text_limit is None else text[: self.text_limit]
+
+    def stream_text(self, tok: Tokenizer) -> str:
+        """The output decoded so far, for streams: each call decodes only the newest tokens
+        (a full decode per step would make a stream O(n^2)); a trailing incomplete character
+        waits for its next token. Once finished, the exact `text`."""
+        if self.finished:
+            return self.text(tok)
+        if len(self.ids) > self.read_offset:
+            done = tok.decode(
+                self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True
+            )
+            now = tok.decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
+            if len(now) > len(done) and not now.endswith(REPLACEMENT_CHAR):
+                self.streamed += now[len(done) :]
+                self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return self.streamed[: max(0, len(self.streamed) - self.holdback)]
+
+    def openai_finish_reason(self) -> str | None:
+        if self.finish_reason in ("stop", "length"):
+            return self.finish_reason
+        return "abort" if self.finish_reason == "abort" else None
+
+    def meta_info(self, *, since: int = 0) -> dict[str, Any]:
+        """SGLang-style meta_info; mask fields (design 3) from output index `since` on."""
+        info: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": self.sglang_finish_reason(),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": len(self.ids),
+            "cached_tokens": 0,
+            "e2e_latency": round(time.monotonic() - self.start, 6),
+        }
+        if self.want_mask:
+            info["output_token_sampling_mask"] = self.masks[since:]
+            info["output_token_sampling_logprobs"] = self.logprobs[since:]
+            info["output_token_sampling_mask_length"] = len(self.masks) - since
+            if self.bounded:
+                info["output_token_sampling_mask_truncated"] = self.truncated[since:]
+        return info
+
+    def sglang_finish_reason(self) -> dict[str, Any] | None:
+        if self.finish_reason == "stop":
+            return {"type": "stop", "matched": self.matched_stop}
+        if self.finish_reason == "length":
+            return {"type": "length", "length": len(self.ids)}
+        if self.finish_reason == "abort":
+            return {"type": "abort", "message": "aborted"}
+        return None
+
+
+def holdback(stops: tuple[str, ...]) -> int:
+    return max((len(s) for s in stops), default=1) - 1
+
+
+async def follow(request: web.Request, handle: RequestHandle) -> AsyncIterator[Event]:
+    """The request's events until every sequence finished. Raises ClientGone when the
+    client disconnects; the caller aborts the handle in a `finally`."""
+    checked = time.monotonic()
+    while handle.num_open:
+        ev = await handle.next_event(DISCONNECT_POLL_S)
+        if ev is not None:
+            yield ev
+        # Checked while events flow too, not only when they pause: handler cancellation is
+        # the fast path, this is the guarantee.
+        now = time.monotonic()
+        if ev is None or now - checked >= DISCONNECT_POLL_S:
+            checked = now
+            if request.transport is None or request.transport.is_closing():
+                raise ClientGone
+
+
+async def collect(request: web.Request, handle: RequestHandle, outs: list[SeqOutput]) -> None:
+    """Run a non-streaming request to the end; the first failed sequence fails it."""
+    async for ev in follow(request, handle):
+        out = outs[ev.index]
+        out.apply(ev)
+        if out.error is not None:
+            raise out.error
+
+
+def sse(payload: Any) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+async def open_stream(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+    return resp

@@ -1,5 +1,0 @@
-"""The worker's HTTP surface (SGLang-compatible)."""
-
-from worker.server.app import create_app
-
-__all__ = ["create_app"]
