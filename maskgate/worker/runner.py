@@ -1,4 +1,4 @@
-"""ModelRunner: all device work of a step (design 5): batch assembly, forward, sampling.
+"""ModelRunner: all device work of a step: batch assembly, forward, sampling.
 
 `run(rows)` flattens the step's rows into one token batch (decode rows first, then prefill
 chunks), runs the decoder over the slot KV cache, takes logits only at the last token of rows
