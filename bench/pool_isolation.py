@@ -15,8 +15,8 @@ For each: general TPOT p50/p99, TTFT p50/p99 and tokens/s, and mask tokens/s, ov
 after warm-up (definitions in bench/isolation/report.py). Prints a table and writes
 bench/results/isolation.json and isolation.png.
 
-    python bench/bench_isolation.py --device cuda                        # the H200 run
-    python bench/bench_isolation.py --model tiny-random --device cpu --seconds 3 --warmup 2 \
+    python -m bench.pool_isolation --device cuda                        # the H200 run
+    python -m bench.pool_isolation --model tiny-random --device cpu --seconds 3 --warmup 2 \
         --general-clients 4 --mask-clients 2 --stem isolation_cpu_smoke  # a dry run
 """
 
@@ -32,9 +32,6 @@ import urllib.request
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):  # run as a script: import from the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.isolation import procs, report
 from bench.isolation.load import Traffic, run_clients
