@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -144,6 +145,9 @@ def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> we
         api_keys=frozenset(config.api_keys),
         mask_allow_keys=(
             frozenset(config.mask_allow_keys) if config.mask_allow_keys is not None else None
+        ),
+        trusted_proxies=tuple(
+            ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies
         ),
     )
     metrics.ready.set_function(lambda: 1.0 if state.ready else 0.0)
