@@ -90,9 +90,8 @@ async def _proxy(
     if route is not None:
         if "Content-Encoding" in request.headers:
             applied = codings(request.headers.getall("Content-Encoding"))
-            if applied:
-                raw = decode_body(raw, applied, limit)
-                decoded = True
+            raw = decode_body(raw, applied, limit) if applied else raw
+            decoded = True  # the body goes upstream plain, without the header
         body = policy.parse_body(raw, limit)  # rule 1
         if policy.is_mask_request(route, body):
             mask = True
