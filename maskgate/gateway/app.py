@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from maskgate.gateway import discovery, health, proxy
 from maskgate.gateway.admin import add_admin_refusal, add_admin_routes
 from maskgate.gateway.auth import authenticate
+from maskgate.gateway.bodycheck import BodyChecker
 from maskgate.gateway.config import POOL_NAMES, GatewayConfig
 from maskgate.gateway.metrics import GatewayMetrics
 from maskgate.gateway.openapi import openapi_spec
@@ -108,6 +109,8 @@ async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
     state.upstream = UpstreamClient(state.config.timeouts.connect_s)
     yield
     await state.upstream.close()
+    if state.checker is not None:
+        state.checker.close()
 
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
@@ -150,6 +153,7 @@ def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> we
             ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies
         ),
     )
+    state.checker = BodyChecker(config.offload, on_offload=metrics.policy_offloads.inc)
     metrics.ready.set_function(lambda: 1.0 if state.ready else 0.0)
     # The body limit is enforced by the proxy itself (413 body_too_large); aiohttp's own
     # check only has to stop anything larger from being buffered.

@@ -145,6 +145,15 @@ def _loopback(host: str) -> str:
     return host
 
 
+class OffloadConfig(StrictModel):
+    """Inference bodies checked in worker processes, off the event loop (bodycheck.py)."""
+
+    # Bodies larger than this (bytes, after Content-Encoding decoding); null: never by size.
+    min_bytes: int | None = Field(default=1024 * 1024, ge=0)
+    min_items: int = Field(default=256, ge=1)  # mask requests with more prompts than this
+    workers: int = Field(default=1, ge=1, le=64)  # processes, started on first use
+
+
 class GatewayConfig(StrictModel):
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -177,6 +186,7 @@ class GatewayConfig(StrictModel):
     retries: RetriesConfig = Field(default_factory=RetriesConfig)
     pools: PoolsConfig = Field(default_factory=PoolsConfig)
     policy: PolicySettings = Field(default_factory=PolicySettings)
+    offload: OffloadConfig = Field(default_factory=OffloadConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = True  # one JSON line per proxied request (at info level)
 

@@ -13,11 +13,11 @@ import asyncio
 import random
 import time
 
-import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from maskgate.gateway.auth import authenticate, check_mask_allowed
+from maskgate.gateway.auth import authenticate
+from maskgate.gateway.bodycheck import BodyJob
 from maskgate.gateway.encoding import codings, decode_body
 from maskgate.gateway.forwarding import upstream_headers
 from maskgate.gateway.logs import log_access
@@ -92,17 +92,19 @@ async def _proxy(
             applied = codings(request.headers.getall("Content-Encoding"))
             raw = decode_body(raw, applied, limit) if applied else raw
             decoded = True  # the body goes upstream plain, without the header
-        body = policy.parse_body(raw, limit)  # rule 1
-        if policy.is_mask_request(route, body):
+        masks = state.pools["mask"]
+        job = BodyJob(
+            route, limit, state.policy, masks.vocab_size, ctx.rid, key, state.mask_allow_keys
+        )
+        assert state.checker is not None
+        checked = await state.checker.check(job, raw)  # rule 1, then rules 2-9 for masks
+        if checked.mask:
             mask = True
-            pool = state.pools["mask"]
+            pool = masks
             ctx.pool = pool.name
-            check_mask_allowed(key, state.mask_allow_keys)  # rule 2
-            body = policy.check_mask_request(route, body, state.policy, vocab_size=pool.vocab_size)
-            if route is policy.Route.GENERATE and "rid" not in body:
-                # One string for a batch too: SGLang and the worker number the items.
-                body["rid"] = ctx.rid
-            raw = orjson.dumps(body)
+            if checked.error is not None:
+                raise checked.error
+        raw = checked.raw
     ctx.pool = pool.name
     if not pool.has_usable():
         raise _unavailable(pool)

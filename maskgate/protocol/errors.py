@@ -56,6 +56,12 @@ class ApiError(Exception):
     def __repr__(self) -> str:
         return f"ApiError({self.status}, {self.code!r}, {self.message!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled whole (the gateway checks large bodies in worker processes): the default
+        # would rebuild from `args` alone and lose the code, status and headers.
+        state = (self.code, self.message, self.status, self.param, self.error_type, self.headers)
+        return (_rebuild, (type(self), *state))
+
 
 class PolicyError(ApiError):
     """A mask-policy rejection (design section 2, rules 1-9). Nothing is sent upstream."""
@@ -66,6 +72,18 @@ class ServerError(ApiError):
 
     status = 502
     error_type = "server_error"
+
+
+def _rebuild(
+    cls: type[ApiError],
+    code: str,
+    message: str,
+    status: int,
+    param: str | None,
+    error_type: str,
+    headers: dict[str, str],
+) -> ApiError:
+    return cls(code, message, status=status, param=param, error_type=error_type, headers=headers)
 
 
 def error_event(err: ApiError) -> bytes:
