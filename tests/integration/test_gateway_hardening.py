@@ -287,3 +287,57 @@ async def test_mask_batches_grow_by_a_bounded_number_of_bytes(
     assert forwarded.json()["rid"] == resp.headers["X-Request-Id"]
     # One rid string and the resolved temperature: the same few bytes at any batch size.
     assert len(forwarded.body) - len(orjson.dumps(body)) <= 64
+
+
+async def test_response_headers_named_in_connection_are_dropped(gateway, make_config):
+    """An upstream answer's Connection-listed headers never reach the client."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(
+            next(
+                (
+                    line.split(b":")[1]
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                ),
+                b"0",
+            )
+        )
+        await reader.readexactly(length)
+        if head.startswith(b"GET /health"):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        else:
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nConnection: x-also\r\n"
+                b"X-Hop: 1\r\nX-Also: 2\r\nX-End: 3\r\nContent-Length: 2\r\n\r\n{}"
+            )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        config = make_config([f"http://127.0.0.1:{port}"], pools={"general": {"health_path": None}})
+        async with gateway(config) as gw:
+            status, headers, _ = await raw(gw.url, "POST", "/v1/embeddings", b"{}")
+    finally:
+        server.close()
+    assert status == 200
+    assert headers["x-end"] == "3" and "x-hop" not in headers and "x-also" not in headers
+
+
+async def test_put_generate_is_subject_to_the_mask_allow_list(upstreams, gateway, make_config):
+    mask = await upstreams()
+    config = make_config([], [mask.url], api_keys=["k-train", "k-app"], mask_allow_keys=["k-train"])
+    async with gateway(config) as gw:
+        body = orjson.dumps(MASK_GEN)
+        status, _, answer = await raw(
+            gw.url, "PUT", "/generate", body, {"Authorization": "Bearer k-app"}
+        )
+        assert (status, answer["error"]["code"]) == (403, "sampling_mask_forbidden")
+        status, _, _ = await raw(
+            gw.url, "PUT", "/generate", body, {"Authorization": "Bearer k-train"}
+        )
+        assert status == 200
+    assert len(mask.requests) == 1
