@@ -12,6 +12,7 @@ import contextlib
 import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from hmac import compare_digest
 
 import orjson
 from aiohttp import web
@@ -19,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from maskgate.gateway import discovery, health, proxy
 from maskgate.gateway.admin import add_admin_refusal, add_admin_routes
-from maskgate.gateway.auth import authenticate
+from maskgate.gateway.auth import authenticate, bearer_token
 from maskgate.gateway.bodycheck import BodyChecker
 from maskgate.gateway.config import POOL_NAMES, GatewayConfig
 from maskgate.gateway.metrics import GatewayMetrics
@@ -99,7 +100,8 @@ async def keyed_metrics_handler(request: web.Request) -> web.Response:
     client key (or the admin key) like any other request there."""
     state = request.app[STATE]
     admin_key = state.config.admin_key
-    if admin_key is None or request.headers.get("Authorization") != f"Bearer {admin_key}":
+    token = bearer_token(request.headers)
+    if admin_key is None or token is None or not compare_digest(token, admin_key):
         authenticate(request.headers, state.api_keys)
     return await metrics_handler(request)
 

@@ -16,33 +16,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from maskgate.protocol.errors import GATEWAY_CODES
 from maskgate.protocol.policy import GRAMMAR_FIELDS, POLICY_CODES
 
-# Codes the gateway answers outside the mask policy (authentication, routing, upstreams,
-# the admin API, the HTTP layer).
-GATEWAY_CODES = (
-    "missing_api_key",
-    "invalid_api_key",
-    "invalid_admin_key",
-    "mask_pool_unavailable",
-    "no_healthy_upstream",
-    "upstream_unreachable",
-    "upstream_timeout",
-    "upstream_error",
-    "upstream_stream_error",
-    "unknown_pool",
-    "unknown_endpoint",
-    "invalid_endpoint",
-    "not_found",
-    "method_not_allowed",
-    "unsupported_content_encoding",
-    "invalid_content_encoding",
-    "invalid_body",
-    "admin_api_disabled",
-    "unsafe_endpoint",
-    "http_error",
-    "internal_error",
-)
 ERROR_CODES = (*sorted(POLICY_CODES), *GATEWAY_CODES)
 
 _MASK_POLICY = [

@@ -13,6 +13,32 @@ import orjson
 
 INVALID_REQUEST = "invalid_request_error"
 
+# Codes the gateway answers outside the mask policy (authentication, routing, upstreams,
+# the admin API, the HTTP layer).
+GATEWAY_CODES = (  # the policy's own are policy.POLICY_CODES
+    "missing_api_key",
+    "invalid_api_key",
+    "invalid_admin_key",
+    "mask_pool_unavailable",
+    "no_healthy_upstream",
+    "upstream_unreachable",
+    "upstream_timeout",
+    "upstream_error",
+    "upstream_stream_error",
+    "unknown_pool",
+    "unknown_endpoint",
+    "invalid_endpoint",
+    "not_found",
+    "method_not_allowed",
+    "unsupported_content_encoding",
+    "invalid_content_encoding",
+    "invalid_body",
+    "admin_api_disabled",
+    "unsafe_endpoint",
+    "http_error",
+    "internal_error",
+)
+
 
 class ApiError(Exception):
     """An error answer: HTTP status, a stable machine-readable code and a human message."""
