@@ -127,9 +127,15 @@ async def admin_disabled(request: web.Request) -> web.Response:
     )
 
 
-def add_admin_refusal(app: web.Application) -> None:
-    app.router.add_route("*", "/admin/{tail:.*}", admin_disabled)
-    app.router.add_route("*", "/admin", admin_disabled)
+async def admin_unknown(request: web.Request) -> web.Response:
+    raise ApiError("not_found", f"the admin API has no {request.method} {request.path}", status=404)
+
+
+def add_admin_refusal(app: web.Application, *, enabled: bool) -> None:
+    """`/admin/...` that no admin route took: answered here, never proxied upstream."""
+    handler = admin_unknown if enabled else admin_disabled
+    app.router.add_route("*", "/admin/{tail:.*}", handler)
+    app.router.add_route("*", "/admin", handler)
 
 
 def add_admin_routes(app: web.Application) -> None:

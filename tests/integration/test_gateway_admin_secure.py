@@ -177,3 +177,13 @@ async def test_metrics_on_the_traffic_port_take_a_key_when_keys_are_set(
 async def _get(gw, path: str) -> tuple[int, str]:
     async with gw.client.get(gw.url + path) as resp:
         return resp.status, await resp.text()
+
+
+async def test_unknown_admin_paths_are_never_proxied(upstreams, gateway, make_config):
+    general = await upstreams()
+    async with gateway(make_config([general.url], [], admin_key="adm")) as gw:
+        for method, path in (("GET", "/admin/pools/mask/endpoints"), ("POST", "/admin/other")):
+            async with gw.client.request(method, gw.url + path, headers=bearer("adm")) as resp:
+                body = await resp.json()
+                assert (resp.status, body["error"]["code"]) == (404, "not_found")
+    assert general.requests == []
