@@ -37,7 +37,7 @@ class Checked:
     error: ApiError | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per inference request, and frozen costs more
 class BodyJob:
     """Everything `check_body` needs; picklable, so it can cross to a worker process."""
 
