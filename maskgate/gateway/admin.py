@@ -2,17 +2,26 @@
 
 RL frameworks register their rollout servers here. Changes live in this process's memory
 (a restart returns to the configuration; with `workers > 1` each process has its own pools).
+
+Secure by default: the API exists only when `admin_key` is set (on the traffic port, key
+required) or `admin_port` opens a loopback-only listener (app.py, serve.py); otherwise
+`/admin/...` answers 404 `admin_api_disabled` and is never proxied. URLs are checked by
+admin_urls.py. An endpoint added here takes no traffic until a health check has passed: the
+first one runs before the answer, and the answer shows its result (`healthy`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from maskgate.gateway.admin_urls import check_endpoint_url
 from maskgate.gateway.auth import check_admin
 from maskgate.gateway.config import normalize_endpoint
+from maskgate.gateway.health import check_endpoint
 from maskgate.gateway.pool import Pool
 from maskgate.gateway.state import STATE, GatewayState
 from maskgate.protocol.errors import ApiError
@@ -24,7 +33,7 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 def _authorized(request: web.Request) -> GatewayState:
     state = request.app[STATE]
-    check_admin(request.headers, state.config.admin_key, state.api_keys)
+    check_admin(request.headers, state.config.admin_key)
     return state
 
 
@@ -82,7 +91,13 @@ async def list_pools(request: web.Request) -> web.Response:
 async def add_endpoints(request: web.Request) -> web.Response:
     state = _authorized(request)
     pool = _pool(state, request)
-    added = [url for url in await _urls(request) if pool.add(url, "admin") is not None]
+    urls = await _urls(request)
+    for url in urls:
+        await check_endpoint_url(state, url)
+    new = [ep for url in urls if (ep := pool.add(url, "admin", gated=True)) is not None]
+    if pool.cfg.health_path is not None and new:
+        await asyncio.gather(*(check_endpoint(state, pool, ep) for ep in new))
+    added = [ep.url for ep in new]
     return _json({"added": added, "pool": pool.describe()}, status=201 if added else 200)
 
 
@@ -101,6 +116,26 @@ async def remove_endpoints(request: web.Request) -> web.Response:
     for url in urls:
         pool.remove(url)
     return _json({"removed": urls, "pool": pool.describe()})
+
+
+async def admin_disabled(request: web.Request) -> web.Response:
+    raise ApiError(
+        "admin_api_disabled",
+        "the admin API is off: set admin_key (then send it as 'Authorization: Bearer KEY'), "
+        "or admin_port for a loopback-only admin listener",
+        status=404,
+    )
+
+
+async def admin_unknown(request: web.Request) -> web.Response:
+    raise ApiError("not_found", f"the admin API has no {request.method} {request.path}", status=404)
+
+
+def add_admin_refusal(app: web.Application, *, enabled: bool) -> None:
+    """`/admin/...` that no admin route took: answered here, never proxied upstream."""
+    handler = admin_unknown if enabled else admin_disabled
+    app.router.add_route("*", "/admin/{tail:.*}", handler)
+    app.router.add_route("*", "/admin", handler)
 
 
 def add_admin_routes(app: web.Application) -> None:

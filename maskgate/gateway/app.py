@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from hmac import compare_digest
 
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from maskgate.gateway import discovery, health, proxy
-from maskgate.gateway.admin import add_admin_routes
+from maskgate.gateway.admin import add_admin_refusal, add_admin_routes
+from maskgate.gateway.auth import authenticate, bearer_token
+from maskgate.gateway.bodycheck import BodyChecker
 from maskgate.gateway.config import POOL_NAMES, GatewayConfig
 from maskgate.gateway.metrics import GatewayMetrics
 from maskgate.gateway.openapi import openapi_spec
@@ -91,11 +95,24 @@ async def metrics_handler(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def keyed_metrics_handler(request: web.Request) -> web.Response:
+    """/metrics on the traffic port: it lists upstream URLs, so with `api_keys` set it takes a
+    client key (or the admin key) like any other request there."""
+    state = request.app[STATE]
+    admin_key = state.config.admin_key
+    token = bearer_token(request.headers)
+    if admin_key is None or token is None or not compare_digest(token, admin_key):
+        authenticate(request.headers, state.api_keys)
+    return await metrics_handler(request)
+
+
 async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     state.upstream = UpstreamClient(state.config.timeouts.connect_s)
     yield
     await state.upstream.close()
+    if state.checker is not None:
+        state.checker.close()
 
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
@@ -134,16 +151,28 @@ def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> we
         mask_allow_keys=(
             frozenset(config.mask_allow_keys) if config.mask_allow_keys is not None else None
         ),
+        trusted_proxies=tuple(
+            ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies
+        ),
     )
+    state.checker = BodyChecker(config.offload, on_offload=metrics.policy_offloads.inc)
     metrics.ready.set_function(lambda: 1.0 if state.ready else 0.0)
     # The body limit is enforced by the proxy itself (413 body_too_large); aiohttp's own
     # check only has to stop anything larger from being buffered.
-    app = web.Application(middlewares=[error_middleware], client_max_size=config.max_body_bytes)
+    # Request bodies arrive as sent: the proxy decodes Content-Encoding itself, bounded by the
+    # body limit (encoding.py); aiohttp's decompression has no such bound.
+    app = web.Application(
+        middlewares=[error_middleware],
+        client_max_size=config.max_body_bytes,
+        handler_args={"auto_decompress": False},
+    )
     app[STATE] = state
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_background)
-    add_probe_routes(app, with_metrics=config.metrics_port is None)
-    add_admin_routes(app)
+    add_probe_routes(app, with_metrics=config.metrics_port is None, keyed=True)
+    if config.admin_key is not None:
+        add_admin_routes(app)
+    add_admin_refusal(app, enabled=config.admin_key is not None)
     add_openapi_route(app)
     # The inference routes by exact path first: a plain resource is found by one dict lookup,
     # the catch-all below by a regex match (~4% of the gateway's CPU samples under load).
@@ -153,11 +182,11 @@ def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> we
     return app
 
 
-def add_probe_routes(app: web.Application, *, with_metrics: bool) -> None:
+def add_probe_routes(app: web.Application, *, with_metrics: bool, keyed: bool = False) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if with_metrics:
-        app.router.add_get("/metrics", metrics_handler)
+        app.router.add_get("/metrics", keyed_metrics_handler if keyed else metrics_handler)
 
 
 def add_openapi_route(app: web.Application) -> None:
@@ -175,4 +204,14 @@ def create_probe_app(main: web.Application) -> web.Application:
     app = web.Application(middlewares=[error_middleware])
     app[STATE] = main[STATE]
     add_probe_routes(app, with_metrics=True)
+    return app
+
+
+def create_admin_app(main: web.Application) -> web.Application:
+    """The app for `admin_port` (a loopback-only listener): the admin API over the main app's
+    state; it takes the admin key only when one is set."""
+    app = web.Application(middlewares=[error_middleware])
+    app[STATE] = main[STATE]
+    add_admin_routes(app)
+    add_admin_refusal(app, enabled=True)
     return app

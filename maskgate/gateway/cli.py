@@ -48,6 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--mask-allow-key", action="append", metavar="KEY", help="key allowed masks (repeatable)"
     )
     p.add_argument("--admin-key", metavar="KEY", help="key for the /admin API")
+    p.add_argument(
+        "--admin-port", type=int, metavar="PORT", help="keyless admin API on 127.0.0.1:PORT"
+    )
+    p.add_argument(
+        "--trusted-proxy",
+        action="append",
+        metavar="CIDR",
+        help="peer whose X-Forwarded-For is kept and extended (repeatable)",
+    )
     p.add_argument("--upstream-api-key", metavar="KEY", help="credential sent upstream")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--no-access-log", action="store_true", help="no per-request log line")
@@ -69,6 +78,8 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
         "api_key": "api_keys",
         "mask_allow_key": "mask_allow_keys",
         "admin_key": "admin_key",
+        "admin_port": "admin_port",
+        "trusted_proxy": "trusted_proxies",
         "upstream_api_key": "upstream_api_key",
         "log_level": "log_level",
     }

@@ -7,6 +7,7 @@ stops the start with an error that names it instead of being silently ignored.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -111,6 +112,8 @@ class PolicySettings(StrictModel):
     max_mask_ids_per_request: int = Field(default=64 * 1024 * 1024, ge=1)
     reject_logit_transforms: bool = True
     default_max_tokens: int = Field(default=2048, ge=1)
+    # Most prompts in one mask request (413 sampling_mask_batch_too_large above it).
+    max_batch_items: int = Field(default=4096, ge=1)
 
     def to_policy(self) -> PolicyConfig:
         return PolicyConfig(
@@ -118,7 +121,37 @@ class PolicySettings(StrictModel):
             max_mask_ids_per_request=self.max_mask_ids_per_request,
             reject_logit_transforms=self.reject_logit_transforms,
             default_max_tokens=self.default_max_tokens,
+            max_batch_items=self.max_batch_items,
         )
+
+
+def _network(value: str) -> str:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError as e:
+        raise ValueError(f"{value!r} is not an IP address or CIDR network") from e
+    return value
+
+
+def _loopback(host: str) -> str:
+    if host == "localhost":
+        return host
+    try:
+        ok = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"admin_host must be a loopback address (127.0.0.1, ::1), not {host!r}")
+    return host
+
+
+class OffloadConfig(StrictModel):
+    """Inference bodies checked in worker processes, off the event loop (bodycheck.py)."""
+
+    # Bodies larger than this (bytes, after Content-Encoding decoding); null: never by size.
+    min_bytes: int | None = Field(default=1024 * 1024, ge=0)
+    min_items: int = Field(default=256, ge=1)  # mask requests with more prompts than this
+    workers: int = Field(default=1, ge=1, le=64)  # processes, started on first use
 
 
 class GatewayConfig(StrictModel):
@@ -131,7 +164,18 @@ class GatewayConfig(StrictModel):
     api_keys: list[str] = Field(default_factory=list)  # empty: no client authentication
     # None: any authenticated caller may ask for masks. Else only these keys (rule 2).
     mask_allow_keys: list[str] | None = None
-    admin_key: str | None = None  # None: the admin API needs only client authentication
+    # The admin API is off unless `admin_key` is set (then it answers on `port`, key
+    # required) or `admin_port` opens a listener on the loopback-only `admin_host` (no key
+    # needed there unless `admin_key` is set).
+    admin_key: str | None = None
+    admin_port: int | None = Field(default=None, ge=0, le=65535)
+    admin_host: Annotated[str, AfterValidator(_loopback)] = "127.0.0.1"
+    # Admin-added endpoint URLs with credentials, or whose host is (or resolves to) a
+    # link-local or cloud-metadata address, are refused unless this is true.
+    admin_allow_unsafe_urls: bool = False
+    # Peers (IP addresses or CIDR networks) whose X-Forwarded-For / Forwarded / X-Real-IP
+    # are kept and extended; from anyone else these headers are dropped.
+    trusted_proxies: list[Annotated[str, AfterValidator(_network)]] = Field(default_factory=list)
     upstream_api_key: str | None = None  # sent upstream as `Authorization: Bearer ...`
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
     # SIGTERM: readiness fails at once; the listener stays open `shutdown_delay_s` (so load
@@ -142,6 +186,7 @@ class GatewayConfig(StrictModel):
     retries: RetriesConfig = Field(default_factory=RetriesConfig)
     pools: PoolsConfig = Field(default_factory=PoolsConfig)
     policy: PolicySettings = Field(default_factory=PolicySettings)
+    offload: OffloadConfig = Field(default_factory=OffloadConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = True  # one JSON line per proxied request (at info level)
 
@@ -159,4 +204,8 @@ class GatewayConfig(StrictModel):
             raise ValueError("workers > 1 needs a fixed port (the processes share it)")
         if self.metrics_port is not None and self.metrics_port == self.port != 0:
             raise ValueError("metrics_port must differ from port")
+        if self.admin_port not in (None, 0) and self.admin_port in (self.port, self.metrics_port):
+            raise ValueError("admin_port must differ from port and metrics_port")
+        if self.admin_key == "":
+            raise ValueError("admin_key must not be empty")
         return self

@@ -105,6 +105,11 @@ class GatewayMetrics:
         self.retries = Counter(
             "maskgate_retries", "Attempts repeated on another endpoint.", ["pool"], registry=r
         )
+        self.policy_offloads = Counter(
+            "maskgate_policy_offloads",
+            "Inference bodies checked in a worker process (large bodies, large mask batches).",
+            registry=r,
+        )
         self.stale_resends = Counter(
             "maskgate_upstream_stale_resends",
             "Requests sent again on a new connection after a kept-alive one closed before "

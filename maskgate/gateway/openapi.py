@@ -16,28 +16,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from maskgate.protocol.errors import GATEWAY_CODES
 from maskgate.protocol.policy import GRAMMAR_FIELDS, POLICY_CODES
 
-# Codes the gateway answers outside the mask policy (authentication, routing, upstreams,
-# the admin API, the HTTP layer).
-GATEWAY_CODES = (
-    "missing_api_key",
-    "invalid_api_key",
-    "invalid_admin_key",
-    "mask_pool_unavailable",
-    "no_healthy_upstream",
-    "upstream_unreachable",
-    "upstream_timeout",
-    "upstream_error",
-    "upstream_stream_error",
-    "unknown_pool",
-    "unknown_endpoint",
-    "invalid_endpoint",
-    "not_found",
-    "method_not_allowed",
-    "http_error",
-    "internal_error",
-)
 ERROR_CODES = (*sorted(POLICY_CODES), *GATEWAY_CODES)
 
 _MASK_POLICY = [
@@ -48,13 +29,14 @@ _MASK_POLICY = [
     "(400 sampling_mask_invalid_param).",
     "4. Chat and completions: return_meta_info=true (400 sampling_mask_requires_meta_info).",
     "5. Chat and completions: not stream=true (400 sampling_mask_stream_unsupported).",
-    "6. No penalties, logit_bias, grammar constraints, min_tokens or custom logit processors "
-    "(400 sampling_mask_logit_transform).",
-    "7. Not the full vocabulary: with defaults resolved, a sampling request (temperature > 0) "
-    "with top_k off (-1, 0 or >= vocab size), float32(top_p) >= 1 and min_p == 0 is rejected "
-    "(400 sampling_mask_full_vocabulary).",
+    "6. No penalties, logit_bias, grammar constraints, min_tokens, custom logit processors, "
+    "or tools / functions unless tool_choice is 'none' (400 sampling_mask_logit_transform).",
+    "7. Not the full vocabulary: with defaults resolved and every value read in float32, a "
+    "sampling request (temperature >= 1e-6) with top_k off (-1, 0 or >= vocab size), "
+    "top_p >= 1 and min_p == 0 is rejected (400 sampling_mask_full_vocabulary).",
     "8. top_k <= max_mask_tokens (400 sampling_mask_top_k_exceeds_cap).",
-    "9. n * max_tokens * min(top_k or cap, cap) <= max_mask_ids_per_request "
+    "9. At most max_batch_items prompts (413 sampling_mask_batch_too_large), and "
+    "prompts * n * max_tokens * min(top_k or cap, cap) <= max_mask_ids_per_request "
     "(400 sampling_mask_payload_too_large).",
     "10. Mask pool admission (429 pool_overloaded / 503 queue_timeout, with Retry-After).",
 ]
@@ -296,6 +278,8 @@ def _responses(ok: str, statuses: tuple[int, ...]) -> dict[str, Any]:
     why = {
         400: "The request breaks the mask policy (rules 1, 3-9) or is not valid JSON.",
         401: "Missing or invalid API key.",
+        405: "The route does not take this method (see Allow).",
+        415: "A Content-Encoding other than gzip or deflate.",
         403: "This key may not ask for masks (rule 2).",
         413: "The body is over the size limit.",
         429: "The pool's admission queue is full (rule 10); see Retry-After.",
@@ -308,12 +292,14 @@ def _responses(ok: str, statuses: tuple[int, ...]) -> dict[str, Any]:
     return out
 
 
-_INFERENCE_STATUSES = (400, 401, 403, 413, 429, 502, 503, 504)
+_INFERENCE_STATUSES = (400, 401, 403, 405, 413, 415, 429, 502, 503, 504)
 
 
-def _post(summary: str, schema: str, ok: str) -> dict[str, Any]:
+def _post(
+    summary: str, schema: str, ok: str, methods: tuple[str, ...] = ("post",)
+) -> dict[str, Any]:
     return {
-        "post": {
+        method: {
             "summary": summary,
             "requestBody": {
                 "required": True,
@@ -323,6 +309,7 @@ def _post(summary: str, schema: str, ok: str) -> dict[str, Any]:
             },
             "responses": _responses(ok, _INFERENCE_STATUSES),
         }
+        for method in methods
     }
 
 
@@ -404,9 +391,10 @@ _SPEC: dict[str, Any] = {
             "The upstream's answer (masks in choices[i].meta_info), or an SSE stream.",
         ),
         "/generate": _post(
-            "SGLang native generation (single or batch)",
+            "SGLang native generation (single or batch); PUT takes the same body",
             "GenerateRequest",
             "The upstream's answer (masks in meta_info; a list for a batch), or an SSE stream.",
+            methods=("post", "put"),
         ),
         "/v1/models": _get("Models served by the general pool"),
         "/healthz": _get("Liveness: 200 while the process serves"),

@@ -20,6 +20,7 @@ from maskgate.gateway.metrics import GatewayMetrics
 class Endpoint:
     __slots__ = (
         "circuit",
+        "gated",
         "health_fails",
         "health_oks",
         "healthy",
@@ -29,20 +30,27 @@ class Endpoint:
         "url",
     )
 
-    def __init__(self, url: str, source: str, circuit: CircuitBreaker, checked: bool) -> None:
+    def __init__(
+        self, url: str, source: str, circuit: CircuitBreaker, checked: bool, gated: bool = False
+    ) -> None:
         self.url = url  # "http://10.0.0.7:30000", no trailing slash
         self.source = source  # "static", "dns" or "admin"
         self.circuit = circuit
-        # None until the first health check answers (treated as usable); always True when
-        # the pool has no active health checks.
+        # None until the first health check answers (treated as usable unless `gated`);
+        # always True when the pool has no active health checks.
         self.healthy: bool | None = None if checked else True
+        # Added at run time: unusable until a health check has passed.
+        self.gated = gated and checked
         self.health_oks = 0  # consecutive passing checks while unhealthy
         self.health_fails = 0  # consecutive failing checks while healthy
         self.outstanding = 0  # requests sent and not finished
         self.removed = False
 
     def usable(self) -> bool:
-        return self.healthy is not False and self.circuit.available()
+        healthy = self.healthy
+        if healthy is None:
+            healthy = not self.gated
+        return healthy and self.circuit.available()
 
     def describe(self) -> dict[str, object]:
         return {
@@ -94,20 +102,23 @@ class Pool:
         for url in cfg.endpoints:
             self.add(url, "static")
 
-    def add(self, url: str, source: str) -> Endpoint | None:
-        """Add an endpoint; None when the URL is already in the pool."""
+    def add(self, url: str, source: str, *, gated: bool = False) -> Endpoint | None:
+        """Add an endpoint; None when the URL is already in the pool. `gated`: no traffic
+        before its first passing health check (endpoints added at run time)."""
         if any(ep.url == url for ep in self.endpoints):
             return None
         breaker = CircuitBreaker(
             self.cfg.circuit.failure_threshold, self.cfg.circuit.open_s, self._clock
         )
-        ep = Endpoint(url, source, breaker, checked=self.cfg.health_path is not None)
+        ep = Endpoint(url, source, breaker, self.cfg.health_path is not None, gated)
         # A new list, never an in-place change: loops iterating the old one stay valid.
         self.endpoints = [*self.endpoints, ep]
         self.metrics.watch_endpoint(
             self.name,
             url,
-            healthy=lambda: 0.0 if ep.healthy is False else 1.0,
+            healthy=lambda: (
+                0.0 if ep.healthy is False or (ep.healthy is None and ep.gated) else 1.0
+            ),
             circuit=ep.circuit.reading,
         )
         return ep

@@ -1,9 +1,10 @@
 """The proxy handler: classify, apply the policy, admit, forward with retries, relay.
 
 General requests get the minimum: rule 1 on the three inference routes (their bodies are
-parsed once, only to classify), then the original bytes go upstream. Mask requests are
-checked (rules 2-10), rewritten with their resolved sampling parameters and sent only to the
-mask pool.
+parsed once, only to classify), then the original bytes go upstream, never rewritten (the
+request id travels in `X-Request-Id`). Mask requests are checked (rules 2-10), rewritten with
+their resolved sampling parameters (and, on `/generate`, one `rid` string when the client
+sent none: a bounded addition whatever the batch size) and sent only to the mask pool.
 """
 
 from __future__ import annotations
@@ -11,31 +12,24 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from typing import Any
 
-import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
-from maskgate.gateway.auth import authenticate, check_mask_allowed
+from maskgate.gateway.auth import authenticate
+from maskgate.gateway.bodycheck import BodyJob
+from maskgate.gateway.encoding import codings, decode_body
+from maskgate.gateway.forwarding import upstream_headers
 from maskgate.gateway.logs import log_access
 from maskgate.gateway.pool import Endpoint, Pool
-from maskgate.gateway.relay import HOP_BY_HOP, RequestCtx, record_status, relay
+from maskgate.gateway.relay import RequestCtx, record_status, relay
+from maskgate.gateway.routes import HOT_PATHS, classify
 from maskgate.gateway.state import STATE, GatewayState
 from maskgate.gateway.upstream import ConnectError, DisconnectedError, UpstreamError
 from maskgate.protocol import policy
 from maskgate.protocol.errors import ApiError, ServerError
 
-_DROP_REQUEST = HOP_BY_HOP | {"host", "content-length", "expect"}
-
-# (method, path) -> (route label, policy route). Anything else: ("other", None).
-ROUTES: dict[tuple[str, str], tuple[str, policy.Route | None]] = {
-    ("POST", "/v1/chat/completions"): ("chat", policy.Route.CHAT),
-    ("POST", "/v1/completions"): ("completions", policy.Route.COMPLETIONS),
-    ("POST", "/generate"): ("generate", policy.Route.GENERATE),
-    ("GET", "/v1/models"): ("models", None),
-}
-_OTHER: tuple[str, policy.Route | None] = ("other", None)
-HOT_PATHS = tuple(sorted({path for _, path in ROUTES}))  # routed by exact path (app.py)
+__all__ = ["HOT_PATHS", "handle"]
 _RETRY_STATUSES = frozenset({502, 503, 504})
 _MAX_RID = 128
 
@@ -46,13 +40,13 @@ async def handle(request: web.Request) -> web.StreamResponse:
     rid = request.headers.get("X-Request-Id")
     if not rid or len(rid) > _MAX_RID or not rid.isprintable():
         rid = state.new_request_id()
-    path = request.path
-    if len(path) > 1 and path[-1] == "/":
-        path = path.rstrip("/")  # "/generate/" is still /generate: its policy applies
-    route_label, route = ROUTES.get((request.method, path), _OTHER)
-    ctx = RequestCtx(rid, route_label, started)
+    target = request.raw_path
+    if target[:1] != "/":  # absolute-form ("POST http://host/generate"): its path decides
+        target = request.rel_url.raw_path_qs
+    ctx = RequestCtx(rid, "other", started)
     try:
-        resp = await _proxy(request, state, ctx, route)
+        ctx.route_label, route, target = classify(request.method, target)
+        resp = await _proxy(request, state, ctx, route, target)
         ctx.status = resp.status
         return resp
     except ApiError as e:
@@ -65,13 +59,13 @@ async def handle(request: web.Request) -> web.StreamResponse:
     finally:
         elapsed = time.perf_counter() - started
         state.metrics.observe_request(
-            route_label, ctx.pool, ctx.status, elapsed, max(0.0, elapsed - ctx.waited)
+            ctx.route_label, ctx.pool, ctx.status, elapsed, max(0.0, elapsed - ctx.waited)
         )
         log_access(
             rid,
             request.method,
             request.path,
-            route_label,
+            ctx.route_label,
             ctx.pool,
             ctx.upstream,
             ctx.status,
@@ -85,25 +79,32 @@ async def _proxy(
     state: GatewayState,
     ctx: RequestCtx,
     route: policy.Route | None,
+    target: str,
 ) -> web.StreamResponse:
     key = authenticate(request.headers, state.api_keys)
-    raw = await _read_body(request, state.config.max_body_bytes)
+    limit = state.config.max_body_bytes
+    raw = await _read_body(request, limit)
     pool = state.pools["general"]
     mask = False
+    decoded = False
     if route is not None:
-        body = policy.parse_body(raw, state.config.max_body_bytes)  # rule 1
-        if policy.is_mask_request(route, body):
+        if "Content-Encoding" in request.headers:
+            applied = codings(request.headers.getall("Content-Encoding"))
+            raw = decode_body(raw, applied, limit) if applied else raw
+            decoded = True  # the body goes upstream plain, without the header
+        masks = state.pools["mask"]
+        job = BodyJob(
+            route, limit, state.policy, masks.vocab_size, ctx.rid, key, state.mask_allow_keys
+        )
+        assert state.checker is not None
+        checked = await state.checker.check(job, raw)  # rule 1, then rules 2-9 for masks
+        if checked.mask:
             mask = True
-            pool = state.pools["mask"]
+            pool = masks
             ctx.pool = pool.name
-            check_mask_allowed(key, state.mask_allow_keys)  # rule 2
-            body = policy.check_mask_request(route, body, state.policy, vocab_size=pool.vocab_size)
-            if route is policy.Route.GENERATE:
-                _set_rid(body, ctx.rid)
-            raw = orjson.dumps(body)
-        elif route is policy.Route.GENERATE and "rid" not in body:
-            _set_rid(body, ctx.rid)
-            raw = orjson.dumps(body)
+            if checked.error is not None:
+                raise checked.error
+        raw = checked.raw
     ctx.pool = pool.name
     if not pool.has_usable():
         raise _unavailable(pool)
@@ -111,7 +112,8 @@ async def _proxy(
     ctx.waited += queued
     pool.queue_wait.observe(queued)
     try:
-        return await _forward(request, state, ctx, pool, raw, mask)
+        headers = upstream_headers(request, state, ctx.rid, mask=mask, decoded=decoded)
+        return await _forward(request, state, ctx, pool, raw, mask, target, headers)
     finally:
         pool.admission.release()
 
@@ -123,6 +125,8 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         return await request.read()
     except web.HTTPRequestEntityTooLarge as e:
         raise _too_large(None, limit) from e
+    except RequestPayloadError as e:  # a broken chunked framing, a short body
+        raise ApiError("invalid_body", f"the request body could not be read: {e}") from e
 
 
 def _too_large(size: int | None, limit: int) -> ApiError:
@@ -130,14 +134,6 @@ def _too_large(size: int | None, limit: int) -> ApiError:
     return policy.PolicyError(
         "body_too_large", f"request body is {got}; the limit is {limit}", status=413
     )
-
-
-def _set_rid(body: dict[str, Any], rid: str) -> None:
-    """SGLang's `rid`: a string, or one per item of a batch. A client's own rid is kept."""
-    if "rid" in body:
-        return
-    size = policy.batch_size(body)
-    body["rid"] = rid if size is None else [f"{rid}-{i}" for i in range(size)]
 
 
 def _unavailable(pool: Pool) -> ApiError:
@@ -150,29 +146,6 @@ def _unavailable(pool: Pool) -> ApiError:
     )
 
 
-def _upstream_headers(
-    request: web.Request, state: GatewayState, rid: str, mask: bool
-) -> list[tuple[str, str]]:
-    headers: list[tuple[str, str]] = []
-    drop_auth = state.config.upstream_api_key is not None or bool(state.api_keys)
-    drop = _DROP_REQUEST
-    listed = request.headers.get("Connection")
-    if listed is not None and listed.lower() not in ("keep-alive", "close"):
-        # Headers named in Connection are hop-by-hop too (RFC 9110 7.6.1).
-        drop = drop | {t.strip().lower() for t in listed.split(",")}
-    for name, value in request.headers.items():
-        lname = name.lower()
-        if lname in drop or (drop_auth and lname == "authorization"):
-            continue
-        if lname == "x-request-id" or (mask and lname == "accept-encoding"):
-            continue  # set below / the mask check must read the body uncompressed
-        headers.append((name, value))
-    if state.config.upstream_api_key is not None:
-        headers.append(("Authorization", f"Bearer {state.config.upstream_api_key}"))
-    headers.append(("X-Request-Id", rid))
-    return headers
-
-
 async def _forward(
     request: web.Request,
     state: GatewayState,
@@ -180,9 +153,10 @@ async def _forward(
     pool: Pool,
     raw: bytes,
     mask: bool,
+    target: str,
+    headers: list[tuple[str, str]],
 ) -> web.StreamResponse:
     cfg = state.config
-    headers = _upstream_headers(request, state, ctx.rid, mask)
     client = state.client()
     on_resend = state.metrics.stale_resend_hook(pool.name)
     tried: list[Endpoint] = []
@@ -206,7 +180,7 @@ async def _forward(
             upstream = await client.request(
                 ep.url,
                 request.method,
-                request.raw_path,
+                target,
                 headers,
                 raw or None,
                 timeout_s=cfg.timeouts.ttfb_s,

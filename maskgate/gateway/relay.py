@@ -62,9 +62,13 @@ class RequestCtx:
 
 
 def response_headers(upstream: Response, rid: str) -> CIMultiDict[str]:
+    drop = _DROP_RESPONSE
+    listed = [v for n, v in upstream.headers if n.lower() == "connection"]
+    if listed:  # headers named in any Connection header are hop-by-hop too (RFC 9110 7.6.1)
+        drop = drop | {t.strip().lower() for v in listed for t in v.split(",")}
     headers: CIMultiDict[str] = CIMultiDict()
     for name, value in upstream.headers:
-        if name.lower() not in _DROP_RESPONSE:
+        if name.lower() not in drop:
             headers.add(name, value)
     headers["X-Request-Id"] = rid
     return headers

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from maskgate.gateway.app import create_app, create_probe_app
+from maskgate.gateway.app import create_admin_app, create_app, create_probe_app
 from maskgate.gateway.config import GatewayConfig
 from maskgate.gateway.state import STATE, Resolver
 
@@ -54,6 +54,12 @@ async def serve(
         await probe_runner.setup()
         mport = await _start_site(probe_runner, config.host, config.metrics_port, reuse_port)
         LOG.info("metrics listening", extra={"host": config.host, "port": mport})
+    admin_runner = None
+    if config.admin_port is not None:  # loopback only (config.py checks admin_host)
+        admin_runner = web.AppRunner(create_admin_app(app), access_log=None)
+        await admin_runner.setup()
+        aport = await _start_site(admin_runner, config.admin_host, config.admin_port, reuse_port)
+        LOG.info("admin listening", extra={"host": config.admin_host, "port": aport})
     LOG.info("listening", extra={"host": config.host, "port": port})
     for name, pool in app[STATE].pools.items():
         if not pool.endpoints and pool.cfg.dns is None:
@@ -84,6 +90,8 @@ async def serve(
     await runner.cleanup()  # closes the listener, waits for in-flight work, stops tasks
     if probe_runner is not None:
         await probe_runner.cleanup()
+    if admin_runner is not None:
+        await admin_runner.cleanup()
     LOG.info("stopped")
 
 

@@ -6,6 +6,7 @@ process, as they do in tests.
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import os
 from collections.abc import Awaitable, Callable
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from maskgate.gateway.bodycheck import BodyChecker
 from maskgate.gateway.config import GatewayConfig
 from maskgate.gateway.metrics import GatewayMetrics
 from maskgate.gateway.pool import Pool
@@ -35,6 +37,8 @@ class GatewayState:
     started: bool = False  # the first round of health checks has answered
     api_keys: frozenset[str] = field(default_factory=frozenset)
     mask_allow_keys: frozenset[str] | None = None
+    trusted_proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    checker: BodyChecker | None = None  # set by create_app
     # Request ids: 16 random hex digits per app, then a counter (32 hex digits in all, like a
     # uuid4's hex), so the request path makes no system call for randomness.
     _rid_prefix: str = field(default_factory=lambda: os.urandom(8).hex())

@@ -13,6 +13,32 @@ import orjson
 
 INVALID_REQUEST = "invalid_request_error"
 
+# Codes the gateway answers outside the mask policy (authentication, routing, upstreams,
+# the admin API, the HTTP layer).
+GATEWAY_CODES = (  # the policy's own are policy.POLICY_CODES
+    "missing_api_key",
+    "invalid_api_key",
+    "invalid_admin_key",
+    "mask_pool_unavailable",
+    "no_healthy_upstream",
+    "upstream_unreachable",
+    "upstream_timeout",
+    "upstream_error",
+    "upstream_stream_error",
+    "unknown_pool",
+    "unknown_endpoint",
+    "invalid_endpoint",
+    "not_found",
+    "method_not_allowed",
+    "unsupported_content_encoding",
+    "invalid_content_encoding",
+    "invalid_body",
+    "admin_api_disabled",
+    "unsafe_endpoint",
+    "http_error",
+    "internal_error",
+)
+
 
 class ApiError(Exception):
     """An error answer: HTTP status, a stable machine-readable code and a human message."""
@@ -56,6 +82,12 @@ class ApiError(Exception):
     def __repr__(self) -> str:
         return f"ApiError({self.status}, {self.code!r}, {self.message!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled whole (the gateway checks large bodies in worker processes): the default
+        # would rebuild from `args` alone and lose the code, status and headers.
+        state = (self.code, self.message, self.status, self.param, self.error_type, self.headers)
+        return (_rebuild, (type(self), *state))
+
 
 class PolicyError(ApiError):
     """A mask-policy rejection (docs/design.md, Policy, rules 1-9). Nothing is sent upstream."""
@@ -66,6 +98,18 @@ class ServerError(ApiError):
 
     status = 502
     error_type = "server_error"
+
+
+def _rebuild(
+    cls: type[ApiError],
+    code: str,
+    message: str,
+    status: int,
+    param: str | None,
+    error_type: str,
+    headers: dict[str, str],
+) -> ApiError:
+    return cls(code, message, status=status, param=param, error_type=error_type, headers=headers)
 
 
 def error_event(err: ApiError) -> bytes:

@@ -9,6 +9,7 @@ passes its own error maker, which names the error code (the policy's
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,19 @@ DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_K = -1
 DEFAULT_TOP_P = 1.0
 DEFAULT_MIN_P = 0.0
+# Design 3.1: a row samples greedily when its float32 temperature is below this (compared in
+# float64, as the worker's kernels do).
+GREEDY_TEMPERATURE = 1e-6
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def float32(x: float) -> float:
+    """Round a Python float to the nearest float32 (0.99999999 -> 1.0, 1e-46 -> 0.0, 1e39 ->
+    inf): the value the worker samples with."""
+    try:
+        return float(struct.unpack("f", struct.pack("f", x))[0])
+    except OverflowError:  # struct refuses finite values that round to inf
+        return math.copysign(math.inf, x)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +108,19 @@ class Fields:
         top_p = self.number(d, "top_p", where)
         min_p = self.number(d, "min_p", where)
         top_k = self.integer(d, "top_k", where, minimum=-1)
-        if temperature is not None and temperature < 0:
-            raise self.invalid(where + "temperature", f"must be >= 0, got {temperature}")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise self.invalid(where + "top_p", f"must be in (0, 1], got {top_p}")
-        if min_p is not None and not 0 <= min_p <= 1:
+        # Ranges hold for the float32 values the worker samples with, not only the float64
+        # ones the JSON carried (top_p=1e-46 is 0, temperature=1e39 is inf in float32).
+        if temperature is not None and not 0 <= float32(temperature) < math.inf:
+            raise self.invalid(
+                where + "temperature",
+                f"must be >= 0 and finite in float32 (at most {_FLOAT32_MAX:.7g}), "
+                f"got {temperature}",
+            )
+        if top_p is not None and not 0 < float32(top_p) <= 1:
+            raise self.invalid(
+                where + "top_p", f"must be in (0, 1] (in float32, as sampled), got {top_p}"
+            )
+        if min_p is not None and not 0 <= float32(min_p) <= 1:
             raise self.invalid(where + "min_p", f"must be in [0, 1], got {min_p}")
         return ResolvedParams(
             temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,

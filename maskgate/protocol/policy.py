@@ -7,7 +7,6 @@ same functions, so a request answered directly by a worker gets the same status 
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -16,7 +15,14 @@ from typing import Any
 import orjson
 
 from maskgate.protocol.errors import PolicyError
-from maskgate.protocol.fields import Fields, ResolvedParams, json_type
+from maskgate.protocol.fields import (
+    GREEDY_TEMPERATURE,
+    Fields,
+    ResolvedParams,
+    float32,
+    is_int,
+    json_type,
+)
 
 FULL_VOCAB_MESSAGE = (
     "return_sampling_mask cannot return the full vocabulary; set top_p < 1 or a finite top_k."
@@ -51,6 +57,9 @@ class PolicyConfig:
     reject_logit_transforms: bool = True  # rule 6
     # Used by rule 9 when a request leaves max_tokens unset (upstream default is unknown).
     default_max_tokens: int = 2048
+    # Most prompts in one mask request (a /generate batch, a /v1/completions prompt list):
+    # checking costs O(items), and this keeps one request's check well under 50 ms.
+    max_batch_items: int = 4096
 
 
 def parse_body(raw: bytes, max_bytes: int) -> dict[str, Any]:
@@ -108,8 +117,10 @@ def _check_openai(
 ) -> dict[str, Any]:
     # Rule 3: types and ranges.
     _FIELDS.boolean(body, "return_sampling_mask", required=True)
+    prompts = _prompt_count(body, cfg) if route is Route.COMPLETIONS else 1
     params = _check_sampling_fields(body, "")
-    n = _FIELDS.integer(body, "n", "", minimum=1)
+    n = _FIELDS.integer(body, "n", "", minimum=1) or 1
+    best_of = _FIELDS.integer(body, "best_of", "", minimum=1) or 1
     max_tokens_field = "max_completion_tokens" if route is Route.CHAT else "max_tokens"
     max_tokens = _FIELDS.integer(body, "max_tokens", "", minimum=0)
     if route is Route.CHAT:
@@ -135,10 +146,13 @@ def _check_openai(
     if cfg.reject_logit_transforms:
         _check_logit_transforms(body, "")
         _check_response_format(body)
-    # Rules 7-9.
+        _check_tools(body)
+    # Rules 7-9. Every prompt of a completions list is answered with its own choices.
     _check_support(params, vocab_size, cfg, "")
     _check_payload(
-        [(n or 1, max_tokens, params)], cfg, "max_tokens" if route is Route.COMPLETIONS else None
+        [(prompts * max(n, best_of), max_tokens, params)],
+        cfg,
+        "max_tokens" if route is Route.COMPLETIONS else None,
     )
     out = dict(body)
     out.update(params.as_dict())
@@ -152,35 +166,57 @@ def _check_generate(
     body: Mapping[str, Any], cfg: PolicyConfig, vocab_size: int | None
 ) -> dict[str, Any]:
     size = batch_size(body)
+    _check_batch_cap(size, cfg, "text")
     flags = _mask_flags(body, size)
-    items = _sampling_items(body, size)
     _FIELDS.boolean(body, "stream")
     _check_mask_mode(body, "")
+    sp = body.get("sampling_params")
+    if sp is None or isinstance(sp, dict):
+        # One object shared by every item: checked once, whatever the batch size.
+        shared: Mapping[str, Any] = {} if sp is None else sp
+        params, n, max_new = _check_generate_item(shared, "sampling_params.")
+        masked = sum(flags)
+        if cfg.reject_logit_transforms and masked:
+            _check_logit_transforms(shared, "sampling_params.")
+        if cfg.reject_logit_transforms:
+            _check_custom_processor(body.get("custom_logit_processor"), flags)
+        if masked:
+            _check_support(params, vocab_size, cfg, "sampling_params.")
+            _check_payload([(masked * n, max_new, params)], cfg, "sampling_params.max_new_tokens")
+        return _write_generate_params(body, size, flags, [shared], [params])
+    items = _sampling_items(body, size)
     # Rule 3 for every item's sampling fields (the whole batch goes to the mask pool).
     resolved: list[ResolvedParams] = []
     sizes: list[tuple[int, int | None]] = []
-    for i, sp in enumerate(items):
-        where = _item_where(i, size, body)
-        resolved.append(_check_sampling_fields(sp, where))
-        n = _FIELDS.integer(sp, "n", where, minimum=1)
-        max_new = _FIELDS.integer(sp, "max_new_tokens", where, minimum=0)
-        sizes.append((n or 1, max_new))
+    for i, item in enumerate(items):
+        params, n, max_new = _check_generate_item(item, f"sampling_params[{i}].")
+        resolved.append(params)
+        sizes.append((n, max_new))
     # Rule 6 (custom logit processors live at top level, per item or shared).
     if cfg.reject_logit_transforms:
-        for i, sp in enumerate(items):
+        for i, item in enumerate(items):
             if flags[i]:
-                _check_logit_transforms(sp, _item_where(i, size, body))
+                _check_logit_transforms(item, f"sampling_params[{i}].")
         _check_custom_processor(body.get("custom_logit_processor"), flags)
     # Rules 7, 8 and 9 on the items that ask for a mask.
     for i, params in enumerate(resolved):
         if flags[i]:
-            _check_support(params, vocab_size, cfg, _item_where(i, size, body))
+            _check_support(params, vocab_size, cfg, f"sampling_params[{i}].")
     _check_payload(
         [(n, mt, p) for (n, mt), p, f in zip(sizes, resolved, flags, strict=True) if f],
         cfg,
         "sampling_params.max_new_tokens",
     )
     return _write_generate_params(body, size, flags, items, resolved)
+
+
+def _check_generate_item(
+    sp: Mapping[str, Any], where: str
+) -> tuple[ResolvedParams, int, int | None]:
+    params = _check_sampling_fields(sp, where)
+    n = _FIELDS.integer(sp, "n", where, minimum=1) or 1
+    max_new = _FIELDS.integer(sp, "max_new_tokens", where, minimum=0)
+    return params, n, max_new
 
 
 def batch_size(body: Mapping[str, Any]) -> int | None:
@@ -191,7 +227,32 @@ def batch_size(body: Mapping[str, Any]) -> int | None:
         return len(text)
     if isinstance(ids, list) and ids and isinstance(ids[0], list):
         return len(ids)
+    embeds = body.get("input_embeds")  # [items][tokens][hidden] for a batch
+    first = embeds[0] if isinstance(embeds, list) and embeds else None
+    if isinstance(first, list) and first and isinstance(first[0], list):
+        return len(embeds)
     return None
+
+
+def _prompt_count(body: Mapping[str, Any], cfg: PolicyConfig) -> int:
+    """Prompts in a /v1/completions request: a string or one token-id list is one prompt; a
+    list of strings or of token-id lists is one prompt per entry, each with its own choices."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and not is_int(prompt[0]):
+        _check_batch_cap(len(prompt), cfg, "prompt")
+        return len(prompt)
+    return 1
+
+
+def _check_batch_cap(size: int | None, cfg: PolicyConfig, param: str) -> None:
+    if size is not None and size > cfg.max_batch_items:
+        raise PolicyError(
+            "sampling_mask_batch_too_large",
+            f"this mask request holds {size} prompts; the limit is max_batch_items="
+            f"{cfg.max_batch_items}. Split it into smaller requests.",
+            status=413,
+            param=param,
+        )
 
 
 def _mask_flags(body: Mapping[str, Any], size: int | None) -> list[bool]:
@@ -221,12 +282,6 @@ def _sampling_items(body: Mapping[str, Any], size: int | None) -> list[Mapping[s
     raise _invalid("sampling_params", f"must be {want}")
 
 
-def _item_where(i: int, size: int | None, body: Mapping[str, Any]) -> str:
-    if isinstance(body.get("sampling_params"), list):
-        return f"sampling_params[{i}]."
-    return "sampling_params."
-
-
 def _check_custom_processor(value: Any, flags: list[bool]) -> None:
     if isinstance(value, list):
         hit = any(v not in (None, "") and f for v, f in zip(value, flags, strict=False))
@@ -248,6 +303,8 @@ def _write_generate_params(
     if shared and all(flags):
         out["sampling_params"] = {**items[0], **resolved[0].as_dict()}
         return out
+    if shared:  # a shared object, some items without a mask: only the masked get the defaults
+        items, resolved = items * len(flags), resolved * len(flags)
     per_item: list[dict[str, Any]] = []
     for sp, params, flag in zip(items, resolved, flags, strict=True):
         per_item.append({**sp, **params.as_dict()} if flag else dict(sp))
@@ -285,6 +342,24 @@ def _check_logit_transforms(d: Mapping[str, Any], where: str) -> None:
         raise _transform(where + "custom_logit_processor", "a custom logit processor")
 
 
+def _check_tools(body: Mapping[str, Any]) -> None:
+    """Tool calling constrains decoding in SGLang: always for tool_choice "required" or a
+    named function, and for "auto" when a tool is strict or the server's tool strictness
+    says so (which the gateway cannot see). Only tool_choice "none" leaves sampling free."""
+    for tools_name, choice_name in (("tools", "tool_choice"), ("functions", "function_call")):
+        if body.get(tools_name) in (None, [], {}):
+            continue
+        choice = body.get(choice_name, "auto")
+        if choice in ("none", None):
+            continue
+        shown = choice if isinstance(choice, str) else "a named function"
+        raise _transform(
+            choice_name,
+            f"{tools_name} with {choice_name} {shown!r} (tool calls constrain decoding to "
+            f'their grammar; send {choice_name} "none" or no {tools_name})',
+        )
+
+
 def _check_response_format(body: Mapping[str, Any]) -> None:
     fmt = body.get("response_format")
     if fmt is None:
@@ -297,8 +372,11 @@ def _check_response_format(body: Mapping[str, Any]) -> None:
 def _check_support(
     p: ResolvedParams, vocab_size: int | None, cfg: PolicyConfig, where: str
 ) -> None:
+    # Decided on the float32 values the worker samples with: temperature 1e-7 is greedy,
+    # min_p 1e-46 is 0 (off), top_p 0.99999999 is 1 (off).
     top_k_off = p.top_k in (-1, 0) or (vocab_size is not None and p.top_k >= vocab_size)
-    if p.temperature > 0 and top_k_off and float32(p.top_p) >= 1.0 and p.min_p == 0:
+    sampled = float32(p.temperature) >= GREEDY_TEMPERATURE
+    if sampled and top_k_off and float32(p.top_p) >= 1.0 and float32(p.min_p) == 0:
         raise PolicyError(
             "sampling_mask_full_vocabulary", FULL_VOCAB_MESSAGE, param=where + "top_p"
         )
@@ -314,6 +392,7 @@ def _check_support(
 def _check_payload(
     items: list[tuple[int, int | None, ResolvedParams]], cfg: PolicyConfig, param: str | None
 ) -> None:
+    """`items`: (answers, max_tokens, params), answers = prompts * choices per prompt."""
     cap = cfg.max_mask_tokens
     total = 0
     for n, max_tokens, p in items:
@@ -324,18 +403,13 @@ def _check_payload(
         raise PolicyError(
             "sampling_mask_payload_too_large",
             f"the masks of this request could hold up to {total} token ids "
-            f"(n * max_tokens * min(top_k or cap, cap)); the limit is "
-            f"{cfg.max_mask_ids_per_request}. Lower n, max_tokens or top_k.",
+            f"(prompts * n * max_tokens * min(top_k or cap, cap)); the limit is "
+            f"{cfg.max_mask_ids_per_request}. Lower the prompt count, n, max_tokens or top_k.",
             param=param,
         )
 
 
 # --- helpers ----------------------------------------------------------------------------
-
-
-def float32(x: float) -> float:
-    """Round a Python float to the nearest float32 (0.99999999 -> 1.0)."""
-    return float(struct.unpack("f", struct.pack("f", x))[0])
 
 
 def _check_mask_mode(d: Mapping[str, Any], where: str) -> None:
@@ -377,6 +451,7 @@ POLICY_CODES = frozenset(
         "sampling_mask_full_vocabulary",
         "sampling_mask_top_k_exceeds_cap",
         "sampling_mask_payload_too_large",
+        "sampling_mask_batch_too_large",
         "pool_overloaded",
         "queue_timeout",
     }

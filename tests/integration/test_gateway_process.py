@@ -170,3 +170,26 @@ async def test_workers_share_one_port(upstreams):
             proc.kill()
             await proc.wait()
     assert len(up.requests) == 20
+
+
+async def test_admin_port_serves_the_admin_api_on_loopback_only(upstreams):
+    rollout = await upstreams()
+    admin_port = free_port()
+    proc, port = await start_gateway(
+        "--host", "127.0.0.1", "--port", "0", "--admin-port", str(admin_port)
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_ready(session, f"http://127.0.0.1:{port}")
+            async with session.get(f"http://127.0.0.1:{port}/admin/pools") as resp:
+                assert resp.status == 404  # not on the traffic port
+            admin = f"http://127.0.0.1:{admin_port}/admin/pools"
+            async with session.post(admin + "/mask/endpoints", json={"url": rollout.url}) as resp:
+                assert resp.status == 201
+            async with session.get(admin) as resp:
+                pools = {p["name"]: p for p in (await resp.json())["pools"]}
+            assert [ep["url"] for ep in pools["mask"]["endpoints"]] == [rollout.url]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(20):
+            await proc.wait()

@@ -87,7 +87,10 @@ class GatewayProc:
         return self.ps.num_fds(), len(conns), close_wait
 
     async def get(self, path: str) -> tuple[int, Any]:
-        async with aiohttp.ClientSession() as s, s.get(self.url + path) as r:
+        async with (
+            aiohttp.ClientSession(headers=ADMIN_HEADERS) as s,
+            s.get(self.url + path) as r,
+        ):
             text = await r.text()
             try:
                 return r.status, json.loads(text)
@@ -122,10 +125,15 @@ def sample(text: str, name: str, **labels: str) -> float:
     return total
 
 
+ADMIN_KEY = "faults-admin"  # the admin API is off without a key (or a loopback admin_port)
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
 def gateway_config(general: list[str], mask: list[str], **overrides: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "host": "127.0.0.1",
         "port": 0,
+        "admin_key": ADMIN_KEY,
         "log_level": "info",
         "shutdown_grace_s": 10.0,
         "timeouts": dict(TIMEOUTS),

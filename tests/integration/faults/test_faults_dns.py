@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from faults_harness import (
+    ADMIN_HEADERS,
     CHAT,
     GatewayProc,
     Procs,
@@ -127,9 +128,9 @@ async def test_admin_api_endpoint_churn_moves_traffic(
     async with client.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
         stream = Stream(r)
         await stream.next_events(1)
-        async with client.post(admin, json={"url": b.url}) as resp:
+        async with client.post(admin, json={"url": b.url}, headers=ADMIN_HEADERS) as resp:
             assert resp.status == 201
-        async with client.delete(admin, json={"url": a.url}) as resp:
+        async with client.delete(admin, json={"url": a.url}, headers=ADMIN_HEADERS) as resp:
             assert resp.status == 200
         assert await _endpoints(gw) == {b.url}
         for _ in range(3):
