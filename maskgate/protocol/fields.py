@@ -21,7 +21,7 @@ DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_K = -1
 DEFAULT_TOP_P = 1.0
 DEFAULT_MIN_P = 0.0
-# Design 3.1: a row samples greedily when its float32 temperature is below this (compared in
+# docs/design.md, Mask semantics: a row samples greedily when its float32 temperature is below this (compared in
 # float64, as the worker's kernels do).
 GREEDY_TEMPERATURE = 1e-6
 _FLOAT32_MAX = 3.4028234663852886e38
