@@ -21,8 +21,8 @@ DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_K = -1
 DEFAULT_TOP_P = 1.0
 DEFAULT_MIN_P = 0.0
-# docs/design.md, Mask semantics: a row samples greedily when its float32 temperature is below this (compared in
-# float64, as the worker's kernels do).
+# A row samples greedily when its float32 temperature is below this, compared in float64 as
+# the worker's kernels do (docs/design.md, Mask semantics).
 GREEDY_TEMPERATURE = 1e-6
 _FLOAT32_MAX = 3.4028234663852886e38
 
