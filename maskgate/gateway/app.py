@@ -19,9 +19,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from maskgate.gateway import discovery, health, proxy
 from maskgate.gateway.admin import add_admin_routes
 from maskgate.gateway.config import POOL_NAMES, GatewayConfig
+from maskgate.gateway.control import add_control_routes
 from maskgate.gateway.metrics import GatewayMetrics
 from maskgate.gateway.openapi import openapi_spec
 from maskgate.gateway.pool import Pool
+from maskgate.gateway.registration import add_registration_routes
 from maskgate.gateway.state import STATE, GatewayState, Resolver
 from maskgate.gateway.upstream import UpstreamClient, UpstreamError
 from maskgate.protocol.errors import ApiError, ServerError
@@ -123,7 +125,11 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
 def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> web.Application:
     """Build the gateway. `resolver` replaces DNS lookups (tests inject changing records)."""
     metrics = GatewayMetrics()
-    pools = {name: Pool(name, getattr(config.pools, name), metrics) for name in POOL_NAMES}
+    trained = config.control.trained_pool
+    pools = {
+        name: Pool(name, getattr(config.pools, name), metrics, trained=name == trained)
+        for name in POOL_NAMES
+    }
     state = GatewayState(
         config=config,
         policy=config.policy.to_policy(),
@@ -144,6 +150,8 @@ def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> we
     app.cleanup_ctx.append(_background)
     add_probe_routes(app, with_metrics=config.metrics_port is None)
     add_admin_routes(app)
+    add_control_routes(app)
+    add_registration_routes(app)
     add_openapi_route(app)
     # The inference routes by exact path first: a plain resource is found by one dict lookup,
     # the catch-all below by a regex match (~4% of the gateway's CPU samples under load).

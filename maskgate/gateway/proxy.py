@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from maskgate.gateway import versions
 from maskgate.gateway.auth import authenticate, check_mask_allowed
 from maskgate.gateway.logs import log_access
 from maskgate.gateway.pool import Endpoint, Pool
@@ -23,7 +24,7 @@ from maskgate.gateway.relay import HOP_BY_HOP, RequestCtx, record_status, relay
 from maskgate.gateway.state import STATE, GatewayState
 from maskgate.gateway.upstream import ConnectError, DisconnectedError, UpstreamError
 from maskgate.protocol import policy
-from maskgate.protocol.errors import ApiError, ServerError
+from maskgate.protocol.errors import ApiError, ServerError, VersionUnavailable
 
 _DROP_REQUEST = HOP_BY_HOP | {"host", "content-length", "expect"}
 
@@ -90,8 +91,12 @@ async def _proxy(
     raw = await _read_body(request, state.config.max_body_bytes)
     pool = state.pools["general"]
     mask = False
+    min_version = _min_version(request.headers.get("X-Min-Weight-Version"))
     if route is not None:
         body = policy.parse_body(raw, state.config.max_body_bytes)  # rule 1
+        if "min_weight_version" in body:  # the gateway's field: routing, never sent upstream
+            min_version = _min_version(body.pop("min_weight_version"))
+            raw = orjson.dumps(body)
         if policy.is_mask_request(route, body):
             mask = True
             pool = state.pools["mask"]
@@ -111,7 +116,10 @@ async def _proxy(
     ctx.waited += queued
     pool.queue_wait.observe(queued)
     try:
-        return await _forward(request, state, ctx, pool, raw, mask)
+        # Judged once admitted: a request held behind a weight sync sees the new versions.
+        if min_version is not None and not pool.has_usable(min_version):
+            raise VersionUnavailable(min_version, pool.name)
+        return await _forward(request, state, ctx, pool, raw, mask, min_version)
     finally:
         pool.admission.release()
 
@@ -123,6 +131,20 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         return await request.read()
     except web.HTTPRequestEntityTooLarge as e:
         raise _too_large(None, limit) from e
+
+
+def _min_version(value: object) -> str | None:
+    """`min_weight_version` (body field or X-Min-Weight-Version header), as a version string."""
+    if value is None:
+        return None
+    version = versions.normalize(value)
+    if version is None:
+        raise policy.PolicyError(
+            "invalid_min_weight_version",
+            "min_weight_version must be a weight version string (or a non-negative integer)",
+            param="min_weight_version",
+        )
+    return version
 
 
 def _too_large(size: int | None, limit: int) -> ApiError:
@@ -180,6 +202,7 @@ async def _forward(
     pool: Pool,
     raw: bytes,
     mask: bool,
+    min_version: str | None = None,
 ) -> web.StreamResponse:
     cfg = state.config
     headers = _upstream_headers(request, state, ctx.rid, mask)
@@ -188,7 +211,7 @@ async def _forward(
     tried: list[Endpoint] = []
     failure: ApiError | None = None
     for attempt in range(cfg.retries.max_attempts):
-        ep = pool.pick(tried)
+        ep = pool.pick(tried, min_version)
         if ep is None:
             break
         if attempt:
@@ -224,7 +247,7 @@ async def _forward(
         ctx.waited += time.perf_counter() - t_sent
         status = upstream.status
         retry_left = attempt + 1 < cfg.retries.max_attempts
-        if status in _RETRY_STATUSES and retry_left and pool.pick(tried) is not None:
+        if status in _RETRY_STATUSES and retry_left and pool.pick(tried, min_version) is not None:
             record_status(state, pool, ep, status)
             upstream.release()
             ep.outstanding -= 1

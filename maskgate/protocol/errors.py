@@ -68,6 +68,21 @@ class ServerError(ApiError):
     error_type = "server_error"
 
 
+class VersionUnavailable(ApiError):
+    """409 `weight_version_unavailable`: no serving endpoint has the weights a request asked
+    for with `min_weight_version` (the RL control plane, docs/rl.md)."""
+
+    status = 409
+
+    def __init__(self, wanted: str, pool: str) -> None:
+        super().__init__(
+            "weight_version_unavailable",
+            f"no endpoint of the {pool} pool serves weight version {wanted!r} or newer; "
+            "retry after the weight sync",
+            param="min_weight_version",
+        )
+
+
 def error_event(err: ApiError) -> bytes:
     """The SSE frame that ends a stream the gateway cannot finish (mid-stream upstream failure)."""
     return b"data: " + err.to_bytes() + b"\n\n"
