@@ -136,14 +136,13 @@ class FanOutError(ServerError):
 
 
 def failure_status(results: list[dict[str, Any]]) -> int:
-    """400 when every failed endpoint refused the call itself (a 4xx: the request or the
-    endpoint's state, such as a busy cache, was at fault), 502 when any gave no answer or
-    failed on its side."""
-    failed = [r for r in results if not r["success"] and not r.get("skipped")]
-    codes = [r["status"] for r in failed]
-    if failed and all(c is not None and 400 <= c < 500 for c in codes):
-        return 400
-    return 502
+    """400 when every endpoint refused the call itself with a 4xx (the request, or the state
+    the endpoints are in, such as a busy cache, was at fault); 502 when the pool is left
+    split (some succeeded) or an endpoint gave no answer or failed on its side."""
+    counted = [r for r in results if not r.get("skipped")]
+    codes = [r["status"] for r in counted]
+    refused = all(c is not None and 400 <= c < 500 for c in codes)
+    return 400 if counted and refused and not any(r["success"] for r in counted) else 502
 
 
 def answer(
