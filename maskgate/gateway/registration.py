@@ -26,6 +26,7 @@ from maskgate.gateway.config import normalize_endpoint
 from maskgate.gateway.fanout import fan_out
 from maskgate.gateway.pool import Endpoint, Pool
 from maskgate.gateway.state import STATE, GatewayState
+from maskgate.gateway.versions import at_least
 from maskgate.protocol.errors import ApiError
 
 _LOADS_TIMEOUT_S = 5.0
@@ -79,7 +80,8 @@ def _register(state: GatewayState, url: str) -> Pool:
     pool = state.pools[state.config.control.trained_pool]
     if pool.add(url, "admin") is None:
         ep = next(ep for ep in pool.endpoints if ep.url == url)
-        ep.stale, ep.rejoin = pool.version is not None, True
+        behind = pool.version is not None and not at_least(ep.weight_version, pool.version)
+        ep.stale, ep.rejoin = behind, True
     return pool
 
 

@@ -18,6 +18,7 @@ nothing until they report the pool's version (polled with the health checks).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ from maskgate.gateway.pool import Endpoint, Pool
 from maskgate.gateway.state import GatewayState
 from maskgate.gateway.versions import at_least, normalize
 
+LOG = logging.getLogger("maskgate.control")
 _READ_TIMEOUT_S = 5.0  # reading an endpoint's version
 
 
@@ -179,8 +181,26 @@ async def run_update(
                 ctl.unhold("sync")
     elapsed = time.perf_counter() - started
     state.metrics.sync_duration.labels(pool.name, kind).observe(elapsed)
+    extra = {"pool": pool.name}
     if failed:
         state.metrics.sync_failures.labels(pool.name, kind).inc()
+        for url, (stage, reply) in failed.items():
+            LOG.warning(
+                "weight sync failed at %s: %s",
+                stage,
+                reply.message(),
+                extra={**extra, "upstream": url},
+            )
+    LOG.info(
+        "weight sync (%s) to version %s: %d of %d endpoints in %.3f s%s",
+        kind,
+        target,
+        len(done),
+        len(urls),
+        elapsed,
+        "" if wrap else " (pool paused by the trainer)",
+        extra=extra,
+    )
     results = [done[u].result(stage="done", weight_version=target) for u in urls if u in done]
     results += [failed[u][1].result(stage=failed[u][0]) for u in urls if u in failed]
     for res in results:
