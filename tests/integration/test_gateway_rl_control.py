@@ -358,3 +358,63 @@ async def test_admin_key_on_every_control_path(workers, gateway, make_config):
             "/pause_generation", {}, headers={"Authorization": "Bearer adm"}
         )
         assert status == 200 and a.paused
+
+
+async def test_busy_flush_is_retried_and_a_dead_endpoint_fails_the_sync(
+    workers, gateway, make_config, until
+):
+    a = await workers(name="a", flush_busy=3)
+    b = await workers(name="b")
+    async with gateway(trained([a.url, b.url], make_config)) as gw:
+        pool = gw.state.pools["mask"]
+        await until(lambda: all(ep.weight_version == "0" for ep in pool.endpoints))
+        status, body, _ = await gw.post(DISK, {"model_path": "/c", "weight_version": "1"})
+        assert status == 200, body
+        assert a.paths().count("/flush_cache") == 4  # three busy answers, then done
+        # b dies before the next sync (its health checks have not noticed yet).
+        pool.endpoints[1].healthy = True
+        await b.stop()
+        status, body, _ = await gw.post(DISK, {"model_path": "/c", "weight_version": "2"})
+        assert (status, body["error"]["code"]) == (502, "weight_sync_failed")
+        results = {r["url"]: r for r in body["endpoints"]}
+        assert (results[b.url]["stage"], results[b.url]["status"]) == ("pause", None)
+        assert results[a.url]["stage"] == "done"
+        assert pool.endpoints[1].stale
+        for _ in range(4):
+            status, out, _ = await gw.post("/generate", MASK_GEN)
+            assert (status, out["worker"], out["meta_info"]["weight_version"]) == (200, "a", "2")
+
+
+async def test_sync_without_a_version_ejects_until_registered_again(
+    workers, gateway, make_config, until
+):
+    a, b = await workers(name="a"), await workers(name="b", fail_update=True)
+    async with gateway(trained([a.url, b.url], make_config)) as gw:
+        pool = gw.state.pools["mask"]
+        await until(lambda: all(ep.weight_version == "0" for ep in pool.endpoints))
+        status, body, _ = await gw.post(
+            "/update_weights_from_tensor", {"serialized_named_tensors": ["x"]}
+        )
+        assert (status, body["error"]["code"]) == (502, "weight_sync_failed")
+        assert a.bodies("/update_weights_from_tensor") == [{"serialized_named_tensors": ["x"]}]
+        assert pool.endpoints[1].stale and not pool.endpoints[1].rejoin
+        await asyncio.sleep(0.2)  # b reports "0", the same as before: that proves nothing
+        assert pool.endpoints[1].stale
+        status, _, _ = await gw.post("/workers", {"url": b.url})
+        assert status == 202 and not pool.endpoints[1].stale
+
+
+async def test_update_weight_version_sets_the_pools_version(workers, gateway, make_config, until):
+    a, b = await workers(name="a"), await workers(name="b", refuse_version=True)
+    async with gateway(trained([a.url, b.url], make_config)) as gw:
+        pool = gw.state.pools["mask"]
+        status, body, _ = await gw.post("/update_weight_version", {"new_version": "7"})
+        assert (status, body["error"]["code"]) == (502, "weight_sync_failed")
+        assert (a.version, pool.version) == ("7", "7")
+        assert [ep.stale for ep in pool.endpoints] == [False, True]
+        b.refuse_version = False
+        status, body, _ = await gw.post("/update_weight_version", {"new_version": "8"})
+        assert (status, body["new_version"]) == (200, "8")
+        assert [ep.stale for ep in pool.endpoints] == [False, False]
+        status, body, _ = await gw.post("/update_weight_version", {"new_version": ["8"]})
+        assert (status, body["error"]["code"]) == (400, "invalid_weight_version")
