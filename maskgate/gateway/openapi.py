@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from maskgate.gateway.control_openapi import CONTROL_CODES, control_paths
 from maskgate.protocol.policy import GRAMMAR_FIELDS, POLICY_CODES
 
 # Codes the gateway answers outside the mask policy (authentication, routing, upstreams,
@@ -38,7 +39,7 @@ GATEWAY_CODES = (
     "http_error",
     "internal_error",
 )
-ERROR_CODES = (*sorted(POLICY_CODES), *GATEWAY_CODES)
+ERROR_CODES = tuple(dict.fromkeys((*sorted(POLICY_CODES), *GATEWAY_CODES, *CONTROL_CODES)))
 
 _MASK_POLICY = [
     "1. The body is a JSON object within the size limit (400 invalid_json, 413 body_too_large).",
@@ -415,6 +416,7 @@ _SPEC: dict[str, Any] = {
         "/openapi.json": _get("This document"),
         "/admin/pools": _get("Pools, their endpoints, health, in-flight and circuit state"),
         "/admin/pools/{pool}/endpoints": _admin_endpoints(),
+        **control_paths(),  # the RL control plane (docs/rl.md)
     },
     "components": {
         "securitySchemes": {
