@@ -23,6 +23,7 @@ from maskgate.gateway.weight_sync import PoolControl, run_update, set_version
 from maskgate.protocol.errors import ApiError, ServerError
 
 CONTROL = web.AppKey("maskgate_control", PoolControl)
+_INFO_TIMEOUT_S = 5.0  # one endpoint's /model_info
 
 UPDATE_PATHS = {
     "/update_weights_from_disk": ("disk", ("model_path",)),
@@ -265,12 +266,12 @@ async def model_info(request: web.Request) -> web.Response:
     authenticate(request.headers, state.api_keys)
     pool = request.app[CONTROL].pool
     info: dict[str, Any] = {}
-    ep = pool.pick()
-    if ep is not None:
-        reply = await call(state, ep.url, "GET", "/model_info", None, 5.0)
+    for ep in [ep for ep in pool.endpoints if ep.usable()]:  # the first that answers
+        reply = await call(state, ep.url, "GET", "/model_info", None, _INFO_TIMEOUT_S)
         data = reply.json()
         if reply.status == 200 and isinstance(data, dict):
             info = data
+            break
     if not info:
         raise ServerError(
             "no_trained_endpoints",
