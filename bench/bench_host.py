@@ -1,7 +1,7 @@
 """Host time of an eager kernels.sample call on CUDA: what a worker that does not capture the
 sampler in a CUDA graph pays on its CPU every step, next to the GPU time of the same call.
 
-  python bench/bench_host.py [--batches 1,8,128] [--vocab 151936] [--calls 300]
+  python -m bench.bench_host [--batches 1,8,128] [--vocab 151936] [--calls 300]
                              [--label NAME] [--name STEM] [--out DIR] [--plot-only A.json,B.json]
                              [--want all|none]
 
@@ -25,13 +25,9 @@ import json
 import pathlib
 import pstats
 import statistics
-import sys
 import time
 
 import torch
-
-if __package__ in (None, ""):  # run as a script: import from the repository root
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench.bench_kernels import CAP, _args, make_inputs, replay_time
 from maskgate import kernels

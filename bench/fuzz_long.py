@@ -5,8 +5,8 @@ CI runs the same properties with a few hundred examples; this runs --examples pe
 so the default of 3,400 makes 10,200 cases. It prints the outcome of every case by verdict
 and writes bench/results/fuzz_long.json and fuzz_long.png.
 
-    .venv/bin/python bench/fuzz_long.py                  # >= 10,000 cases (a few minutes)
-    .venv/bin/python bench/fuzz_long.py --examples 500   # a quick look
+    .venv/bin/python -m bench.fuzz_long                  # >= 10,000 cases (a few minutes)
+    .venv/bin/python -m bench.fuzz_long --examples 500   # a quick look
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ Reported: the client error rate next to the rate of non-retryable faults the ups
 injected (they must match: retryable faults are absorbed by retries), the p99 latency of the
 first and last minute, and the gateway's RSS and open fds at the start and the end.
 
-    .venv/bin/python bench/soak.py                      # 10 minutes (plus ~1 min set-up)
-    .venv/bin/python bench/soak.py --duration-s 60      # a quick look
+    .venv/bin/python -m bench.soak                      # 10 minutes (plus ~1 min set-up)
+    .venv/bin/python -m bench.soak --duration-s 60      # a quick look
 
 The gateway and the fake upstream run from `git archive` of --rev (default HEAD), so edits
 to the working tree during a run cannot leak into it.

@@ -10,7 +10,7 @@ Three modes, all on the gateway's server stack (aiohttp server, uvloop when inst
 The gateway's cost above `proxy` is its own logic; `proxy` above `answer` is aiohttp's client;
 `lean` above `answer` is the least any upstream client costs.
 
-    python bench/gateway/floor.py --mode proxy --port 8081 --upstream http://127.0.0.1:8080
+    python -m bench.gateway.floor --mode proxy --port 8081 --upstream http://127.0.0.1:8080
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
--- wrk script for bench_gateway.py: POST a small non-mask chat completion on every request,
+-- wrk script for gateway_overhead.py: POST a small non-mask chat completion on every request,
 -- and print one JSON line with the latency percentiles (microseconds) when the run ends, so
 -- the Python side never parses wrk's human-readable report.
 wrk.method = "POST"

@@ -1,1 +1,1 @@
-"""Helpers of bench/bench_isolation.py: checkpoint, processes, load, report."""
+"""Helpers of bench/pool_isolation.py: checkpoint, processes, load, report."""

@@ -4,7 +4,7 @@ The worker loads models from a directory (config.json, safetensors, tokenizer). 
 of the real model is available offline, so the directory carries tiny-random's byte-level
 tokenizer (512 ids): prompts are sent as input_ids, and output ids past the tokenizer decode to
 nothing, which only empties the `text` field. Weights follow maskgate/worker/model/random_weights.py
-with the shape and logit_std of bench/shapes.py, as bench_worker.py.
+with the shape and logit_std of bench/shapes.py, as bench/worker_decode.py.
 """
 
 from __future__ import annotations

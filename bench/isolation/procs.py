@@ -22,6 +22,7 @@ class Proc:
     argv: list[str]
     port: int
     ready_path: str  # GET path answering 200 once it serves
+    env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
     proc: subprocess.Popen[bytes] | None = None
     log: Path = field(default_factory=lambda: Path(tempfile.mkstemp(suffix=".log")[1]))
 
@@ -30,7 +31,7 @@ class Proc:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Proc:
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
@@ -63,7 +64,9 @@ def worker(
     max_model_len: int,
     max_num_seqs: int,
     cpu_threads: int | None,
+    gpu: int | None = None,
 ) -> Proc:
+    """A worker process; `gpu` pins it to that card alone (CUDA_VISIBLE_DEVICES)."""
     port = free_port()
     argv = [
         sys.executable, "-m", "maskgate.cli", "worker",
@@ -80,18 +83,21 @@ def worker(
     ]  # fmt: skip
     if cpu_threads is not None:
         argv += ["--cpu-threads", str(cpu_threads)]
-    return Proc(name, argv, port, "/health")
+    env = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)}
+    return Proc(name, argv, port, "/health", env)
 
 
-def gateway(general: str, mask: str, processes: int) -> Proc:
+def gateway(general: list[str], mask: list[str], processes: int) -> Proc:
+    """The gateway in front of the given pools (each a list of worker URLs; a URL may
+    serve both pools, as a `mixed` worker does)."""
     port = free_port()
     argv = [
         sys.executable, "-m", "maskgate.gateway",
         "--host", "127.0.0.1",
         "--port", str(port),
         "--workers", str(processes),
-        "--general-endpoint", general,
-        "--mask-endpoint", mask,
+        *(a for url in general for a in ("--general-endpoint", url)),
+        *(a for url in mask for a in ("--mask-endpoint", url)),
         "--no-access-log",
         "--log-level", "warning",
     ]  # fmt: skip

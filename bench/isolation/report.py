@@ -17,12 +17,21 @@ LAYOUTS = {
     "sort_all_rows": "1. co-batched, sort-all-rows baseline",
     "kernel": "2. co-batched, row-filtered kernel",
     "isolated": "3. isolated by the gateway (2 processes, 1 GPU)",
+    # --gpus 2: each worker owns a card
+    "sort_all_rows@2": "1. co-batched, sort all rows, 2 mixed workers / 2 GPUs",
+    "kernel@2": "2. co-batched, kernel, 2 mixed workers / 2 GPUs",
+    "isolated@2": "3. isolated: general on GPU 0, mask on GPU 1",
+    "general_only": "4. general traffic alone, 1 GPU",
 }
 
 SHORT = {
     "sort_all_rows": "1. co-batched\nsort all rows",
     "kernel": "2. co-batched\nrow-filtered kernel",
     "isolated": "3. isolated\n(2 processes, 1 GPU)",
+    "sort_all_rows@2": "1. co-batched, sort\n2 GPUs",
+    "kernel@2": "2. co-batched, kernel\n2 GPUs",
+    "isolated@2": "3. isolated\n1 GPU each",
+    "general_only": "4. general only\n1 GPU",
 }
 
 
@@ -35,9 +44,13 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 def summarise(
-    records: list[dict[str, Any]], t0: float, t1: float, max_new_tokens: dict[str, int]
+    records: list[dict[str, Any]],
+    t0: float,
+    t1: float,
+    max_new_tokens: dict[str, int],
+    gpus: int = 1,
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"window_s": round(t1 - t0, 3)}
+    out: dict[str, Any] = {"window_s": round(t1 - t0, 3), "gpus": gpus}
     for kind in ("general", "mask"):
         recs = [r for r in records if r["kind"] == kind]
         tokens = sum(n for r in recs for t, n in r["chunks"] if t0 <= t <= t1)
@@ -69,11 +82,19 @@ def summarise(
                 round(sum(r["mask_ids"] for r in recs) / steps, 1) if steps else None
             )
             out[kind]["truncated_steps"] = sum(r["truncated"] for r in recs)
+    out["total_tok_s_per_gpu"] = round((out["general"]["tok_s"] + out["mask"]["tok_s"]) / gpus, 1)
     return out
 
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 2)
+
+
+def label(key: str, short: bool = False) -> str:
+    """A result's name: its layout, and the load when it is not the light one."""
+    layout, _, load = key.partition("+")
+    name = (SHORT if short else LAYOUTS).get(layout, layout)
+    return f"{name}{chr(10) if short else ' '}({load} mask load)" if load else name
 
 
 def _f(v: Any, fmt: str = ".1f") -> str:
@@ -82,16 +103,17 @@ def _f(v: Any, fmt: str = ".1f") -> str:
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     head = (
-        f"{'layout':<50} {'TPOT p50':>9} {'TPOT p99':>9} {'TTFT p50':>9} {'TTFT p99':>9} "
-        f"{'gen tok/s':>10} {'mask tok/s':>10} {'errors':>7}"
+        f"{'layout':<68} {'TPOT p50':>9} {'TPOT p99':>9} {'TTFT p50':>9} {'TTFT p99':>9} "
+        f"{'gen tok/s':>10} {'mask tok/s':>10} {'tok/s/GPU':>10} {'errors':>7}"
     )
     lines = [head, "-" * len(head)]
     for key, res in results.items():
         g, m = res["general"], res["mask"]
         lines.append(
-            f"{LAYOUTS.get(key, key):<50} {_f(g['tpot_ms_p50']):>9} {_f(g['tpot_ms_p99']):>9} "
+            f"{label(key):<68} {_f(g['tpot_ms_p50']):>9} {_f(g['tpot_ms_p99']):>9} "
             f"{_f(g['ttft_ms_p50']):>9} {_f(g['ttft_ms_p99']):>9} {_f(g['tok_s']):>10} "
-            f"{_f(m['tok_s']):>10} {g['errors'] + m['errors']:>7}"
+            f"{_f(m['tok_s']):>10} {_f(res.get('total_tok_s_per_gpu')):>10} "
+            f"{g['errors'] + m['errors']:>7}"
         )
     lines.append("(TPOT and TTFT of the general traffic, in ms)")
     return "\n".join(lines)
@@ -108,10 +130,10 @@ def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     keys = [k for k in results if results[k]["general"]["tok_s"]]  # a failed layout: no bars
-    missing = [LAYOUTS.get(k, k) for k in results if k not in keys]
+    missing = [label(k) for k in results if k not in keys]
     if missing:
         title += "\nno tokens in the window (not plotted): " + "; ".join(missing)
-    labels = [SHORT.get(k, k) for k in keys]
+    labels = [label(k, short=True) for k in keys]
     panels = [
         ("general TPOT (ms)", [("tpot_ms_p50", "p50"), ("tpot_ms_p99", "p99")], "general"),
         ("general TTFT (ms)", [("ttft_ms_p50", "p50"), ("ttft_ms_p99", "p99")], "general"),

@@ -1,4 +1,4 @@
-"""The gateway's one typed configuration (design section 4).
+"""The gateway's one typed configuration (docs/design.md, Pools).
 
 Built only through `gateway.settings.load_settings` (YAML file < `MASKGATE_*` environment <
 CLI flags), validated once at start. Every model forbids unknown keys, so a misspelt option

@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 description of the gateway's HTTP surface, served as `GET /openapi.json`.
 
 Request schemas describe what the gateway accepts, with the mask fields and sampling fields
-typed and bounded exactly as the mask policy checks them (design section 2, rule 3: `true`
+typed and bounded exactly as the mask policy checks them (docs/design.md, Policy, rule 3: `true`
 is not a number, `"20"` is not an integer). Rules that relate several fields (meta info,
 streaming, logit transforms) are written as `if`/`then` on `return_sampling_mask`; the
 rules that need arithmetic (full vocabulary, the top-k cap, the payload estimate) are given
@@ -265,7 +265,7 @@ ERROR = {
 
 _MASK_META = {
     "type": "object",
-    "description": "Design section 3: one mask (token ids, argmax first) and one log-prob "
+    "description": "One mask (token ids, argmax first) and one log-prob "
     "per generated token; the sampled token is always inside its mask.",
     "properties": {
         "output_token_sampling_mask": {

@@ -58,7 +58,7 @@ class ApiError(Exception):
 
 
 class PolicyError(ApiError):
-    """A mask-policy rejection (design section 2, rules 1-9). Nothing is sent upstream."""
+    """A mask-policy rejection (docs/design.md, Policy, rules 1-9). Nothing is sent upstream."""
 
 
 class ServerError(ApiError):

@@ -15,7 +15,7 @@ from typing import Any
 
 from maskgate.protocol.errors import ApiError
 
-# Defaults applied when a sampling field is absent or null (design 2, rule 7).
+# Defaults applied when a sampling field is absent or null (docs/design.md, Policy, rule 7).
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_K = -1
 DEFAULT_TOP_P = 1.0

@@ -1,4 +1,4 @@
-"""The mask policy (design section 2): pure functions, no I/O.
+"""The mask policy (docs/design.md, Policy): pure functions, no I/O.
 
 The gateway calls, in order: `parse_body` (rule 1), `is_mask_request`, its own allow-list check
 (rule 2), then `check_mask_request` (rules 3-9), then admission (rule 10). Workers call the
@@ -364,7 +364,7 @@ def _path(route: Route) -> str:
     return "chat/completions" if route is Route.CHAT else "completions"
 
 
-# Every code the gateway's policy can answer with (design section 2), for tests and docs.
+# Every code the gateway's policy can answer with (docs/design.md, Policy), for tests and docs.
 POLICY_CODES = frozenset(
     {
         "invalid_json",

@@ -19,7 +19,7 @@ class SamplingParams:
     top_k: int = -1  # -1 or 0: off
     top_p: float = 1.0
     min_p: float = 0.0
-    # Keyed noise (design 3.7): the same (seed, step, logits, params) gives the same token at
+    # Keyed noise (docs/design.md): the same (seed, step, logits, params) gives the same token at
     # any batch position. None: unseeded draws.
     seed: int | None = None
 
@@ -40,15 +40,15 @@ class RowWork:
     sample: bool
     params: SamplingParams = field(default_factory=SamplingParams)
     want_mask: bool = False
-    bounded: bool = False  # design 3.10 bounded mode; exact mode otherwise
+    bounded: bool = False  # bounded mode (docs/design.md, the cap); exact mode otherwise
     step: int = 0  # index of the output token being sampled (keys the seeded noise)
 
 
 @dataclass(slots=True)
 class RowResult:
     token: int
-    logprob: float  # under the truncated, renormalised distribution (design 3.8)
-    mask: list[int] | None = None  # ids in design-3.9 order; None when not asked or overflow
+    logprob: float  # under the truncated, renormalised distribution
+    mask: list[int] | None = None  # ids in mask order; None when not asked or overflow
     mask_status: int = 0  # 0 ok, 1 overflow (exact mode; nothing to commit), 2 truncated
     support_size: int = 0  # |S| before any cap (0 when no mask was asked)
     nan: bool = False  # NaN in the row's logits: fail the request, never commit the token

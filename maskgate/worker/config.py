@@ -49,7 +49,7 @@ class WorkerConfig(BaseModel):
     # CPU decode step up to 10x slower.
     cpu_threads: int | None = Field(None, ge=1)
 
-    # Masks (design 3 and the section 2 policy the worker applies to its own input).
+    # Masks (docs/design.md: Mask semantics, and the Policy the worker applies to its input).
     max_mask_tokens: int = Field(4096, ge=1)  # cap C on |mask| per token
     max_mask_ids_per_request: int = Field(64 * 1024 * 1024, ge=1)
     reject_logit_transforms: bool = True

@@ -206,7 +206,7 @@ class RowSampler:
         h["temperature"][:b] = [p.temperature for p in params]
         h["top_p"][:b] = [p.top_p for p in params]
         h["min_p"][:b] = [p.min_p for p in params]
-        # top_k >= V means off (design 3.4), so clamping to the int32 range keeps its meaning.
+        # top_k >= V means off (docs/design.md), so clamping to the int32 range keeps its meaning.
         h["top_k"][:b] = [min(p.top_k, INT32_MAX) for p in params]
         h["bounded"][:b] = [r.bounded for r in rows]
         h["want_mask"][:b] = [r.want_mask for r in rows]

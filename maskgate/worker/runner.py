@@ -1,4 +1,4 @@
-"""ModelRunner: all device work of a step (design 5): batch assembly, forward, sampling.
+"""ModelRunner: all device work of a step: batch assembly, forward, sampling.
 
 `run(rows)` flattens the step's rows into one token batch (decode rows first, then prefill
 chunks), runs the decoder over the slot KV cache, takes logits only at the last token of rows
@@ -85,7 +85,7 @@ class ModelRunner:
         self.nan_slots: set[int] = set()
         # The Triton kernels of maskgate/worker/model (fused norm, rope + KV store, SiLU-mul, decode
         # attention) on CUDA; the torch path otherwise. Off on CUDA: the before/after switch
-        # of bench/bench_worker.py, and the reference the GPU tests compare against.
+        # of bench/worker_decode.py, and the reference the GPU tests compare against.
         self.fused = fused_kernels and self.device.type == "cuda"
         self.graphs = (
             DecodeGraphs(self.model, self.kv, max_batch=self.max_num_slots, fused=self.fused)

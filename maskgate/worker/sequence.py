@@ -49,7 +49,7 @@ class Sequence:
     recompute_ids: list[int] | None = None
     num_retractions: int = 0
     output_ids: list[int] = field(default_factory=list)
-    # Per output token, only for mask rows (design 3.8-3.10).
+    # Per output token, only for mask rows (docs/design.md, Mask semantics).
     logprobs: list[float] = field(default_factory=list)
     masks: list[list[int]] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)

@@ -7,9 +7,9 @@ Batches where no row asks go to `kernels.sample` unchanged (the reference pays n
 
 Tokens, log-probs and masks all come from the sort, not from `kernels.sample`: a sampler that
 drew its token elsewhere and sorted only "for the cost" could return a token outside its own
-mask when two float32 cumulative sums disagree at the top-p boundary. The semantics are design
-section 3 (stable descending sort = z descending, then id ascending; exclusive cumulative mass
-< top_p over the top-k survivors; min-p against the maximum; Gumbel-max draw keyed by the same
+mask when two float32 cumulative sums disagree at the top-p boundary. The semantics are
+docs/design.md's (stable descending sort = z descending, then id ascending; exclusive cumulative
+mass < top_p over the top-k survivors; min-p against the maximum; Gumbel-max draw keyed by the same
 (seed, step, token id) noise as the kernels), so a client cannot tell the two samplers apart,
 only time them. Every row's mask is copied to the host, as the reference does; only the rows
 that asked are returned. Runs on any device; it is meant for CUDA benchmarks.
@@ -62,7 +62,7 @@ def _sort_all_rows(inp: SampleInputs) -> SampleResult:
     keep &= ~use_min | (torch.exp(vals - vals[:, :1]) >= inp.min_p[:, None])
     greedy = inp.temperature.double() < GREEDY_T
     keep &= ~(greedy | nan_rows)[:, None] | (pos == 0)
-    keep[:, 0] = True  # design 3.5: at least one token
+    keep[:, 0] = True  # top-p keeps at least one token
 
     k0, k1 = noise_keys(inp)
     score = torch.where(keep, vals + gumbel(k0[:, None], k1[:, None], order), NEG_INF)
@@ -92,9 +92,9 @@ def _pick_rows(
     ids: torch.Tensor,
     counts: torch.Tensor,
 ) -> SampleResult:
-    """The asking rows' masks from every row's CSR (host tensors), with the cap of design 3.10.
+    """The asking rows' masks from every row's CSR (host tensors), with the cap applied.
 
-    ids [N] int32 and counts [B] int64 on the host: each row's support in design order.
+    ids [N] int32 and counts [B] int64 on the host: each row's support in mask order.
     """
     cap = inp.max_mask_tokens
     starts = [0, *torch.cumsum(counts, 0).tolist()]

@@ -1,6 +1,6 @@
 """Masks through the real gateway and a real mask worker (tiny-random, CPU), checked against
-an independent forward pass: transformers' Llama over the same weights, with design
-section 3 applied below in float64."""
+an independent forward pass: transformers' Llama over the same weights, with
+docs/design.md's mask semantics applied below in float64."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def f32(x: float) -> float:
 def design3(
     x: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float
 ) -> tuple[list[int], torch.Tensor]:
-    """x: [V] float32 logits of one step -> (S in design order, z as float64 over [V])."""
+    """x: [V] float32 logits of one step -> (S in mask order, z as float64 over [V])."""
     z = (x.float() / torch.tensor(temperature, dtype=torch.float32)).double()  # float32 divide
     vocab = z.numel()
     # z descending, then id ascending: a stable sort of -z over ids already ascending.
@@ -59,7 +59,7 @@ def check_masks(
     result: dict[str, Any], oracle: Any, prompt: list[int], params: dict[str, Any]
 ) -> None:
     """One mask and one log-prob per token, the token inside its mask, and both equal to
-    what design 3 gives over the oracle's logits."""
+    what the mask semantics give over the oracle's logits."""
     ids = result["output_ids"]
     meta = result["meta_info"]
     masks = meta["output_token_sampling_mask"]
@@ -73,7 +73,7 @@ def check_masks(
     ):
         assert y in mask, f"step {step}: token {y} outside its mask"
         support, z = design3(x, t, k, p, m)
-        assert mask == support, f"step {step}: mask differs from design 3 over the oracle"
+        assert mask == support, f"step {step}: mask differs from the mask semantics over the oracle"
         expected = float(z[y] - torch.logsumexp(z[support], dim=0))
         assert lp == pytest.approx(expected, abs=1e-4), f"step {step}"
         assert lp <= 0.0

@@ -1,4 +1,4 @@
-"""Rules 1 and 3-9 of the mask policy, each with its status and code (design section 2)."""
+"""Rules 1 and 3-9 of the mask policy, each with its status and code (docs/design.md, Policy)."""
 
 from __future__ import annotations
 

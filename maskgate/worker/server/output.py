@@ -1,7 +1,7 @@
 """Per-sequence output as the handlers see it: events accumulate here, responses read it.
 
 Also the pieces every endpoint shares: following a request's events while watching for a
-client that went away, SSE framing, and the design-3 `meta_info` mask fields.
+client that went away, SSE framing, and the `meta_info` mask fields.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class SeqOutput:
         return "abort" if self.finish_reason == "abort" else None
 
     def meta_info(self, *, since: int = 0) -> dict[str, Any]:
-        """SGLang-style meta_info; mask fields (design 3) from output index `since` on."""
+        """SGLang-style meta_info; mask fields (docs/design.md) from output index `since` on."""
         info: dict[str, Any] = {
             "id": self.rid,
             "finish_reason": self.sglang_finish_reason(),

@@ -2,7 +2,7 @@
 
 It answers the shapes the gateway proxies: OpenAI `/v1/chat/completions` and
 `/v1/completions` (JSON, or SSE with `stream=true`) and SGLang `/generate` (single or batch,
-JSON, or SSE), with the mask fields of design section 3 whenever `return_sampling_mask` is
+JSON, or SSE), with the mask fields of docs/design.md whenever `return_sampling_mask` is
 set. Every generated token's mask holds the sampled token, so the gateway's invariant check
 never fires on a healthy answer.
 

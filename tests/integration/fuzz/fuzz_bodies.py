@@ -1,6 +1,6 @@
 """Hypothesis strategies for request bodies of the three inference endpoints.
 
-`valid_mask_case` builds mask requests that design section 2 admits, by construction
+`valid_mask_case` builds mask requests that docs/design.md, Policy admits, by construction
 (independently of gateway.policy): typed fields in range, at least one of greedy / finite
 top_k / top_p < 1 / min_p > 0, neutral logit transforms, the payload estimate within the
 limit. `mutated_mask_case` breaks them one field at a time with hostile values;

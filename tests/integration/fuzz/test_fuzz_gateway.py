@@ -2,7 +2,7 @@
 front of recording upstreams. For every generated body:
 
 - the gateway never answers 5xx;
-- every 4xx is an OpenAI-style JSON error with a code from design section 2;
+- every 4xx is an OpenAI-style JSON error with a code from docs/design.md, Policy;
 - the answer is the mask policy's verdict (gateway.policy as the oracle), and a rejected
   request reaches no upstream;
 - nothing that breaks the policy reaches the mask upstream: each body it receives passes

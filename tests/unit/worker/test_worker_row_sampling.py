@@ -243,7 +243,7 @@ def test_nan_rows_are_flagged_alone(plain_sample: PlainSample) -> None:
 
 
 def test_a_top_k_past_int32_means_off() -> None:
-    """top_k >= V is off (design 3.4); a value past the int32 range must not wrap."""
+    """top_k >= V is off (docs/design.md, top-k); a value past the int32 range must not wrap."""
     logits = make_logits(1)
     wide = SamplingParams(temperature=1.0, top_k=2**40 + 5, seed=4)
     off = SamplingParams(temperature=1.0, top_k=-1, seed=4)

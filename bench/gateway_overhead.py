@@ -14,9 +14,9 @@ set-ups that are compared with each other:
 Then an RSS run: the single-process gateway (split layout) under load for --rss-seconds,
 sampled once a second. Optionally a py-spy profile of the gateway under load.
 
-    .venv/bin/python bench/bench_gateway.py --profile-seconds 15  # everything (~13 min)
-    .venv/bin/python bench/bench_gateway.py --rss-seconds 0       # skip the RSS run
-    .venv/bin/python bench/bench_gateway.py --setups direct,router --rss-seconds 0
+    .venv/bin/python -m bench.gateway_overhead --profile-seconds 15  # everything (~13 min)
+    .venv/bin/python -m bench.gateway_overhead --rss-seconds 0       # skip the RSS run
+    .venv/bin/python -m bench.gateway_overhead --setups direct,router --rss-seconds 0
 
 Needs nginx and wrk (apt-get install -y nginx wrk) and, for the router set-up,
 `pip install sglang-router`; py-spy for --profile-seconds.
@@ -34,9 +34,6 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):  # run as a script: import the helpers from the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil
 

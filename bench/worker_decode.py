@@ -21,14 +21,14 @@ of every row, then host copies), at the same batch; its decode rate is taken fro
 difference of two runs (--steps + --warmup and --warmup new tokens), so prefill cancels.
 The lm_head is scaled so a top-p 0.9 mask holds ~100 of 151936 ids (see random_weights.py).
 
-The runner's fused Triton kernels (worker/model/triton_*.py) are on by default on CUDA;
+The runner's fused Triton kernels (maskgate/worker/model/triton_*.py) are on by default on CUDA;
 `--fused off` measures the torch path instead, and `--fused both` measures both in one run
 (the unfused runner's rows are `maskgate-unfused`, and the table gains a column with the
 fused speed-up), so a before/after comparison shares the GPU, weights and prompts.
 
-    python bench/bench_worker.py                          # both models, batch 1/16/64/128
-    python bench/bench_worker.py --models qwen2.5-1.5b --batches 64 --no-hf
-    python bench/bench_worker.py --models llama-3.2-1b --batches 1,64,128 --fused both
+    python -m bench.worker_decode                          # both models, batch 1/16/64/128
+    python -m bench.worker_decode --models qwen2.5-1.5b --batches 64 --no-hf
+    python -m bench.worker_decode --models llama-3.2-1b --batches 1,64,128 --fused both
 """
 
 from __future__ import annotations
@@ -41,9 +41,6 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):  # run as a script: import from the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
@@ -415,7 +412,7 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown settings {unknown}; choose from {list(SETTINGS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("bench_worker needs a CUDA GPU (or --device cpu for a smoke run)")
+        sys.exit("bench.worker_decode needs a CUDA GPU (or --device cpu for a smoke run)")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []

@@ -1,4 +1,4 @@
-"""Isolation benchmark (issue 6): what a top-p-only mask stream costs general traffic.
+"""Isolation benchmark: what a top-p-only mask stream costs general traffic.
 
 A steady stream of general requests (streaming /generate, no mask) runs alongside a stream of
 top-p-only mask requests (return_sampling_mask, top_p 0.95, no top_k), both closed-loop,
@@ -11,12 +11,26 @@ through the maskgate gateway, against workers serving random weights shaped like
   isolated       the gateway routes mask requests to a `mask` worker and the rest to a
                  `general` worker: two processes on the same GPU, each with half the KV budget
 
-For each: general TPOT p50/p99, TTFT p50/p99 and tokens/s, and mask tokens/s, over a window
-after warm-up (definitions in bench/isolation/report.py). Prints a table and writes
-bench/results/isolation.json and isolation.png.
+With `--gpus 2` (a host with two GPUs), each worker owns a card and the layouts become:
 
-    python bench/bench_isolation.py --device cuda                        # the H200 run
-    python bench/bench_isolation.py --model tiny-random --device cpu --seconds 3 --warmup 2 \
+  sort_all_rows@2  two `mixed` workers with --mask-impl sort_all_rows, one per GPU; the gateway
+                   balances all traffic over both
+  kernel@2         the same with the default kernels
+  isolated@2       a `general` worker on GPU 0 and a `mask` worker on GPU 1
+  general_only     the same general traffic without mask clients, one worker on one GPU: the
+                   baseline the isolated layout's general TPOT is held against (target 1.1x)
+
+`--loads light,heavy` runs every layout under each load: light is --mask-clients; heavy puts
+top-p masks on a quarter of all clients (--general-clients / 3 mask clients).
+
+For each: general TPOT p50/p99, TTFT p50/p99 and tokens/s, mask tokens/s and total tokens/s
+per GPU, over a window after warm-up (definitions in bench/isolation/report.py). Prints a table
+and writes bench/results/<stem>.json and <stem>.png.
+
+    python -m bench.pool_isolation --device cuda                        # the H200 run
+    python -m bench.pool_isolation --device cuda --gpus 2 --loads light,heavy \
+        --stem isolation_dedicated_gpus                                  # two GPUs
+    python -m bench.pool_isolation --model tiny-random --device cpu --seconds 3 --warmup 2 \
         --general-clients 4 --mask-clients 2 --stem isolation_cpu_smoke  # a dry run
 """
 
@@ -33,13 +47,12 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: import from the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench.isolation import procs, report
 from bench.isolation.load import Traffic, run_clients
 
 ALL_LAYOUTS = ("sort_all_rows", "kernel", "isolated")
+TWO_GPU_LAYOUTS = ("sort_all_rows@2", "kernel@2", "isolated@2", "general_only")
+LOADS = ("light", "heavy")
 LAYOUT_OVERHEAD_S = 45  # start-up, warm-up requests and shutdown of one layout, for the time budget
 
 
@@ -48,7 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="qwen2.5-1.5b", help="qwen2.5-1.5b (random) or a spec")
     p.add_argument("--ckpt-dir", type=Path, default=None, help="where the checkpoint goes")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    p.add_argument("--layouts", default=",".join(ALL_LAYOUTS))
+    p.add_argument("--gpus", type=int, choices=[1, 2], default=1, help="cards (2: one a worker)")
+    p.add_argument("--layouts", default=None, help="default: every layout of --gpus")
+    p.add_argument("--loads", default="light", help="light, heavy or both (comma-separated)")
     p.add_argument("--general-clients", type=int, default=32)
     p.add_argument("--mask-clients", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=256)
@@ -110,6 +125,8 @@ def start_layout(
         "max_model_len": args.max_model_len,
         "cpu_threads": args.cpu_threads,
     }
+    if layout.endswith("@2") or layout == "general_only":
+        return start_dedicated(layout, args, common, per_slot)
     if layout == "isolated":
         half = args.kv_slots // 2
         kw = {**common, "mask_impl": "kernel", "kv_memory_gb": total_gb / 2, "max_num_seqs": half}
@@ -124,7 +141,34 @@ def start_layout(
         mask_url = general_url = workers[0].url
     for w in workers:
         w.start()
-    return workers, procs.gateway(general_url, mask_url, args.gateway_procs)
+    return workers, procs.gateway([general_url], [mask_url], args.gateway_procs)
+
+
+def start_dedicated(
+    layout: str, args: argparse.Namespace, common: dict[str, Any], per_slot: int
+) -> tuple[list[procs.Proc], procs.Proc]:
+    """The layouts where every worker owns a GPU, with the whole KV budget of its card."""
+    kw = {**common, "kv_memory_gb": (args.kv_slots + 2.5) * per_slot / 2**30}
+    kw["max_num_seqs"] = args.kv_slots
+    if layout == "isolated@2":
+        workers = [
+            procs.worker("general worker", role="general", mask_impl="kernel", gpu=0, **kw),
+            procs.worker("mask worker", role="mask", mask_impl="kernel", gpu=1, **kw),
+        ]
+        general, mask = [workers[0].url], [workers[1].url]
+    elif layout == "general_only":
+        workers = [procs.worker("general worker", role="general", mask_impl="kernel", gpu=0, **kw)]
+        general, mask = [workers[0].url], [workers[0].url]  # no mask client runs
+    else:
+        impl = layout.removesuffix("@2")
+        workers = [
+            procs.worker(f"mixed worker {g}", role="mixed", mask_impl=impl, gpu=g, **kw)
+            for g in (0, 1)
+        ]
+        general = mask = [w.url for w in workers]
+    for w in workers:
+        w.start()
+    return workers, procs.gateway(general, mask, args.gateway_procs)
 
 
 def probe(url: str, traffic: Traffic, timeout_s: float, seed: int = 0) -> None:
@@ -154,10 +198,11 @@ def warm(url: str, traffics: list[Traffic], timeout_s: float) -> None:
     aligned); a compile in the middle of the window stalls every stream for tens of seconds.
     """
     general, mask = traffics
-    for t in traffics:
+    live = [t for t in traffics if t.clients]
+    for t in live:
         probe(url, t, timeout_s)
     with ThreadPoolExecutor(16) as threads:
-        for burst in ([general] * 8, [general] * 8 + [mask] * 8):
+        for burst in ([general] * 8, [general] * 8 + [mask] * 8 * bool(mask.clients)):
             futures = [threads.submit(probe, url, t, timeout_s, i) for i, t in enumerate(burst)]
             for f in futures:
                 f.result()
@@ -201,8 +246,10 @@ def run_layout(
     finally:
         for p in everything:
             p.stop()
-    res = report.summarise(records, t0, t1, {t.kind: t.max_new_tokens for t in traffics})
-    if not res["general"]["tok_s"] or not res["mask"]["tok_s"]:  # say why in the results
+    gpus = 1 if layout == "general_only" else args.gpus
+    res = report.summarise(records, t0, t1, {t.kind: t.max_new_tokens for t in traffics}, gpus)
+    wants_mask = any(t.clients for t in traffics if t.want_mask)
+    if not res["general"]["tok_s"] or (wants_mask and not res["mask"]["tok_s"]):
         res["log_tails"] = {p.name: p.tail(2000) for p in everything}
     res["ready_s"] = round(ready_s, 1)
     res["setup_s"] = round(setup_s, 1)
@@ -232,23 +279,37 @@ def main(argv: list[str] | None = None) -> int:
     if args.replot:
         return replot(args.replot)
     t_begin = time.monotonic()
-    layouts = [x for x in args.layouts.split(",") if x]
+    known = ALL_LAYOUTS if args.gpus == 1 else TWO_GPU_LAYOUTS
+    layouts = [x for x in (args.layouts or ",".join(known)).split(",") if x]
     for x in layouts:
-        if x not in ALL_LAYOUTS:
-            raise SystemExit(f"unknown layout {x!r}; choose from {', '.join(ALL_LAYOUTS)}")
+        if x not in known:
+            raise SystemExit(f"unknown layout {x!r} for --gpus {args.gpus}: {', '.join(known)}")
+    loads = [x for x in args.loads.split(",") if x]
+    for x in loads:
+        if x not in LOADS:
+            raise SystemExit(f"unknown load {x!r}; choose from {', '.join(LOADS)}")
+    if args.device == "cuda" and args.gpus == 2:
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            raise SystemExit(f"--gpus 2 needs two GPUs; this host has {torch.cuda.device_count()}")
     spec, per_slot, facts = model_setup(args)
     print(f"model ready: {spec} ({json.dumps(facts)}) after {time.monotonic() - t_begin:.1f} s")
-    traffics = [
-        Traffic("general", args.general_clients, args.prompt_len, args.general_new_tokens,
-                args.top_p, False, 500),
-        Traffic("mask", args.mask_clients, args.prompt_len, args.mask_new_tokens,
-                args.top_p, True, 500),
-    ]  # fmt: skip
+    mask_clients = {"light": args.mask_clients, "heavy": max(1, args.general_clients // 3)}
+    traffic_of = {
+        load: [
+            Traffic("general", args.general_clients, args.prompt_len, args.general_new_tokens,
+                    args.top_p, False, 500),
+            Traffic("mask", mask_clients[load], args.prompt_len, args.mask_new_tokens,
+                    args.top_p, True, 500),
+        ]
+        for load in loads
+    }  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
     payload: dict[str, Any] = {
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "facts": facts,
-        "traffic": [t.__dict__ for t in traffics],
+        "traffic": {load: [t.__dict__ for t in ts] for load, ts in traffic_of.items()},
         "results": {},
         "skipped": [],
     }
@@ -260,16 +321,23 @@ def main(argv: list[str] | None = None) -> int:
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(args.load_procs, mp_context=ctx) as pool:
         list(pool.map(time.sleep, [0.0] * args.load_procs))  # start the client processes now
-        for layout in layouts:
-            need = LAYOUT_OVERHEAD_S + args.warmup + args.seconds
-            if args.budget_s is not None and time.monotonic() - t_begin + need > args.budget_s:
-                print(f"skipping {layout}: it would end past --budget-s {args.budget_s}")
-                payload["skipped"].append(layout)
-                continue
-            print(f"layout {layout}: starting", flush=True)
-            results[layout] = run_layout(layout, args, spec, per_slot, traffics, pool)
-            print(f"layout {layout}: {json.dumps(results[layout])}", flush=True)
-            report.write_json(json_path, payload)  # partial results survive a cut run
+        for load in loads:
+            for layout in layouts:
+                if layout == "general_only" and load != loads[0]:
+                    continue  # no mask clients: the same run under every load
+                key = layout if load == "light" else f"{layout}+{load}"
+                need = LAYOUT_OVERHEAD_S + args.warmup + args.seconds
+                if args.budget_s is not None and time.monotonic() - t_begin + need > args.budget_s:
+                    print(f"skipping {key}: it would end past --budget-s {args.budget_s}")
+                    payload["skipped"].append(key)
+                    continue
+                ts = traffic_of[load]
+                if layout == "general_only":
+                    ts = [ts[0], Traffic(**{**ts[1].__dict__, "clients": 0})]
+                print(f"layout {key}: starting", flush=True)
+                results[key] = run_layout(layout, args, spec, per_slot, ts, pool)
+                print(f"layout {key}: {json.dumps(results[key])}", flush=True)
+                report.write_json(json_path, payload)  # partial results survive a cut run
     payload["total_s"] = round(time.monotonic() - t_begin, 1)
     report.write_json(json_path, payload)
     print(report.table(results))
