@@ -168,3 +168,27 @@ def test_distributed_sync_through_the_gateway(cluster: dict[str, Any]) -> None:
         assert body["meta_info"]["weight_version"] == "1"
     status, body = call(gateway, "/generate", {**mask, "min_weight_version": "2"})
     assert (status, body["error"]["code"]) == (409, "weight_version_unavailable")
+
+
+def test_rl_loop_example(cluster: dict[str, Any]) -> None:
+    """examples/rl_loop.py against the same gateway: with masks, the trainer's log-probs agree
+    with the rollout's to float tolerance at every step; without, they do not."""
+    out = cluster["tmp"] / "rl_loop.json"
+    run = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "rl_loop.py"), "--gateway", cluster["gateway"],
+         "--admin-key", ADMIN, "--steps", "2", "--batch", "3", "--max-new-tokens", "8",
+         "--json", str(out)],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    print(run.stdout)  # the per-step table, for the log
+    steps = json.loads(out.read_text())["steps"]
+    assert len(steps) == 2
+    versions = [int(s["rollout_version"]) for s in steps]
+    assert versions[1] == versions[0] + 1
+    for step in steps:
+        assert step["masked"]["max_abs"] < 1e-3
+        assert step["unmasked"]["mean_abs"] > step["masked"]["mean_abs"]
+        assert step["sync_s"] > 0
+    status, body = call(cluster["gateway"], "/get_weight_version")
+    assert (status, body["weight_version"]) == (200, str(versions[1] + 1))
