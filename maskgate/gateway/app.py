@@ -23,9 +23,11 @@ from maskgate.gateway.admin import add_admin_refusal, add_admin_routes
 from maskgate.gateway.auth import authenticate, bearer_token
 from maskgate.gateway.bodycheck import BodyChecker
 from maskgate.gateway.config import POOL_NAMES, GatewayConfig
+from maskgate.gateway.control import add_control_routes
 from maskgate.gateway.metrics import GatewayMetrics
 from maskgate.gateway.openapi import openapi_spec
 from maskgate.gateway.pool import Pool
+from maskgate.gateway.registration import add_load_routes, add_registration_routes
 from maskgate.gateway.state import STATE, GatewayState, Resolver
 from maskgate.gateway.upstream import UpstreamClient, UpstreamError
 from maskgate.protocol.errors import ApiError, ServerError
@@ -140,7 +142,11 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
 def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> web.Application:
     """Build the gateway. `resolver` replaces DNS lookups (tests inject changing records)."""
     metrics = GatewayMetrics()
-    pools = {name: Pool(name, getattr(config.pools, name), metrics) for name in POOL_NAMES}
+    trained = config.control.trained_pool
+    pools = {
+        name: Pool(name, getattr(config.pools, name), metrics, trained=name == trained)
+        for name in POOL_NAMES
+    }
     state = GatewayState(
         config=config,
         policy=config.policy.to_policy(),
@@ -173,6 +179,9 @@ def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> we
     if config.admin_key is not None:
         add_admin_routes(app)
     add_admin_refusal(app, enabled=config.admin_key is not None)
+    add_control_routes(app)
+    add_registration_routes(app, enabled=config.admin_key is not None)
+    add_load_routes(app)
     add_openapi_route(app)
     # The inference routes by exact path first: a plain resource is found by one dict lookup,
     # the catch-all below by a regex match (~4% of the gateway's CPU samples under load).
@@ -213,5 +222,6 @@ def create_admin_app(main: web.Application) -> web.Application:
     app = web.Application(middlewares=[error_middleware])
     app[STATE] = main[STATE]
     add_admin_routes(app)
+    add_registration_routes(app, enabled=True)
     add_admin_refusal(app, enabled=True)
     return app

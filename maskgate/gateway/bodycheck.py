@@ -35,6 +35,12 @@ class Checked:
     mask: bool  # a mask request (goes to the mask pool, or its error counts against it)
     raw: bytes  # the bytes to send upstream: the client's for general traffic
     error: ApiError | None = None
+    # The body's `min_weight_version` (docs/rl.md), taken out: the gateway routes by it and
+    # never sends it upstream. None when absent; validated by the proxy.
+    min_version: Any = None
+
+
+MIN_VERSION_FIELD = "min_weight_version"
 
 
 @dataclass(slots=True)  # not frozen: built once per inference request, and frozen costs more
@@ -54,11 +60,20 @@ def check_body(job: BodyJob, raw: bytes) -> Checked:
     """Rule 1 (raises), then for a mask request rules 2-9 and the rewrite (returned errors)."""
     body = policy.parse_body(raw, job.limit)
     if not policy.is_mask_request(job.route, body):
-        return Checked(False, raw)
+        return _general(body, raw)
     return _check_mask(job, body)
 
 
+def _general(body: dict[str, Any], raw: bytes) -> Checked:
+    """General traffic goes upstream as received, unless it named a minimum version."""
+    if MIN_VERSION_FIELD not in body:
+        return Checked(False, raw)
+    wanted = body.pop(MIN_VERSION_FIELD)
+    return Checked(False, orjson.dumps(body), min_version=wanted)
+
+
 def _check_mask(job: BodyJob, body: dict[str, Any]) -> Checked:
+    wanted = body.pop(MIN_VERSION_FIELD, None)
     try:
         check_mask_allowed(job.key, job.allow)  # rule 2
         out = policy.check_mask_request(job.route, body, job.cfg, vocab_size=job.vocab_size)
@@ -66,7 +81,7 @@ def _check_mask(job: BodyJob, body: dict[str, Any]) -> Checked:
         return Checked(True, b"", e)
     if job.route is policy.Route.GENERATE and "rid" not in out:
         out["rid"] = job.rid  # one string for a batch too: SGLang and the worker number items
-    return Checked(True, orjson.dumps(out))
+    return Checked(True, orjson.dumps(out), min_version=wanted)
 
 
 def prompt_count(route: policy.Route, body: dict[str, Any]) -> int:
@@ -90,7 +105,7 @@ class BodyChecker:
             return await self._offload(job, raw)
         body = policy.parse_body(raw, job.limit)
         if not policy.is_mask_request(job.route, body):
-            return Checked(False, raw)
+            return _general(body, raw)
         if prompt_count(job.route, body) > cfg.min_items:
             return await self._offload(job, raw)
         return _check_mask(job, body)

@@ -107,6 +107,23 @@ class PoolsConfig(StrictModel):
     )
 
 
+class ControlSettings(StrictModel):
+    """The RL control plane (docs/rl.md): which pool the trainer's control calls act on, and
+    how a fleet-wide weight sync waits on its endpoints."""
+
+    trained_pool: Literal["general", "mask"] = "mask"
+    # SGLang's pause mode for a sync the gateway wraps: "abort" drains in-flight requests
+    # (they end with finish_reason abort), "retract" and "in_place" keep them.
+    pause_mode: Literal["abort", "retract", "in_place"] = "abort"
+    # /flush_cache answers 400 while requests are still running: retried this often, this far
+    # apart (seconds), before the endpoint counts as failed.
+    flush_attempts: int = Field(default=60, ge=1)
+    flush_interval_s: float = Field(default=1.0, ge=0)
+    # Seconds one control call may take on one endpoint (a weight load, or an init that waits
+    # for the trainer to join the process group).
+    timeout_s: PositiveFloat = 600.0
+
+
 class PolicySettings(StrictModel):
     max_mask_tokens: int = Field(default=4096, ge=1)
     max_mask_ids_per_request: int = Field(default=64 * 1024 * 1024, ge=1)
@@ -187,6 +204,7 @@ class GatewayConfig(StrictModel):
     pools: PoolsConfig = Field(default_factory=PoolsConfig)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     offload: OffloadConfig = Field(default_factory=OffloadConfig)
+    control: ControlSettings = Field(default_factory=ControlSettings)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = True  # one JSON line per proxied request (at info level)
 

@@ -14,6 +14,7 @@ import logging
 
 import orjson
 
+from maskgate.gateway import weight_sync
 from maskgate.gateway.config import PoolConfig
 from maskgate.gateway.pool import Endpoint, Pool
 from maskgate.gateway.state import GatewayState
@@ -74,6 +75,8 @@ async def check_endpoint(state: GatewayState, pool: Pool, ep: Endpoint) -> None:
             "healthy" if ep.healthy else "unhealthy",
             extra={"pool": pool.name, "upstream": ep.url},
         )
+    if ok and pool.trained:
+        await weight_sync.poll_version(state, pool, ep)
     if ok and pool.name == "mask" and pool.vocab_size is None:
         pool.vocab_size = await fetch_vocab_size(state, ep)
 

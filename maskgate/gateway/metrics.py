@@ -23,6 +23,7 @@ from maskgate.gateway.loop_metrics import CounterChild, HistogramChild, LoopCoun
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (5e-5, 1e-4, 2e-4, 3e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.05, 0.1)
 _QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60)
+_SYNC_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _SUPPORT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 ROUTE_LABELS = ("chat", "completions", "generate", "models", "other")
@@ -149,6 +150,49 @@ class GatewayMetrics:
             registry=r,
         )
 
+        # --- RL control plane (weight_sync.py) ---
+        self.sync_duration = LoopHistogram(
+            "maskgate_weight_sync_duration_seconds",
+            "Fleet-wide weight syncs of the trained pool, pause to continue.",
+            ["pool", "kind"],
+            buckets=_SYNC_BUCKETS,
+            registry=r,
+        )
+        self.sync_failures = Counter(
+            "maskgate_weight_sync_failures",
+            "Weight syncs where at least one endpoint failed (it is ejected).",
+            ["pool", "kind"],
+            registry=r,
+        )
+        self.sync_endpoint_failures = Counter(
+            "maskgate_weight_sync_endpoint_failures",
+            "Endpoints that failed a weight sync, by the step that failed "
+            "(pause, flush, update, version).",
+            ["pool", "stage"],
+            registry=r,
+        )
+        # Info-style: value 1, one series per endpoint at a time (the old one is removed
+        # when the version changes), so the labels stay bounded.
+        self.endpoint_version = Gauge(
+            "maskgate_endpoint_weight_version",
+            "1 for the weight version each endpoint of the trained pool reports.",
+            ["pool", "upstream", "version"],
+            registry=r,
+        )
+        self.endpoint_stale = Gauge(
+            "maskgate_endpoint_weight_stale",
+            "1 while the endpoint is out of rotation for missing the pool's weight version.",
+            ["pool", "upstream"],
+            registry=r,
+        )
+        self.sync_held = Counter(
+            "maskgate_weight_sync_held_requests",
+            "Requests that queued because a weight sync or a pause held the pool.",
+            ["pool"],
+            registry=r,
+        )
+        self._versions: dict[tuple[str, str], str] = {}
+
         # The request path looks labelled children up here: a dict hit instead of
         # prometheus_client's lock-protected label resolution.
         self._request_children: dict[tuple[str, str], tuple[HistogramChild, HistogramChild]] = {}
@@ -208,11 +252,22 @@ class GatewayMetrics:
         self.upstream_healthy.labels(pool, upstream).set_function(healthy)
         self.circuit_state.labels(pool, upstream).set_function(circuit)
 
+    def set_endpoint_version(self, pool: str, upstream: str, version: str | None) -> None:
+        """Move the endpoint's version series to `version` (None: no series)."""
+        old = self._versions.pop((pool, upstream), None)
+        if old is not None and old != version:
+            with contextlib.suppress(KeyError):
+                self.endpoint_version.remove(pool, upstream, old)
+        if version is not None:
+            self._versions[(pool, upstream)] = version
+            self.endpoint_version.labels(pool, upstream, version).set(1)
+
     def forget_endpoint(self, pool: str, upstream: str) -> None:
         """Drop a removed endpoint's series so label sets stay bounded under churn."""
-        for gauge in (self.upstream_healthy, self.circuit_state):
+        for gauge in (self.upstream_healthy, self.circuit_state, self.endpoint_stale):
             with contextlib.suppress(KeyError):
                 gauge.remove(pool, upstream)
+        self.set_endpoint_version(pool, upstream, None)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

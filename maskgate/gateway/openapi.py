@@ -16,10 +16,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from maskgate.gateway.control_openapi import CONTROL_CODES, control_paths
 from maskgate.protocol.errors import GATEWAY_CODES
 from maskgate.protocol.policy import GRAMMAR_FIELDS, POLICY_CODES
 
-ERROR_CODES = (*sorted(POLICY_CODES), *GATEWAY_CODES)
+ERROR_CODES = tuple(dict.fromkeys((*sorted(POLICY_CODES), *GATEWAY_CODES, *CONTROL_CODES)))
 
 _MASK_POLICY = [
     "1. The body is a JSON object within the size limit (400 invalid_json, 413 body_too_large).",
@@ -403,6 +404,7 @@ _SPEC: dict[str, Any] = {
         "/openapi.json": _get("This document"),
         "/admin/pools": _get("Pools, their endpoints, health, in-flight and circuit state"),
         "/admin/pools/{pool}/endpoints": _admin_endpoints(),
+        **control_paths(),  # the RL control plane (docs/rl.md)
     },
     "components": {
         "securitySchemes": {

@@ -15,6 +15,7 @@ from maskgate.gateway.admission import Admission
 from maskgate.gateway.circuit import CircuitBreaker
 from maskgate.gateway.config import PoolConfig
 from maskgate.gateway.metrics import GatewayMetrics
+from maskgate.gateway.versions import at_least
 
 
 class Endpoint:
@@ -25,9 +26,12 @@ class Endpoint:
         "health_oks",
         "healthy",
         "outstanding",
+        "rejoin",
         "removed",
         "source",
+        "stale",
         "url",
+        "weight_version",
     )
 
     def __init__(
@@ -45,12 +49,19 @@ class Endpoint:
         self.health_fails = 0  # consecutive failing checks while healthy
         self.outstanding = 0  # requests sent and not finished
         self.removed = False
+        # The trained pool only (docs/rl.md): the version the endpoint last reported, and
+        # whether it is out of rotation because it missed or failed a weight sync. `rejoin`:
+        # reporting the pool's version brings it back (False after a sync that set no version:
+        # only a later sync that succeeds on it, or registering it again, does).
+        self.weight_version: str | None = None
+        self.stale = False
+        self.rejoin = True
 
     def usable(self) -> bool:
         healthy = self.healthy
         if healthy is None:
             healthy = not self.gated
-        return healthy and self.circuit.available()
+        return healthy and not self.stale and self.circuit.available()
 
     def describe(self) -> dict[str, object]:
         return {
@@ -59,6 +70,8 @@ class Endpoint:
             "healthy": self.healthy,
             "outstanding": self.outstanding,
             "circuit": self.circuit.state.name.lower().replace("_", "-"),
+            "weight_version": self.weight_version,
+            "stale": self.stale,
         }
 
 
@@ -81,6 +94,7 @@ class Pool:
         metrics: GatewayMetrics,
         *,
         rng: random.Random | None = None,
+        trained: bool = False,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.name = name
@@ -88,7 +102,14 @@ class Pool:
         self.metrics = metrics
         self.endpoints: list[Endpoint] = []
         self.admission = Admission(cfg.max_concurrency, cfg.max_queue, cfg.queue_timeout_s)
+        self.admission.on_held = metrics.sync_held.labels(name).inc
         self.vocab_size: int | None = None  # from a healthy endpoint's /get_model_info
+        # The RL control plane (weight_sync.py): whether trainers' control calls act on this
+        # pool, the version its last sync installed (None: no sync through this gateway yet),
+        # and a counter bumped by every sync, so a version read that raced one is dropped.
+        self.trained = trained
+        self.version: str | None = None
+        self.sync_epoch = 0
         self.queue_wait = metrics.queue_wait.labels(name)  # bound once: the request path uses it
         self._rng = rng or random.Random()
         self._clock = clock or time.monotonic
@@ -111,6 +132,8 @@ class Pool:
             self.cfg.circuit.failure_threshold, self.cfg.circuit.open_s, self._clock
         )
         ep = Endpoint(url, source, breaker, self.cfg.health_path is not None, gated)
+        # After a sync, a newcomer serves only once it reports the pool's version.
+        ep.stale = self.version is not None
         # A new list, never an in-place change: loops iterating the old one stay valid.
         self.endpoints = [*self.endpoints, ep]
         self.metrics.watch_endpoint(
@@ -121,6 +144,10 @@ class Pool:
             ),
             circuit=ep.circuit.reading,
         )
+        if self.trained:
+            self.metrics.endpoint_stale.labels(self.name, url).set_function(
+                lambda: 1.0 if ep.stale else 0.0
+            )
         return ep
 
     def remove(self, url: str) -> Endpoint | None:
@@ -133,13 +160,23 @@ class Pool:
                 return ep
         return None
 
-    def pick(self, exclude: Sequence[Endpoint] = ()) -> Endpoint | None:
+    def pick(
+        self, exclude: Sequence[Endpoint] = (), min_version: str | None = None
+    ) -> Endpoint | None:
+        """An endpoint to send a request to; with `min_version`, only among those at or above
+        it (versions.at_least)."""
         endpoints = self.endpoints
+        if min_version is not None:
+            endpoints = [ep for ep in endpoints if at_least(ep.weight_version, min_version)]
         i = choose(endpoints, exclude, self._rng)
         return None if i < 0 else endpoints[i]
 
-    def has_usable(self) -> bool:
-        return any(ep.usable() for ep in self.endpoints)
+    def has_usable(self, min_version: str | None = None) -> bool:
+        if min_version is None:
+            return any(ep.usable() for ep in self.endpoints)
+        return any(
+            ep.usable() and at_least(ep.weight_version, min_version) for ep in self.endpoints
+        )
 
     def describe(self) -> dict[str, object]:
         return {
@@ -151,4 +188,6 @@ class Pool:
             "max_queue": self.cfg.max_queue,
             "dns": self.cfg.dns,
             "vocab_size": self.vocab_size,
+            "trained": self.trained,
+            "weight_version": self.version,
         }

@@ -16,6 +16,7 @@ import time
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from maskgate.gateway import versions
 from maskgate.gateway.auth import authenticate
 from maskgate.gateway.bodycheck import BodyJob
 from maskgate.gateway.encoding import codings, decode_body
@@ -27,7 +28,7 @@ from maskgate.gateway.routes import HOT_PATHS, classify
 from maskgate.gateway.state import STATE, GatewayState
 from maskgate.gateway.upstream import ConnectError, DisconnectedError, UpstreamError
 from maskgate.protocol import policy
-from maskgate.protocol.errors import ApiError, ServerError
+from maskgate.protocol.errors import ApiError, ServerError, VersionUnavailable
 
 __all__ = ["HOT_PATHS", "handle"]
 _RETRY_STATUSES = frozenset({502, 503, 504})
@@ -87,6 +88,7 @@ async def _proxy(
     pool = state.pools["general"]
     mask = False
     decoded = False
+    min_version = _min_version(request.headers.get("X-Min-Weight-Version"))
     if route is not None:
         if "Content-Encoding" in request.headers:
             applied = codings(request.headers.getall("Content-Encoding"))
@@ -98,6 +100,8 @@ async def _proxy(
         )
         assert state.checker is not None
         checked = await state.checker.check(job, raw)  # rule 1, then rules 2-9 for masks
+        if checked.min_version is not None:  # the body's field wins over the header
+            min_version = _min_version(checked.min_version)
         if checked.mask:
             mask = True
             pool = masks
@@ -112,8 +116,11 @@ async def _proxy(
     ctx.waited += queued
     pool.queue_wait.observe(queued)
     try:
+        # Judged once admitted: a request held behind a weight sync sees the new versions.
+        if min_version is not None and not pool.has_usable(min_version):
+            raise VersionUnavailable(min_version, pool.name)
         headers = upstream_headers(request, state, ctx.rid, mask=mask, decoded=decoded)
-        return await _forward(request, state, ctx, pool, raw, mask, target, headers)
+        return await _forward(request, state, ctx, pool, raw, mask, target, headers, min_version)
     finally:
         pool.admission.release()
 
@@ -127,6 +134,20 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         raise _too_large(None, limit) from e
     except RequestPayloadError as e:  # a broken chunked framing, a short body
         raise ApiError("invalid_body", f"the request body could not be read: {e}") from e
+
+
+def _min_version(value: object) -> str | None:
+    """`min_weight_version` (body field or X-Min-Weight-Version header), as a version string."""
+    if value is None:
+        return None
+    version = versions.normalize(value)
+    if version is None:
+        raise policy.PolicyError(
+            "invalid_min_weight_version",
+            "min_weight_version must be a weight version string (or a non-negative integer)",
+            param="min_weight_version",
+        )
+    return version
 
 
 def _too_large(size: int | None, limit: int) -> ApiError:
@@ -155,6 +176,7 @@ async def _forward(
     mask: bool,
     target: str,
     headers: list[tuple[str, str]],
+    min_version: str | None = None,
 ) -> web.StreamResponse:
     cfg = state.config
     client = state.client()
@@ -162,7 +184,7 @@ async def _forward(
     tried: list[Endpoint] = []
     failure: ApiError | None = None
     for attempt in range(cfg.retries.max_attempts):
-        ep = pool.pick(tried)
+        ep = pool.pick(tried, min_version)
         if ep is None:
             break
         if attempt:
@@ -198,7 +220,7 @@ async def _forward(
         ctx.waited += time.perf_counter() - t_sent
         status = upstream.status
         retry_left = attempt + 1 < cfg.retries.max_attempts
-        if status in _RETRY_STATUSES and retry_left and pool.pick(tried) is not None:
+        if status in _RETRY_STATUSES and retry_left and pool.pick(tried, min_version) is not None:
             record_status(state, pool, ep, status)
             upstream.release()
             ep.outstanding -= 1

@@ -35,6 +35,7 @@ GATEWAY_CODES = (  # the policy's own are policy.POLICY_CODES
     "invalid_body",
     "admin_api_disabled",
     "unsafe_endpoint",
+    "admin_key_required",
     "http_error",
     "internal_error",
 )
@@ -110,6 +111,21 @@ def _rebuild(
     headers: dict[str, str],
 ) -> ApiError:
     return cls(code, message, status=status, param=param, error_type=error_type, headers=headers)
+
+
+class VersionUnavailable(ApiError):
+    """409 `weight_version_unavailable`: no serving endpoint has the weights a request asked
+    for with `min_weight_version` (the RL control plane, docs/rl.md)."""
+
+    status = 409
+
+    def __init__(self, wanted: str, pool: str) -> None:
+        super().__init__(
+            "weight_version_unavailable",
+            f"no endpoint of the {pool} pool serves weight version {wanted!r} or newer; "
+            "retry after the weight sync",
+            param="min_weight_version",
+        )
 
 
 def error_event(err: ApiError) -> bytes:

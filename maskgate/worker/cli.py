@@ -47,6 +47,10 @@ def build_worker_parser() -> argparse.ArgumentParser:
         help="CUDA: share the mask kernels' whole-row fallback reads across a launch's rows",
     )
     p.add_argument("--cpu-threads", type=int, metavar="N", help="torch threads (all cores)")
+    p.add_argument("--weight-version", metavar="V", help="initial weight_version (default)")
+    p.add_argument(
+        "--weight-update-timeout-s", type=float, metavar="S", help="weight-group waits (300)"
+    )
     p.add_argument("--shutdown-grace-s", type=float, metavar="S", help="drain time (60)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--check-config", action="store_true", help="print the config and exit")

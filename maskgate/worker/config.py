@@ -62,6 +62,14 @@ class WorkerConfig(BaseModel):
     # slower a step where no row does (docs/kernels.md, "Shared counting reads").
     mask_shared_reads: bool = False
 
+    # RL weight updates (docs/worker.md, "Weight updates"). The version reported in
+    # meta_info.weight_version until an update names another.
+    weight_version: str = "default"
+    # Bound on every wait of a weight-update group: forming it, and one
+    # update_weights_from_distributed's broadcasts. A trainer that dies or never joins fails
+    # the call after this long; the worker keeps serving the old weights.
+    weight_update_timeout_s: float = Field(300.0, gt=0)
+
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     # /generate streams: cumulative text/ids/meta_info per chunk (SGLang default) or deltas.
     incremental_streaming_output: bool = False

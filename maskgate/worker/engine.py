@@ -5,15 +5,23 @@ Handlers submit a request (one or more sequences) and read `Event`s from the req
 asyncio queue. The engine thread never touches asyncio objects directly: it batches a step's
 events into one `loop.call_soon_threadsafe` call. Requests and aborts reach the thread through
 a thread-safe inbox; the thread blocks on it when there is nothing to run.
+
+Control work (pausing, aborting by rid, copying new weights in, releasing memory) reaches the
+thread through the same inbox as a callable (`between_steps`), so it runs after one step ends
+and before the next begins: no forward ever sees a half-applied change. While `paused` (or
+while memory is released, `held`) the thread takes no steps; new requests queue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from maskgate.protocol.errors import ApiError
 from maskgate.worker.batch import Runner, StepStats
@@ -22,6 +30,8 @@ from maskgate.worker.scheduler import Scheduler, StepOutcome
 from maskgate.worker.sequence import Sequence
 
 log = logging.getLogger("maskgate.worker.engine")
+
+PauseMode = Literal["abort", "retract", "in_place"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +47,8 @@ class Event:
     matched_stop: int | str | None = None
     text_limit: int | None = None
     error: ApiError | None = None
+    weight_version: str | None = None  # the weights live at this event (sampled `token`)
+    abort_message: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -80,11 +92,15 @@ class Engine:
         self.runner = runner
         self.scheduler = scheduler
         self.metrics = metrics
-        self._inbox: queue.SimpleQueue[tuple[str, RequestHandle | None]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._owner: dict[int, tuple[RequestHandle, int]] = {}  # id(seq) -> (handle, index)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.num_steps = 0
+        # Engine-thread state, changed only by callables run through `between_steps`.
+        self.weight_version = "default"
+        self.paused: PauseMode | None = None
+        self.held: set[str] = set()  # released memory tags (maskgate/worker/memory.py)
 
     # --- event-loop side -------------------------------------------------------------------
 
@@ -108,6 +124,13 @@ class Engine:
     def abort(self, handle: RequestHandle) -> None:
         self._inbox.put(("abort", handle))
 
+    def between_steps(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Run `fn` on the engine thread once the current step ends; its result (or
+        exception) comes back through the future (await it with asyncio.wrap_future)."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._inbox.put(("call", (fn, fut)))
+        return fut
+
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -116,14 +139,21 @@ class Engine:
 
     def _run(self) -> None:
         try:
-            while self._drain_inbox(block=not self.scheduler.has_work()):
-                if self.scheduler.has_work():
+            while self._drain_inbox(block=not self._can_step()):
+                if self._can_step():
                     self.step()
             err = ApiError("worker_shutting_down", "the worker is stopping", status=503)
         except Exception:
             log.exception("engine loop crashed")
             err = ApiError("worker_error", "the engine loop failed", status=500)
         self._fail_all(err)
+        while True:  # control calls still queued: answer them rather than leave them waiting
+            try:
+                kind, item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "call" and item[1].set_running_or_notify_cancel():
+                item[1].set_exception(err)
 
     def _drain_inbox(self, *, block: bool) -> bool:
         """Apply queued adds and aborts. False when asked to stop."""
@@ -136,7 +166,14 @@ class Engine:
             if kind == "stop":
                 return False
             assert handle is not None
-            if kind == "add":
+            if kind == "call":
+                fn, fut = handle
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as e:  # handed to the caller, never lost
+                        fut.set_exception(e)
+            elif kind == "add":
                 self._add(handle)
             else:
                 self._abort(handle)
@@ -155,6 +192,35 @@ class Engine:
         events = [self._event(s) for s in handle.seqs if self.scheduler.abort(s)]
         self._publish(events)
         self._update_gauges()
+
+    def _can_step(self) -> bool:
+        return self.scheduler.has_work() and self.paused is None and not self.held
+
+    # --- control (engine thread: call these through between_steps) -------------------------
+
+    def abort_where(self, match: Callable[[Sequence], bool], message: str) -> int:
+        """Abort every queued or running sequence `match` accepts; how many were aborted."""
+        seqs = [s for s in (*self.scheduler.waiting, *self.scheduler.running) if match(s)]
+        events = [self._event(s) for s in seqs if self.scheduler.abort(s, message)]
+        self._publish(events)
+        self._update_gauges()
+        return len(events)
+
+    def pause(self, mode: PauseMode) -> int:
+        """Stop stepping. abort: end every request; retract: running sequences go back to
+        the queue (their KV freed, recomputed on continue); in_place: keep everything.
+        Returns the number of sequences aborted or retracted."""
+        self.paused = mode
+        if mode == "abort":
+            return self.abort_where(lambda _s: True, "aborted by /pause_generation")
+        if mode == "retract":
+            n = self.scheduler.retract_all()
+            self._update_gauges()
+            return n
+        return 0
+
+    def resume(self) -> None:
+        self.paused = None
 
     def step(self) -> None:
         batch = self.scheduler.schedule()
@@ -195,6 +261,8 @@ class Engine:
             matched_stop=seq.matched_stop,
             text_limit=seq.text_limit,
             error=seq.error,
+            weight_version=self.weight_version,
+            abort_message=seq.abort_message,
         )
         if seq.is_finished:
             del self._owner[id(seq)]

@@ -84,15 +84,30 @@ class Scheduler:
             return
         self.waiting.append(seq)
 
-    def abort(self, seq: Sequence) -> bool:
+    def abort(self, seq: Sequence, message: str | None = None) -> bool:
         """Stop `seq` now, wherever it is. False when it had already finished."""
         if seq.is_finished:
             return False
         if seq.status is SeqStatus.WAITING:
             self.waiting.remove(seq)
+        seq.abort_message = message
         seq.finish("abort")
         self._retire(seq)
         return True
+
+    def retract_all(self) -> int:
+        """Send every running sequence back to the head of the queue, in order, freeing its
+        KV slot; readmitted, it prefills prompt + output so far and goes on where it was."""
+        retracted = list(self.running)
+        for seq in retracted:
+            self._retire(seq)
+            seq.status = SeqStatus.WAITING
+            seq.recompute_ids = seq.prompt_ids + seq.output_ids if seq.output_ids else None
+            seq.num_prefilled = 0
+            seq.decode_row = None
+            seq.num_retractions += 1
+        self.waiting.extendleft(reversed(retracted))
+        return len(retracted)
 
     def schedule(self) -> list[tuple[Sequence, RowWork]]:
         """The next step's rows: decodes first (latency), then prompt chunks within budget."""
@@ -170,18 +185,19 @@ class Scheduler:
         return row
 
     def _prefill_row(self, seq: Sequence, budget: int) -> RowWork:
+        ids = seq.prefill_ids
         start = seq.num_prefilled
-        end = min(seq.num_prompt_tokens, start + budget)
-        last = end == seq.num_prompt_tokens
+        end = min(len(ids), start + budget)
+        last = end == len(ids)
         return RowWork(
             slot=_slot(seq),
-            token_ids=seq.prompt_ids[start:end],
+            token_ids=ids[start:end],
             start_pos=start,
             sample=last,
             params=seq.params,
             want_mask=seq.want_mask and last,
             bounded=seq.bounded,
-            step=0,
+            step=len(seq.output_ids),  # > 0 for a retracted sequence's recompute
         )
 
     def _commit(self, seq: Sequence, res: RowResult, now: float, out: StepOutcome) -> None:

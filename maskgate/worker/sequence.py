@@ -43,7 +43,11 @@ class Sequence:
 
     status: SeqStatus = SeqStatus.WAITING
     slot: int | None = None
-    num_prefilled: int = 0  # prompt tokens whose KV is written
+    num_prefilled: int = 0  # tokens of prefill_ids whose KV is written
+    # Set when the sequence was retracted (its KV slot freed): prompt + the output so far,
+    # recomputed as one prefill on readmission; None: just the prompt.
+    recompute_ids: list[int] | None = None
+    num_retractions: int = 0
     output_ids: list[int] = field(default_factory=list)
     # Per output token, only for mask rows (docs/design.md, Mask semantics).
     logprobs: list[float] = field(default_factory=list)
@@ -53,6 +57,7 @@ class Sequence:
     matched_stop: int | str | None = None  # the EOS/stop id or the stop string that ended it
     text_limit: int | None = None  # chars of the decoded output kept (cut before a stop string)
     error: ApiError | None = None
+    abort_message: str | None = None  # why an abort came (pause, /abort_request, ...)
     decode_row: RowWork | None = None  # reused by the scheduler each decode step
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -66,8 +71,13 @@ class Sequence:
         return len(self.output_ids)
 
     @property
+    def prefill_ids(self) -> list[int]:
+        """The tokens to write into the KV slot before decoding."""
+        return self.prompt_ids if self.recompute_ids is None else self.recompute_ids
+
+    @property
     def is_prefilling(self) -> bool:
-        return self.num_prefilled < len(self.prompt_ids)
+        return self.num_prefilled < len(self.prefill_ids)
 
     @property
     def is_finished(self) -> bool:

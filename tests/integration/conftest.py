@@ -33,6 +33,9 @@ from maskgate.protocol.settings import load_settings
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+_PROBES = frozenset({"/health", "/get_model_info", "/model_info", "/get_weight_version"})
+
+
 @dataclass
 class Received:
     method: str
@@ -69,13 +72,17 @@ class FakeUpstream:
 
     @property
     def requests(self) -> list[Received]:
-        """Received requests other than health and model-info probes."""
-        return [r for r in self.received if r.path not in ("/health", "/get_model_info")]
+        """Received requests other than health, model-info and weight-version probes."""
+        return [r for r in self.received if r.path not in _PROBES]
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         app = web.Application()
         app.router.add_get("/health", self._health)
         app.router.add_get("/get_model_info", self._model_info)
+        # No weight versions here (the RL worker fake in rl_worker.py has them): the
+        # trained pool's version probes get 404 and never consume `statuses`.
+        for path in ("/model_info", "/get_weight_version"):
+            app.router.add_get(path, self._no_versions)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -93,6 +100,10 @@ class FakeUpstream:
         self.received.append(Received("GET", "/health", CIMultiDict(request.headers), b""))
         self.health_checks += 1
         return web.Response(status=200 if self.healthy else 503)
+
+    async def _no_versions(self, request: web.Request) -> web.Response:
+        self.received.append(Received("GET", request.path, CIMultiDict(request.headers), b""))
+        return web.Response(status=404)
 
     async def _model_info(self, request: web.Request) -> web.Response:
         if self.vocab_size is None:

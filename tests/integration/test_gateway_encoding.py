@@ -59,9 +59,9 @@ async def test_compressed_bodies_are_decoded_and_checked(
         ("gzip, br", b"\x00", 415, "unsupported_content_encoding"),
         ("gzip, gzip, gzip", b"\x00", 415, "unsupported_content_encoding"),
         ("gzip", b"not gzip", 400, "invalid_content_encoding"),
-        ("gzip", gzip.compress(b'{"text": "x"}')[:-6], 400, "invalid_content_encoding"),
-        ("gzip", gzip.compress(b"{}") + b"trailing", 400, "invalid_content_encoding"),
-        ("gzip", gzip.compress(b" " * (16 * 1024 * 1024)), 413, "body_too_large"),
+        ("gzip", gzip.compress(b'{"text": "x"}', mtime=0)[:-6], 400, "invalid_content_encoding"),
+        ("gzip", gzip.compress(b"{}", mtime=0) + b"trailing", 400, "invalid_content_encoding"),
+        ("gzip", gzip.compress(b" " * (16 * 1024 * 1024), mtime=0), 413, "body_too_large"),
         ("deflate", zlib.compress(b"[" * (9 * 1024 * 1024)), 413, "body_too_large"),
     ],
 )

@@ -20,7 +20,7 @@ from maskgate.worker.config import WorkerConfig
 from maskgate.worker.engine import Engine
 from maskgate.worker.metrics import WorkerMetrics
 from maskgate.worker.scheduler import Scheduler
-from maskgate.worker.server import generate, openai
+from maskgate.worker.server import control, generate, openai, weight_routes
 from maskgate.worker.server.backend import Backend, load_backend
 from maskgate.worker.server.output import ClientGone
 from maskgate.worker.server.state import STATE, StateRef, WorkerState, policy_config
@@ -38,10 +38,11 @@ def create_app(config: WorkerConfig, *, backend: Backend | None = None) -> web.A
     app.cleanup_ctx.append(_engine_ctx(config, backend))
     app.router.add_get("/health", handle_health)
     app.router.add_get("/v1/models", handle_models)
-    app.router.add_get("/get_model_info", handle_model_info)
     app.router.add_get("/metrics", handle_metrics)
     generate.setup(app)
     openai.setup(app)
+    control.setup(app)
+    weight_routes.setup(app)
     return app
 
 
@@ -64,6 +65,8 @@ def _engine_ctx(
             decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
         )
         engine = Engine(loaded.runner, scheduler, metrics)
+        engine.weight_version = config.weight_version
+        sync = _weight_sync(loaded, engine, config)
         engine.start()
         app[STATE].state = WorkerState(
             config=config,
@@ -73,6 +76,8 @@ def _engine_ctx(
             model_name=config.served_model_name or loaded.model_name,
             metrics=metrics,
             policy=policy_config(config),
+            sync=sync,
+            runner_config=_model_facts(loaded),
         )
         try:
             yield
@@ -80,6 +85,26 @@ def _engine_ctx(
             await engine.stop()
 
     return ctx
+
+
+def _weight_sync(loaded: Backend, engine: Engine, config: WorkerConfig) -> object:
+    from maskgate.worker.weight_sync import WeightSync  # torch: only once a model runs
+
+    return WeightSync(loaded.runner, engine, config.weight_update_timeout_s)  # type: ignore[arg-type]
+
+
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def _model_facts(loaded: Backend) -> dict[str, object]:
+    model_type = getattr(getattr(loaded.runner, "config", None), "model_type", None)
+    arch = _ARCHITECTURES.get(model_type or "")
+    return {"model_type": model_type, "architectures": [arch] if arch else None}
 
 
 @web.middleware
@@ -139,22 +164,6 @@ async def handle_models(request: web.Request) -> web.Response:
         "max_model_len": state.max_model_len,
     }
     return _json({"object": "list", "data": [model]})
-
-
-async def handle_model_info(request: web.Request) -> web.Response:
-    state = _state(request)
-    return _json(
-        {
-            "model_path": state.config.model,
-            "served_model_name": state.model_name,
-            "is_generation": True,
-            "vocab_size": state.vocab_size,
-            "max_model_len": state.max_model_len,
-            "max_num_seqs": state.engine.scheduler.max_num_seqs,
-            "role": state.config.role,
-            "max_mask_tokens": state.config.max_mask_tokens,
-        }
-    )
 
 
 async def handle_metrics(request: web.Request) -> web.Response:

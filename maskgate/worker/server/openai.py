@@ -195,7 +195,11 @@ class _Reply:
     def full(self) -> dict[str, Any]:
         tok = self.state.tokenizer
         choices = [self.choice(k, o.text(tok), o.ids) for k, o in enumerate(self.outs)]
-        return {**self.envelope(False), "choices": choices, "usage": self.usage()}
+        full = {**self.envelope(False), "choices": choices, "usage": self.usage()}
+        # As SGLang: the weights that produced the response (choices' meta_info has the spans).
+        version = self.outs[0].meta_info()["weight_version"] if self.outs else None
+        full["metadata"] = {"weight_version": version}
+        return full
 
     def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {**self.envelope(True), "choices": choices}

@@ -48,14 +48,26 @@ class SeqOutput:
     matched_stop: int | str | None = None
     text_limit: int | None = None
     error: ApiError | None = None
+    abort_message: str | None = None
+    # Weight versions over output positions: [{"version", "start", "end"}], end exclusive.
+    weight_versions: list[dict[str, Any]] = field(default_factory=list)
+    weight_version: str | None = None  # the engine's version at the latest event
     # Incremental detokenization for streams (token offsets into `ids`).
     streamed: str = ""
     prefix_offset: int = 0
     read_offset: int = 0
 
     def apply(self, ev: Event) -> None:
+        if ev.weight_version is not None:
+            self.weight_version = ev.weight_version
         if ev.token is not None:
             self.ids.append(ev.token)
+            spans = self.weight_versions
+            if spans and spans[-1]["version"] == ev.weight_version:
+                spans[-1]["end"] += 1
+            else:
+                n = len(self.ids)
+                spans.append({"version": ev.weight_version, "start": n - 1, "end": n})
             if self.want_mask:
                 assert ev.mask is not None and ev.logprob is not None
                 self.masks.append(ev.mask)
@@ -66,6 +78,7 @@ class SeqOutput:
             self.matched_stop = ev.matched_stop
             self.text_limit = ev.text_limit
             self.error = ev.error
+            self.abort_message = ev.abort_message
 
     @property
     def finished(self) -> bool:
@@ -106,6 +119,11 @@ class SeqOutput:
             "completion_tokens": len(self.ids),
             "cached_tokens": 0,
             "e2e_latency": round(time.monotonic() - self.start, 6),
+            # The version of the last token's weights (the live one before any token).
+            "weight_version": (
+                self.weight_versions[-1]["version"] if self.weight_versions else self.weight_version
+            ),
+            "weight_versions": self.weight_versions,
         }
         if self.want_mask:
             info["output_token_sampling_mask"] = self.masks[since:]
@@ -121,7 +139,7 @@ class SeqOutput:
         if self.finish_reason == "length":
             return {"type": "length", "length": len(self.ids)}
         if self.finish_reason == "abort":
-            return {"type": "abort", "message": "aborted"}
+            return {"type": "abort", "message": self.abort_message or "aborted"}
         return None
 
 

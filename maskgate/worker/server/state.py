@@ -3,8 +3,9 @@ size/JSON check, the worker's role, and the mask policy shared with the gateway.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -33,6 +34,9 @@ class WorkerState:
     model_name: str
     metrics: WorkerMetrics
     policy: PolicyConfig
+    sync: Any = None  # maskgate.worker.weight_sync.WeightSync (torch; built at startup)
+    runner_config: dict[str, Any] = field(default_factory=dict)  # model_type, architectures
+    update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight change at once
 
     @property
     def vocab_size(self) -> int:

@@ -23,6 +23,7 @@ ALERTS = {
     "MaskgateSamplerFallbackRate",
     "MaskgateUpstreamErrorRate",
     "MaskgateMaskInvariantViolation",
+    "MaskgateWeightSyncFailed",
 }
 # Dashboard panels the operator docs point at, by title.
 PANELS = {
@@ -39,6 +40,8 @@ PANELS = {
     "Tokens/s",
     "KV cache usage",
     "Sampler fallback rows",
+    "Weight sync duration",
+    "Endpoint weight versions",
 }
 # Grafana's template variables, replaced by plain values so promtool can parse the queries.
 GRAFANA_VARS = {"$__rate_interval": "1m", "$namespace": ".*", "$pool": ".*"}

@@ -1,0 +1,332 @@
+"""SGLang's RL control paths on the gateway: each acts on the whole trained pool, never on one
+worker (docs/rl.md). Same paths and bodies as an SGLang engine, so a trainer written for one
+engine drives a pool of them through one URL.
+
+Every path that changes state needs the admin key (or, without one, a client key); the
+read-only ones (`/model_info`, `/get_weight_version`, `/get_world_size`) a client key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from maskgate.gateway.auth import authenticate, check_control
+from maskgate.gateway.fanout import answer, call, fan_out
+from maskgate.gateway.pool import Endpoint, Pool
+from maskgate.gateway.state import STATE, GatewayState
+from maskgate.gateway.versions import MIXED, normalize, pool_version
+from maskgate.gateway.weight_sync import PoolControl, run_update, set_version
+from maskgate.protocol.errors import ApiError, ServerError
+
+CONTROL = web.AppKey("maskgate_control", PoolControl)
+_INFO_TIMEOUT_S = 5.0  # one endpoint's /model_info
+
+UPDATE_PATHS = {
+    "/update_weights_from_disk": ("disk", ("model_path",)),
+    "/update_weights_from_distributed": ("distributed", ("names", "dtypes", "shapes")),
+    "/update_weights_from_tensor": ("tensor", ("serialized_named_tensors",)),
+}
+
+
+def _admin(request: web.Request) -> tuple[GatewayState, PoolControl]:
+    state = request.app[STATE]
+    check_control(request.headers, state.config.admin_key, state.api_keys)
+    return state, request.app[CONTROL]
+
+
+def _json(data: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(data), content_type="application/json")
+
+
+async def _object(request: web.Request, required: tuple[str, ...] = ()) -> tuple[bytes, dict]:
+    """The body as (bytes, dict); `{}` when empty. 400 on anything but a JSON object."""
+    raw = await request.read()
+    if not raw.strip():
+        raw = b"{}"
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise ApiError("invalid_json", f"request body is not valid JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise ApiError("invalid_request", "the request body must be a JSON object")
+    for name in required:
+        if name not in body:
+            raise ApiError("missing_field", f"{name!r} is required", param=name)
+    version = body.get("weight_version")
+    if version is not None and normalize(version) is None:
+        raise ApiError(
+            "invalid_weight_version",
+            "weight_version must be a non-empty printable string",
+            param="weight_version",
+        )
+    return raw, body
+
+
+def _members(pool: Pool) -> list[Endpoint]:
+    """The endpoints a control call reaches: every one not known to be down."""
+    members = [ep for ep in pool.endpoints if ep.healthy is not False]
+    if not members:
+        raise ServerError(
+            "no_trained_endpoints",
+            f"the trained pool ({pool.name}) has no healthy endpoint",
+            status=503,
+            headers={"Retry-After": "5"},
+        )
+    return members
+
+
+async def _broadcast(
+    state: GatewayState, pool: Pool, method: str, path: str, raw: bytes | None
+) -> list[dict[str, Any]]:
+    urls = [ep.url for ep in _members(pool)]
+    replies = await fan_out(state, urls, method, path, raw, state.config.control.timeout_s)
+    return [r.result() for r in replies]
+
+
+async def update_weights(request: web.Request) -> web.Response:
+    state, ctl = _admin(request)
+    kind, required = UPDATE_PATHS[request.path]
+    raw, _ = await _object(request, required)
+    _members(ctl.pool)
+    results = await run_update(state, ctl, kind, request.path, raw)
+    return answer(
+        f"weight update ({kind})", "weight_sync_failed", results, {"num_paused_requests": 0}
+    )
+
+
+async def pause_generation(request: web.Request) -> web.Response:
+    state, ctl = _admin(request)
+    raw, body = await _object(request)
+    if body.get("mode", "abort") not in ("abort", "retract", "in_place"):
+        raise ApiError("invalid_mode", "mode must be abort, retract or in_place", param="mode")
+    async with ctl.lock:
+        ctl.hold("paused")  # new requests wait at the gateway until /continue_generation
+        results = await _broadcast(state, ctl.pool, "POST", "/pause_generation", raw)
+    ok = {"message": "Generation paused successfully.", "status": "ok"}
+    return answer("pause_generation", "control_failed", results, ok)
+
+
+async def continue_generation(request: web.Request) -> web.Response:
+    state, ctl = _admin(request)
+    raw, _ = await _object(request)
+    async with ctl.lock:
+        try:
+            results = await _broadcast(state, ctl.pool, "POST", "/continue_generation", raw)
+        finally:
+            ctl.unhold("paused")
+    ok = {"message": "Generation continued successfully.", "status": "ok"}
+    return answer("continue_generation", "control_failed", results, ok)
+
+
+async def release_memory(request: web.Request) -> web.Response:
+    state, ctl = _admin(request)
+    raw, _ = await _object(request)
+    async with ctl.lock:
+        ctl.hold("released")  # a released worker must get no request until resumed
+        results = await _broadcast(state, ctl.pool, "POST", request.path, raw)
+    return answer("release_memory_occupation", "control_failed", results)
+
+
+async def resume_memory(request: web.Request) -> web.Response:
+    state, ctl = _admin(request)
+    raw, _ = await _object(request)
+    async with ctl.lock:
+        results = await _broadcast(state, ctl.pool, "POST", request.path, raw)
+        ctl.unhold("released")
+    return answer("resume_memory_occupation", "control_failed", results)
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    """Once on every endpoint, no retry: 400 while any is busy, like one engine, so the
+    trainer's own retry loop works unchanged."""
+    state, ctl = _admin(request)
+    target = "/flush_cache" + (f"?{request.query_string}" if request.query_string else "")
+    results = await _broadcast(state, ctl.pool, "POST", target, None)
+    return answer("flush_cache", "flush_cache_failed", results, {"message": "Cache flushed."})
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    """Every endpoint gets it: an unknown rid is a no-op there, and abort_all reaches all."""
+    state, ctl = _admin(request)
+    raw, _ = await _object(request)
+    results = await _broadcast(state, ctl.pool, "POST", "/abort_request", raw)
+    return answer("abort_request", "control_failed", results)
+
+
+async def update_weight_version(request: web.Request) -> web.Response:
+    state, ctl = _admin(request)
+    raw, body = await _object(request, ("new_version",))
+    version = normalize(body["new_version"])
+    if version is None:
+        raise ApiError(
+            "invalid_weight_version", "new_version must be a string", param="new_version"
+        )
+    pool = ctl.pool
+    async with ctl.lock:
+        pool.sync_epoch += 1
+        members = _members(pool)
+        replies = await fan_out(
+            state,
+            [ep.url for ep in members],
+            "POST",
+            request.path,
+            raw,
+            state.config.control.timeout_s,
+        )
+        pool.version = version
+        for ep, reply in zip(members, replies, strict=True):
+            if reply.ok:
+                ep.stale, ep.rejoin = False, True
+                set_version(state, pool, ep, version)
+            else:
+                ep.stale, ep.rejoin = True, True
+        for ep in pool.endpoints:
+            if ep not in members:
+                ep.stale, ep.rejoin = True, True
+    ok = {"new_version": version, "message": f"Weight version updated to {version}"}
+    return answer("update_weight_version", "weight_sync_failed", [r.result() for r in replies], ok)
+
+
+async def init_group(request: web.Request) -> web.Response:
+    """Ranks `rank_offset + i` (the trainer's offset, 1 by default) for the i-th endpoint;
+    every init runs at once, since each blocks until the trainer joins. No lock, no hold:
+    other traffic flows while the endpoints wait."""
+    state, ctl = _admin(request)
+    _, body = await _object(request, ("master_address", "master_port", "world_size"))
+    members = _members(ctl.pool)
+    base, world = body.get("rank_offset", 1), body["world_size"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (base, world)):
+        raise ApiError("invalid_request", "world_size and rank_offset must be integers")
+    if base < 1 or base + len(members) > world:
+        raise ApiError(
+            "world_size_mismatch",
+            f"the pool has {len(members)} ranks: with rank_offset {base} world_size must be at "
+            f"least {base + len(members)} (the trainer's ranks + the pool's), got {world}",
+            param="world_size",
+        )
+    urls = [ep.url for ep in members]
+    group = body.get("group_name", "weight_update_group")
+
+    def with_rank(i: int, url: str) -> bytes:
+        return orjson.dumps({**body, "rank_offset": base + i})
+
+    replies = await fan_out(
+        state, urls, "POST", request.path, with_rank, state.config.control.timeout_s
+    )
+    results = [r.result(rank_offset=base + i) for i, r in enumerate(replies)]
+    if all(r.ok for r in replies):
+        ctl.groups[group] = urls
+    return answer("init_weights_update_group", "control_failed", results)
+
+
+async def destroy_group(request: web.Request) -> web.Response:
+    state, ctl = _admin(request)
+    raw, body = await _object(request)
+    group = body.get("group_name", "weight_update_group")
+    urls = ctl.groups.pop(group, None) or [ep.url for ep in _members(ctl.pool)]
+    replies = await fan_out(state, urls, "POST", request.path, raw, state.config.control.timeout_s)
+    return answer("destroy_weights_update_group", "control_failed", [r.result() for r in replies])
+
+
+def _versions(pool: Pool) -> dict[str, Any]:
+    serving = [ep for ep in pool.endpoints if ep.usable()]
+    return {
+        "weight_version": pool_version(ep.weight_version for ep in serving),
+        "pool_weight_version": pool.version,
+        "endpoints": [
+            {"url": ep.url, "weight_version": ep.weight_version, "serving": ep.usable()}
+            for ep in pool.endpoints
+        ],
+    }
+
+
+async def get_weight_version(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    authenticate(request.headers, state.api_keys)
+    return _json(_versions(request.app[CONTROL].pool))
+
+
+async def get_world_size(request: web.Request) -> web.Response:
+    """The pool's ranks (one per endpoint, TP=1): the trainer's world_size is 1 + this."""
+    state = request.app[STATE]
+    authenticate(request.headers, state.api_keys)
+    pool = request.app[CONTROL].pool
+    members = [ep.url for ep in pool.endpoints if ep.healthy is not False]
+    return _json({"world_size": len(members), "num_ranks": len(members), "endpoints": members})
+
+
+async def model_info(request: web.Request) -> web.Response:
+    """One serving endpoint's `/model_info`, with the pool's version (or "mixed") instead of
+    that endpoint's own."""
+    state = request.app[STATE]
+    authenticate(request.headers, state.api_keys)
+    pool = request.app[CONTROL].pool
+    info: dict[str, Any] = {}
+    for ep in [ep for ep in pool.endpoints if ep.usable()]:  # the first that answers
+        reply = await call(state, ep.url, "GET", "/model_info", None, _INFO_TIMEOUT_S)
+        data = reply.json()
+        if reply.status == 200 and isinstance(data, dict):
+            info = data
+            break
+    if not info:
+        raise ServerError(
+            "no_trained_endpoints",
+            f"no endpoint of the trained pool ({pool.name}) answered /model_info",
+            status=503,
+            headers={"Retry-After": "5"},
+        )
+    versions = _versions(pool)
+    info["weight_version"] = versions["weight_version"]
+    info["weight_version_mixed"] = versions["weight_version"] == MIXED
+    info["weight_versions_by_endpoint"] = {
+        e["url"]: e["weight_version"] for e in versions["endpoints"]
+    }
+    info["num_ranks"] = sum(1 for ep in pool.endpoints if ep.healthy is not False)
+    return _json(info)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_POST: dict[str, Handler] = {
+    **dict.fromkeys(UPDATE_PATHS, update_weights),
+    "/pause_generation": pause_generation,
+    "/continue_generation": continue_generation,
+    "/abort_request": abort_request,
+    "/update_weight_version": update_weight_version,
+    "/init_weights_update_group": init_group,
+    "/destroy_weights_update_group": destroy_group,
+}
+_GET_OR_POST: dict[str, Handler] = {
+    "/flush_cache": flush_cache,
+    "/release_memory_occupation": release_memory,
+    "/resume_memory_occupation": resume_memory,
+}
+_GET: dict[str, Handler] = {
+    "/model_info": model_info,
+    "/get_weight_version": get_weight_version,
+    "/weight_version": get_weight_version,
+    "/get_world_size": get_world_size,
+}
+CONTROL_PATHS = (*_POST, *_GET_OR_POST, *_GET)
+
+
+def _only(methods: frozenset[str], handler: Handler) -> Handler:
+    """Any other method gets 405 here, never the catch-all proxy route."""
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        if request.method not in methods:
+            raise web.HTTPMethodNotAllowed(request.method, sorted(methods))
+        return await handler(request)
+
+    return route
+
+
+def add_control_routes(app: web.Application) -> None:
+    state = app[STATE]
+    app[CONTROL] = PoolControl(state.pools[state.config.control.trained_pool])
+    for table, methods in ((_POST, {"POST"}), (_GET_OR_POST, {"GET", "POST"}), (_GET, {"GET"})):
+        for path, handler in table.items():
+            app.router.add_route("*", path, _only(frozenset(methods), handler))

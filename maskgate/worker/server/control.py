@@ -1,0 +1,187 @@
+"""SGLang's generation-control endpoints: pause / continue, abort by rid or all, flush_cache,
+releasing and restoring memory for a co-located trainer, and /model_info.
+
+Every state change runs on the engine thread between two steps (`on_engine`), so it never
+lands in the middle of a forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+from aiohttp import web
+
+from maskgate.protocol.errors import ApiError
+from maskgate.worker.params import invalid
+from maskgate.worker.sequence import Sequence
+from maskgate.worker.server.control_body import Body
+from maskgate.worker.server.state import STATE, WorkerState
+from maskgate.worker.server.weight_routes import abort_all, on_engine
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+FLUSH_POLL_S = 0.05
+FLUSHED = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+    "waiting requests, the operation will not be performed.)\n"
+)
+
+
+def _state(request: web.Request) -> WorkerState:
+    return request.app[STATE].get()
+
+
+def _ok(message: str) -> web.Response:
+    return web.json_response({"message": message, "status": "ok"})
+
+
+async def handle_pause(request: web.Request) -> web.Response:
+    state, body = _state(request), await Body.read(request)
+    mode = body.string("mode", "abort")
+    if mode not in PAUSE_MODES:
+        raise invalid("mode", f"must be one of {list(PAUSE_MODES)}, got {mode!r}")
+    await on_engine(state, lambda: state.engine.pause(mode))
+    return _ok("Generation paused successfully.")
+
+
+async def handle_continue(request: web.Request) -> web.Response:
+    state = _state(request)
+    await Body.read(request)  # torch_empty_cache and the like: accepted, nothing to do
+    await on_engine(state, state.engine.resume)
+    return _ok("Generation continued successfully.")
+
+
+async def handle_abort_request(request: web.Request) -> web.Response:
+    """200 with an empty body whatever was found (as SGLang): an unknown rid is a no-op."""
+    state, body = _state(request), await Body.read(request)
+    rid = body.string("rid", "")
+    if body.boolean("abort_all", False):
+        await on_engine(state, abort_all(state, "aborted by /abort_request"))
+    elif rid:
+        message = body.string("abort_message") or "aborted by /abort_request"
+        await on_engine(state, lambda: state.engine.abort_where(_rid_match(rid), message))
+    return web.Response(status=200)
+
+
+def _rid_match(rid: str) -> object:
+    """A request's sequences: `rid` itself, or `rid-<k>` (its n choices / batch items)."""
+
+    def match(seq: Sequence) -> bool:
+        base, _, k = seq.rid.rpartition("-")
+        return seq.rid == rid or (base == rid and k.isdigit())
+
+    return match
+
+
+async def handle_flush_cache(request: web.Request) -> web.Response:
+    """400 while any request is queued or running (SGLang's retry loops poll for 200). The
+    worker keeps no prefix cache: KV slots belong to running sequences only, so once idle
+    there is nothing to drop. `?timeout=S` waits up to S seconds for idle."""
+    state = _state(request)
+    raw = request.query.get("timeout", "0")
+    try:
+        timeout = float(raw)
+    except ValueError:
+        raise invalid("timeout", f"must be a number of seconds, got {raw!r}") from None
+    if not 0 <= timeout < float("inf"):
+        raise invalid("timeout", f"must be >= 0, got {raw!r}")
+    deadline = time.monotonic() + timeout
+    while True:
+        busy = await on_engine(state, lambda: state.engine.scheduler.has_work())
+        if not busy:
+            return web.Response(text=FLUSHED)
+        if time.monotonic() >= deadline:
+            sched = state.engine.scheduler
+            return web.Response(
+                status=400,
+                text=f"Flush cache failed: {sched.num_running} running and "
+                f"{sched.num_waiting} waiting requests.\n",
+            )
+        await asyncio.sleep(FLUSH_POLL_S)
+
+
+async def _memory_tags(request: web.Request) -> list[str]:
+    body = await Body.read(request)
+    tags = body.string_list("tags", required=False)
+    if tags is None:
+        return list(MEMORY_TAGS)
+    bad = [t for t in tags if t not in MEMORY_TAGS]
+    if bad:
+        raise invalid("tags", f"holds unknown tags {bad}; known: {list(MEMORY_TAGS)}")
+    return tags
+
+
+async def handle_release_memory(request: web.Request) -> web.Response:
+    state, tags = _state(request), await _memory_tags(request)
+    engine = state.engine
+
+    def release() -> None:
+        if engine.scheduler.has_work():
+            raise ApiError(
+                "worker_busy",
+                "requests are running or queued; pause generation (mode abort) or wait for "
+                "them before releasing memory",
+                status=400,
+            )
+        state.sync.memory.release(tags)
+        engine.held = state.sync.memory.held
+
+    async with state.update_lock:
+        await on_engine(state, release)
+    return web.json_response(None)
+
+
+async def handle_resume_memory(request: web.Request) -> web.Response:
+    state, tags = _state(request), await _memory_tags(request)
+    engine = state.engine
+
+    def resume() -> None:
+        state.sync.memory.resume(tags)
+        engine.held = state.sync.memory.held
+
+    async with state.update_lock:
+        await on_engine(state, resume)
+    return web.json_response(None)
+
+
+async def handle_model_info(request: web.Request) -> web.Response:
+    state = _state(request)
+    cfg = state.runner_config
+    info = {
+        "model_path": state.config.model,
+        "tokenizer_path": state.config.model,
+        "served_model_name": state.model_name,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": state.engine.weight_version,
+        "load_format": "auto",
+        "model_type": cfg.get("model_type"),
+        "architectures": cfg.get("architectures"),
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "vocab_size": state.vocab_size,
+        "max_model_len": state.max_model_len,
+        "max_num_seqs": state.engine.scheduler.max_num_seqs,
+        "role": state.config.role,
+        "max_mask_tokens": state.config.max_mask_tokens,
+        "paused": state.engine.paused,
+        "released_memory": sorted(state.engine.held),
+    }
+    return web.Response(body=orjson.dumps(info), content_type="application/json")
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_post("/pause_generation", handle_pause)
+    app.router.add_post("/continue_generation", handle_continue)
+    app.router.add_post("/abort_request", handle_abort_request)
+    for path, handler in (
+        ("/flush_cache", handle_flush_cache),
+        ("/release_memory_occupation", handle_release_memory),
+        ("/resume_memory_occupation", handle_resume_memory),
+    ):
+        app.router.add_get(path, handler)
+        app.router.add_post(path, handler)
+    app.router.add_get("/model_info", handle_model_info)
+    app.router.add_get("/get_model_info", handle_model_info)
