@@ -28,6 +28,8 @@ def token_logprobs(
     temperature: torch.Tensor,
     tokens: torch.Tensor,
     top: int,
+    *,
+    scale: bool = True,
 ) -> torch.Tensor:
     """Raw log-probs of sampled tokens, as one float32 block [R, 1 + 2 * top].
 
@@ -35,18 +37,20 @@ def token_logprobs(
     all B);
     temperature [B] float32 and tokens [B] int64 for every row. Column 0 is the token's
     log-prob; columns 1..top the top log-probs (descending) and top+1..2*top their ids (as
-    float32, exact below 2**24, so the whole block comes back in one copy).
+    float32, exact below 2**24, so the whole block comes back in one copy). scale=False: the
+    caller knows every row is greedy or has T = 1, so the logits are used as they are.
     """
     if rows is not None:
-        logits, temperature, tokens = (
-            t.index_select(0, rows) for t in (logits, temperature, tokens)
-        )
-    lp = _log_softmax(scaled_logits(logits, temperature))
-    chosen = lp.gather(1, tokens[:, None])
+        logits, temperature, tokens = (t.index_select(0, rows) for t in (logits, temperature, tokens))
+    # No log_softmax is materialised: z - logsumexp(z) at the token (and the top values) only,
+    # so a row costs one read of its logits (two when its temperature scales them).
+    z = scaled_logits(logits, temperature) if scale else logits
+    lse = torch.logsumexp(z, dim=1, keepdim=True)  # [R, 1]
+    chosen = (z.gather(1, tokens[:, None]) - lse).clamp_(min=FLOAT32_MIN)
     if top <= 0:
         return chosen
-    vals, ids = lp.topk(min(top, lp.shape[1]), dim=1)
-    return torch.cat([chosen, vals, ids.to(torch.float32)], dim=1)
+    vals, ids = z.topk(min(top, z.shape[1]), dim=1)
+    return torch.cat([chosen, (vals - lse).clamp_(min=FLOAT32_MIN), ids.to(torch.float32)], dim=1)
 
 
 def prompt_logprobs(

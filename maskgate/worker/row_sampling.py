@@ -206,7 +206,11 @@ class RowSampler:
         idx = None  # every row asked (the usual RL batch): no gather
         if len(asked) < len(rows):
             idx = torch.tensor(asked, dtype=torch.int64).to(logits.device, non_blocking=True)
-        return asked, top, token_logprobs(logits, idx, temperature, tokens, top)
+        # Rows at T = 0 (greedy: T = 1 for log-probs) or T = 1 read their logits unscaled;
+        # any other T goes through scaled_logits, which also keeps greedy rows unscaled.
+        scale = any(rows[i].params.temperature not in (0.0, 1.0) for i in asked)
+        block = token_logprobs(logits, idx, temperature, tokens, top, scale=scale)
+        return asked, top, block
 
     def _fill(self, rows: list[RowWork]) -> None:
         """Writes the rows' parameters to the host buffer and starts its copy to the device.
