@@ -8,6 +8,7 @@ import struct
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 import torch
 
@@ -134,6 +135,17 @@ async def test_generate_defaults_text_batches_and_scoring(cluster: Any, oracle: 
     assert got == pytest.approx(want, abs=TOL)
 
 
+async def sse_chunks(url: str, path: str, body: dict[str, Any]) -> list[Any]:
+    """The JSON events of an SSE answer (without the final [DONE])."""
+    chunks = []
+    async with aiohttp.ClientSession() as s, s.post(url + path, json=body) as r:
+        assert r.status == 200
+        async for line in r.content:
+            if line.startswith(b"data: {"):
+                chunks.append(orjson.loads(line[6:]))
+    return chunks
+
+
 async def test_generate_stream_carries_logprobs(cluster: Any) -> None:
     body = {
         "input_ids": PROMPT,
@@ -142,11 +154,7 @@ async def test_generate_stream_carries_logprobs(cluster: Any) -> None:
         "incremental_streaming_output": True,
         **LOGPROBS,
     }
-    chunks = []
-    async with aiohttp.ClientSession() as s, s.post(cluster.general + "/generate", json=body) as r:
-        async for line in r.content:
-            if line.startswith(b"data: {"):
-                chunks.append(__import__("orjson").loads(line[6:]))
+    chunks = await sse_chunks(cluster.general, "/generate", body)
     _, whole = await post(cluster.general, "/generate", {**body, "stream": False})
     joined = [e for c in chunks for e in c["meta_info"]["output_token_logprobs"]]
     assert joined == whole["meta_info"]["output_token_logprobs"]
@@ -194,6 +202,16 @@ async def test_openai_logprobs_shapes_and_values(cluster: Any, oracle: Any) -> N
         assert len(e["top_logprobs"]) == 2
         # Greedy: the token is the most likely one.
         assert e["top_logprobs"][0]["logprob"] == pytest.approx(e["logprob"], abs=1e-6)
+    # A stream carries each new token's entries; joined, they are the whole answer's.
+    streamed = await sse_chunks(cluster.general, "/v1/chat/completions", {**chat, "stream": True})
+    joined = [
+        e
+        for ch in streamed
+        for c in ch["choices"]
+        if c.get("logprobs")
+        for e in c["logprobs"]["content"]
+    ]
+    assert joined == content
     status, err = await post(cluster.general, "/v1/chat/completions", {**chat, "logprobs": 1})
     assert status == 400 and err["error"]["code"] == "invalid_parameter"
     assert err["error"]["param"] == "logprobs"
