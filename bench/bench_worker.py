@@ -113,7 +113,7 @@ def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespa
     else:
         (top_k, top_p, want), temperature, logprobs = SETTINGS[setting], 1.0, -1
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    lp = {"want_logprob": logprobs >= 0, "top_logprobs": max(logprobs, 0)}
+    want_lp, top_lp = logprobs >= 0, max(logprobs, 0)
     gen = torch.Generator().manual_seed(batch)
     prompts = torch.randint(10, 1000, (batch, args.prompt_len), generator=gen).tolist()
     rows = [RowWork(i, p, 0, sample=True, params=params) for i, p in enumerate(prompts)]
@@ -128,7 +128,17 @@ def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespa
             t0, mask_s, mask_ids, overflows, fallbacks = time.perf_counter(), 0.0, 0, 0, 0
         pos = args.prompt_len + step
         rows = [
-            RowWork(i, [tokens[i]], pos, True, params, want_mask=want, step=step, **lp)
+            RowWork(
+                i,
+                [tokens[i]],
+                pos,
+                True,
+                params,
+                want_mask=want,
+                step=step,
+                want_logprob=want_lp,
+                top_logprobs=top_lp,
+            )
             for i in range(batch)
         ]
         results, stats = runner.run(rows)

@@ -12,9 +12,12 @@ for rows that want top log-probs, one topk over those rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from maskgate.kernels.order import scaled_logits
+from maskgate.worker.batch import RowResult, RowWork
 
 FLOAT32_MIN = torch.finfo(torch.float32).min
 # Prompt positions scored per lm_head call: bounds the [positions, vocab] float32 logits
@@ -41,7 +44,9 @@ def token_logprobs(
     caller knows every row is greedy or has T = 1, so the logits are used as they are.
     """
     if rows is not None:
-        logits, temperature, tokens = (t.index_select(0, rows) for t in (logits, temperature, tokens))
+        logits, temperature, tokens = (
+            t.index_select(0, rows) for t in (logits, temperature, tokens)
+        )
     # No log_softmax is materialised: z - logsumexp(z) at the token (and the top values) only,
     # so a row costs one read of its logits (two when its temperature scales them).
     z = scaled_logits(logits, temperature) if scale else logits
@@ -53,8 +58,33 @@ def token_logprobs(
     return torch.cat([chosen, (vals - lse).clamp_(min=FLOAT32_MIN), ids.to(torch.float32)], dim=1)
 
 
+def score_prompts(
+    rows: list[RowWork],
+    hidden: torch.Tensor,
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    out: dict[int, RowResult],
+) -> None:
+    """Prompt log-probs of the rows with prompt_targets, into out[row index] (token -1).
+
+    rows: a step's rows in the order they were fed; hidden: [tokens of the step, H], the
+    rows' tokens back to back. The lm_head runs on the scored positions only.
+    """
+    offset = 0
+    for j, r in enumerate(rows):
+        targets = r.prompt_targets
+        if targets:
+            lo = offset + r.prompt_from
+            tgt = torch.tensor(targets, dtype=torch.int64).to(hidden.device)
+            res = RowResult(token=-1, logprob=float("nan"))
+            res.prompt_logprobs, res.prompt_top = prompt_logprobs(
+                compute_logits, hidden[lo : lo + len(targets)], tgt, r.top_logprobs
+            )
+            out[j] = res
+        offset += len(r.token_ids)
+
+
 def prompt_logprobs(
-    compute_logits: object,
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
     hidden: torch.Tensor,
     targets: torch.Tensor,
     top: int,
@@ -68,7 +98,7 @@ def prompt_logprobs(
     values: list[float] = []
     tops: list[list[tuple[float, int]]] = []
     for s in range(0, hidden.shape[0], PROMPT_BLOCK):
-        lp = _log_softmax(compute_logits(hidden[s : s + PROMPT_BLOCK]))  # type: ignore[operator]
+        lp = _log_softmax(compute_logits(hidden[s : s + PROMPT_BLOCK]))
         values.extend(lp.gather(1, targets[s : s + PROMPT_BLOCK, None]).squeeze(1).tolist())
         if top > 0:
             vals, ids = lp.topk(min(top, lp.shape[1]), dim=1)

@@ -19,7 +19,7 @@ from maskgate.worker.cuda_graphs import DecodeGraphs
 from maskgate.worker.kv_cache import allocate_kv_cache, bytes_per_slot
 from maskgate.worker.model import LoadedModel, load
 from maskgate.worker.model.attention import build_attn_batch
-from maskgate.worker.raw_logprobs import prompt_logprobs
+from maskgate.worker.raw_logprobs import score_prompts
 from maskgate.worker.row_sampling import RowSampler, warm_up_sampler
 from maskgate.worker.sort_all import sample_sort_all_rows
 
@@ -163,10 +163,14 @@ class ModelRunner:
                 if res.nan:
                     self.nan_slots.add(rows[i].slot)
         for i, scored in prompt.items():
-            res = out[i]
-            if res is None:  # a prompt chunk that samples nothing
-                out[i] = res = RowResult(token=-1, logprob=float("nan"))
-            res.prompt_logprobs, res.prompt_top = scored.prompt_logprobs, scored.prompt_top
+            sampled = out[i]
+            if sampled is None:  # a prompt chunk that samples nothing: token -1
+                out[i] = scored
+            else:
+                sampled.prompt_logprobs, sampled.prompt_top = (
+                    scored.prompt_logprobs,
+                    scored.prompt_top,
+                )
         return out, stats
 
     @torch.inference_mode()
@@ -276,32 +280,10 @@ class ModelRunner:
         with self._eager_attention():
             hidden = self.model(flat[0], flat[1], self.kv_layers, batch)
         if prompt is not None:
-            self._score_prompts(ordered, hidden, prompt)
+            score_prompts(ordered, hidden, self.model.compute_logits, prompt)
         if not last:
             return hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[dev[3, : len(last)]])
-
-    def _score_prompts(
-        self, ordered: list[RowWork], hidden: torch.Tensor, prompt: dict[int, RowResult]
-    ) -> None:
-        """Prompt log-probs of the rows that ask, from the hidden states of their positions
-        (hidden: [tokens of the step, H]); the lm_head runs on those positions only."""
-        offset = 0
-        for j, r in enumerate(ordered):
-            targets = r.prompt_targets
-            if targets:
-                lo = offset + r.prompt_from
-                tgt = torch.tensor(targets, dtype=torch.int64).to(self.device)
-                values, tops = prompt_logprobs(
-                    self.model.compute_logits,
-                    hidden[lo : lo + len(targets)],
-                    tgt,
-                    r.top_logprobs,
-                )
-                res = RowResult(token=-1, logprob=float("nan"))
-                res.prompt_logprobs, res.prompt_top = values, tops
-                prompt[j] = res
-            offset += len(r.token_ids)
 
     def _eager_attention(self) -> AbstractContextManager[object]:
         """SDPA backends for eager steps. On the H200 eager decode steps took 60-97 ms whatever

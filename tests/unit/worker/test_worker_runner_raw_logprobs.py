@@ -57,7 +57,7 @@ def test_sampled_token_logprobs_match_float64(tiny: LoadedModel) -> None:
     lp07 = torch.log_softmax(ref / 0.7, 0)
     assert masked.raw_logprob == pytest.approx(float(lp07[masked.token]), abs=1e-4)
     # The mask log-prob is over the truncated support: never below the raw one.
-    assert masked.logprob >= masked.raw_logprob - 1e-6
+    assert masked.raw_logprob is not None and masked.logprob >= masked.raw_logprob - 1e-6
     assert masked.top is not None and len(masked.top) == 4
     want = torch.topk(lp07, 4)
     assert [i for _, i in masked.top] == want.indices.tolist()
