@@ -6,8 +6,12 @@ T < 1e-6, use T = 1, as SGLang does). Prompt tokens: log_softmax(logits) at T = 
 computes input log-probs. A log-prob of -inf (a token whose logit is -inf) is clamped to the
 most negative float32, as SGLang clamps, so every value is finite JSON.
 
-Only rows that asked are read: the work is one gather of their logits rows, a logsumexp and,
-for rows that want top log-probs, one topk over those rows.
+Only rows that asked do any work. On CUDA the sampler's pass 1 already holds each row's
+per-segment max and sum of exp(z - max) (SampleResult.chunk_max / chunk_sumexp), so the full
+log-normaliser is a reduction over a few dozen segments and the token's log-prob a gather of
+its logit: no second read of the row. Elsewhere (the torch path computes no such statistics
+for every row) it is one logsumexp over the asking rows. Top log-probs need one topk over
+the rows that want them, on any device.
 """
 
 from __future__ import annotations
@@ -33,29 +37,55 @@ def token_logprobs(
     top: int,
     *,
     scale: bool = True,
+    chunks: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Raw log-probs of sampled tokens, as one float32 block [R, 1 + 2 * top].
 
-    logits [B, V] float32; rows [R] int64 (the rows that asked, on logits.device; None:
-    all B);
-    temperature [B] float32 and tokens [B] int64 for every row. Column 0 is the token's
+    logits [B, V] float32; rows [R] int64 (the rows that asked, on logits.device; None: all
+    B); temperature [B] float32 and tokens [B] int64 for every row. Column 0 is the token's
     log-prob; columns 1..top the top log-probs (descending) and top+1..2*top their ids (as
     float32, exact below 2**24, so the whole block comes back in one copy). scale=False: the
     caller knows every row is greedy or has T = 1, so the logits are used as they are.
+
+    chunks: the sampler's pass-1 statistics (SampleResult.chunk_max, chunk_sumexp; [B, C]).
+    With them the log-normaliser costs nothing more than the token's logit: the rows'
+    logits are read again only for their top log-probs.
     """
     if rows is not None:
-        logits, temperature, tokens = (
-            t.index_select(0, rows) for t in (logits, temperature, tokens)
-        )
-    # No log_softmax is materialised: z - logsumexp(z) at the token (and the top values) only,
-    # so a row costs one read of its logits (two when its temperature scales them).
-    z = scaled_logits(logits, temperature) if scale else logits
-    lse = torch.logsumexp(z, dim=1, keepdim=True)  # [R, 1]
-    chosen = (z.gather(1, tokens[:, None]) - lse).clamp_(min=FLOAT32_MIN)
+        temperature, tokens = temperature.index_select(0, rows), tokens.index_select(0, rows)
+    z_rows = None
+    if chunks is None or top > 0:
+        x = logits if rows is None else logits.index_select(0, rows)
+        z_rows = scaled_logits(x, temperature) if scale else x
+    if chunks is None:
+        assert z_rows is not None
+        # No log_softmax is materialised: z - logsumexp(z) at the token (and the top values).
+        lse = torch.logsumexp(z_rows, dim=1, keepdim=True)  # [R, 1]
+        z_y = z_rows.gather(1, tokens[:, None])
+    else:
+        m, s = chunks if rows is None else (c.index_select(0, rows) for c in chunks)
+        lse = chunk_lse(m, s)
+        x_y = logits.gather(1, tokens[:, None]) if rows is None else logits[rows, tokens][:, None]
+        z_y = scaled_logits(x_y, temperature) if scale else x_y  # the sampler's RN(x / T)
+    chosen = (z_y - lse).clamp_(min=FLOAT32_MIN)
     if top <= 0:
         return chosen
-    vals, ids = z.topk(min(top, z.shape[1]), dim=1)
+    assert z_rows is not None
+    vals, ids = z_rows.topk(min(top, z_rows.shape[1]), dim=1)
     return torch.cat([chosen, (vals - lse).clamp_(min=FLOAT32_MIN), ids.to(torch.float32)], dim=1)
+
+
+def chunk_lse(chunk_max: torch.Tensor, chunk_sumexp: torch.Tensor) -> torch.Tensor:
+    """log sum exp(z) of each row [R, 1] from per-segment max m_c and sum exp(z - m_c).
+
+    A segment with no finite z (m_c = -inf) adds nothing; a row with none (a flagged row)
+    gets -inf or NaN, and its request fails anyway.
+    """
+    top = chunk_max.amax(dim=1, keepdim=True)
+    top = torch.where(top == float("-inf"), 0.0, top)
+    live = chunk_max > float("-inf")
+    mass = torch.where(live, chunk_sumexp * torch.exp(chunk_max - top), 0.0)
+    return top + torch.log(mass.sum(dim=1, keepdim=True))
 
 
 def score_prompts(

@@ -186,7 +186,7 @@ class RowSampler:
             bounded=f["bounded"],
         )
         timer.mark()
-        raw = self._raw_logprobs(logits, rows, f["temperature"], res.tokens)
+        raw = self._raw_logprobs(logits, rows, f["temperature"], res)
         results, num_fallback = _to_rows(res, rows, raw)
         return results, timer.seconds(), num_fallback
 
@@ -195,7 +195,7 @@ class RowSampler:
         logits: torch.Tensor,
         rows: list[RowWork],
         temperature: torch.Tensor,
-        tokens: torch.Tensor,
+        res: Any,
     ) -> tuple[list[int], int, torch.Tensor] | None:
         """The raw log-probs of the rows that asked (None when none did): their batch
         indices, the top count computed (the largest asked) and raw_logprobs' block."""
@@ -209,7 +209,13 @@ class RowSampler:
         # Rows at T = 0 (greedy: T = 1 for log-probs) or T = 1 read their logits unscaled;
         # any other T goes through scaled_logits, which also keeps greedy rows unscaled.
         scale = any(rows[i].params.temperature not in (0.0, 1.0) for i in asked)
-        block = token_logprobs(logits, idx, temperature, tokens, top, scale=scale)
+        # The CUDA sampler's pass-1 statistics, when it returns them (not the torch path nor
+        # the sort-all baseline): the normaliser without another read of the logits.
+        cm, cs = getattr(res, "chunk_max", None), getattr(res, "chunk_sumexp", None)
+        chunks = (cm, cs) if cm is not None and cs is not None else None
+        block = token_logprobs(
+            logits, idx, temperature, res.tokens, top, scale=scale, chunks=chunks
+        )
         return asked, top, block
 
     def _fill(self, rows: list[RowWork]) -> None:
