@@ -23,9 +23,11 @@ class Decoder(Protocol):
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
-def token_texts(tok: Decoder) -> Callable[[int], str]:
-    """One id -> its text, memoised for one response (top lists repeat ids)."""
-    seen: dict[int, str] = {}
+def token_texts(tok: Decoder, seen: dict[int, str] | None = None) -> Callable[[int], str]:
+    """One id -> its text, memoised in `seen` (a sequence's, so cumulative stream events do
+    not decode their tokens again; top lists repeat ids)."""
+    if seen is None:
+        seen = {}
 
     def text(i: int) -> str:
         s = seen.get(i)

@@ -54,6 +54,7 @@ class SeqOutput:
     top: list[Top] = field(default_factory=list)
     input_logprobs: list[float] = field(default_factory=list)
     input_top: list[Top] = field(default_factory=list)
+    texts: dict[int, str] = field(default_factory=dict)  # token id -> text, decoded once
     finish_reason: str | None = None
     matched_stop: int | str | None = None
     text_limit: int | None = None
@@ -139,7 +140,7 @@ class SeqOutput:
     def logprob_info(self, since: int, tok: Tokenizer | None) -> dict[str, Any]:
         """SGLang's return_logprob fields of meta_info."""
         assert self.lp is not None
-        text = token_texts(tok) if self.lp.text and tok is not None else None
+        text = token_texts(tok, self.texts) if self.lp.text and tok is not None else None
         # The prompt's scored positions that have log-probs so far (all once prefilled).
         prompt = [None, *self.input_logprobs] if since == 0 and self.scored else []
         ids = self.scored[: len(prompt)]
