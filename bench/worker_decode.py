@@ -29,6 +29,13 @@ fused speed-up), so a before/after comparison shares the GPU, weights and prompt
     python -m bench.worker_decode                          # both models, batch 1/16/64/128
     python -m bench.worker_decode --models qwen2.5-1.5b --batches 64 --no-hf
     python -m bench.worker_decode --models llama-3.2-1b --batches 1,64,128 --fused both
+
+`--logprobs` measures the cost of SGLang's return_logprob (the raw-distribution log-prob of
+each token, optionally with its top 5) with masks on, at T = 1 and T = 0.7, instead of the
+settings above, into worker_decode_logprobs.{json,md,png}:
+
+    python -m bench.worker_decode --logprobs --models qwen2.5-1.5b --batches 64
+    python -m bench.worker_decode --logprobs --device cpu --models smoke --batches 64 --steps 4
 """
 
 from __future__ import annotations
@@ -61,6 +68,21 @@ SETTINGS: dict[str, tuple[int, float, bool]] = {  # name -> (top_k, top_p, want_
     "top_p_off": (-1, 0.9, False),
     "top_p_masks": (-1, 0.9, True),
 }
+# --logprobs: the cost of return_logprob at top-k 50 + top-p 0.9 with masks on, at T = 1
+# (the log-probs read the logits as they are) and at T = 0.7 (they scale them first).
+# name -> (top_k, top_p, want_mask, temperature, raw log-probs: -1 off, else top count).
+LOGPROB_SETTINGS: dict[str, tuple[int, float, bool, float, int]] = {
+    "masks_t1": (50, 0.9, True, 1.0, -1),
+    "masks_t1_logprob": (50, 0.9, True, 1.0, 0),
+    "masks_t1_logprob_top5": (50, 0.9, True, 1.0, 5),
+    "masks_t07": (50, 0.9, True, 0.7, -1),
+    "masks_t07_logprob": (50, 0.9, True, 0.7, 0),
+}
+LOGPROB_PAIRS = (
+    ("masks_t1", "masks_t1_logprob"),
+    ("masks_t1", "masks_t1_logprob_top5"),
+    ("masks_t07", "masks_t07_logprob"),
+)
 HF_SETTINGS = ("topk_topp_masks", "top_p_masks")
 MASK_PAIRS = (("masks_off", "topk_topp_masks"), ("top_p_off", "top_p_masks"))
 
@@ -83,8 +105,12 @@ def make_model(name: str, device: str) -> tuple[Any, dict[str, torch.Tensor]]:
 
 def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespace) -> dict:
     """Prefill `batch` rows, then time args.steps decode steps of every row."""
-    top_k, top_p, want = SETTINGS[setting]
-    params = SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p)
+    if setting in LOGPROB_SETTINGS:
+        top_k, top_p, want, temperature, logprobs = LOGPROB_SETTINGS[setting]
+    else:
+        (top_k, top_p, want), temperature, logprobs = SETTINGS[setting], 1.0, -1
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    want_lp, top_lp = logprobs >= 0, max(logprobs, 0)
     gen = torch.Generator().manual_seed(batch)
     prompts = torch.randint(10, 1000, (batch, args.prompt_len), generator=gen).tolist()
     rows = [RowWork(i, p, 0, sample=True, params=params) for i, p in enumerate(prompts)]
@@ -99,7 +125,17 @@ def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespa
             t0, mask_s, mask_ids, overflows, fallbacks = time.perf_counter(), 0.0, 0, 0, 0
         pos = args.prompt_len + step
         rows = [
-            RowWork(i, [tokens[i]], pos, sample=True, params=params, want_mask=want, step=step)
+            RowWork(
+                i,
+                [tokens[i]],
+                pos,
+                True,
+                params,
+                want_mask=want,
+                step=step,
+                want_logprob=want_lp,
+                top_logprobs=top_lp,
+            )
             for i in range(batch)
         ]
         results, stats = runner.run(rows)
@@ -332,6 +368,31 @@ def summarize(rows: list[dict]) -> list[str]:
     return lines
 
 
+def summarize_logprobs(rows: list[dict]) -> list[str]:
+    """--logprobs: decode tokens/s with masks on, return_logprob off and on, and its cost."""
+    names = list(LOGPROB_SETTINGS)
+    get = {(r["model"], r["batch"], r["setting"]): r for r in rows}
+    lines = [
+        "| model | batch | "
+        + " | ".join(names)
+        + " | logprob cost T=1 | top-5 cost T=1 | logprob cost T=0.7 "
+        + "| step ms T=1 (off / on) |",
+        "|---|---|" + "---|" * (len(names) + 4),
+    ]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for batch in sorted({r["batch"] for r in rows if r["model"] == model}):
+            rate = {n: get.get((model, batch, n), {}).get("tokens_per_s") for n in names}
+            cells = [f"{rate[n]:.0f}" if rate[n] else "-" for n in names]
+            costs = [_ratio(rate[a], rate[b], "{:.1%}", cost=True) for a, b in LOGPROB_PAIRS]
+            off = get.get((model, batch, "masks_t1"), {}).get("step_ms")
+            on = get.get((model, batch, "masks_t1_logprob"), {}).get("step_ms")
+            split = f"{off:.2f} / {on:.2f}" if off is not None and on is not None else "-"
+            lines.append(
+                f"| {model} | {batch} | {' | '.join(cells)} | {' | '.join(costs)} | {split} |"
+            )
+    return lines
+
+
 def plot(rows: list[dict], path: Path) -> None:
     try:
         import matplotlib
@@ -345,7 +406,8 @@ def plot(rows: list[dict], path: Path) -> None:
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
-        series = [("maskgate", s) for s in SETTINGS] + [("maskgate-eager", "masks_off")]
+        series = [("maskgate", s) for s in [*SETTINGS, *LOGPROB_SETTINGS]]
+        series.append(("maskgate-eager", "masks_off"))
         series += [("maskgate-unfused", s) for s in SETTINGS]
         series += [("transformers", s) for s in HF_SETTINGS]
         for impl, setting in series:
@@ -401,6 +463,12 @@ def main() -> None:
     ap.add_argument(
         "--settings", default=",".join(SETTINGS), help=f"a subset of {','.join(SETTINGS)}"
     )
+    ap.add_argument(
+        "--logprobs",
+        action="store_true",
+        help="measure return_logprob off / on with masks on (settings "
+        f"{','.join(LOGPROB_SETTINGS)}) instead; writes worker_decode_logprobs.*",
+    )
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script only")
     args = ap.parse_args()
@@ -411,6 +479,10 @@ def main() -> None:
     unknown = sorted(set(args.settings) - set(SETTINGS))
     if unknown:
         sys.exit(f"unknown settings {unknown}; choose from {list(SETTINGS)}")
+    stem = "worker_decode"
+    if args.logprobs:  # transformers and the eager runner have no log-prob counterpart here
+        args.settings, args.hf, args.eager = list(LOGPROB_SETTINGS), False, False
+        stem = "worker_decode_logprobs"
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench.worker_decode needs a CUDA GPU (or --device cpu for a smoke run)")
     out_dir = Path(args.out)
@@ -421,11 +493,11 @@ def main() -> None:
     for name in args.models.split(","):
         bench_model(name, args, rows)
         # Written after each model, so a run cut short still leaves its results.
-        (out_dir / "worker_decode.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
-        table = summarize(rows)
-        (out_dir / "worker_decode.md").write_text("\n".join(table) + "\n")
+        (out_dir / f"{stem}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+        table = summarize_logprobs(rows) if args.logprobs else summarize(rows)
+        (out_dir / f"{stem}.md").write_text("\n".join(table) + "\n")
         print("\n".join(table), flush=True)
-    plot(rows, out_dir / "worker_decode.png")
+    plot(rows, out_dir / f"{stem}.png")
 
 
 def _triton_version() -> str | None:

@@ -31,6 +31,11 @@ class SampleResult:
     nan_rows: torch.Tensor  # [B] bool: a NaN or +inf in z (greedy rows too), or no finite z
     fallback_rows: torch.Tensor  # [B] bool: rows whose support needed the slow full pass
     support_sizes: torch.Tensor  # [B] int64: |S| (0 for flagged rows)
+    # Pass 1's per-segment statistics of z (CUDA path only; None on the torch path): the
+    # segment max and sum exp(z - max), [B, n_segments] float32. They give a row's full
+    # log-normaliser without another read of the logits (worker/raw_logprobs.py).
+    chunk_max: torch.Tensor | None = None
+    chunk_sumexp: torch.Tensor | None = None
 
     def masks(self) -> list[list[int]]:
         """The R masks as host lists (one device-to-host copy)."""

@@ -754,4 +754,6 @@ def sample_triton(
         nan_rows=nan_rows.view(torch.bool),
         fallback_rows=fallback.view(torch.bool),
         support_sizes=sizes,
+        chunk_max=m_c,
+        chunk_sumexp=s_c,
     )

@@ -42,6 +42,15 @@ class RowWork:
     want_mask: bool = False
     bounded: bool = False  # bounded mode (docs/design.md, the cap); exact mode otherwise
     step: int = 0  # index of the output token being sampled (keys the seeded noise)
+    # Raw-distribution log-probs (log_softmax(logits / T), T = 1 for greedy rows) of the
+    # sampled token, plus its `top_logprobs` most likely tokens; rows that ask nothing pay
+    # nothing.
+    want_logprob: bool = False
+    top_logprobs: int = 0
+    # Prompt log-probs: the logits at positions start_pos + prompt_from + i (i < len(targets))
+    # score prompt_targets[i], the prompt token that follows (log_softmax at T = 1).
+    prompt_from: int = 0
+    prompt_targets: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -52,6 +61,12 @@ class RowResult:
     mask_status: int = 0  # 0 ok, 1 overflow (exact mode; nothing to commit), 2 truncated
     support_size: int = 0  # |S| before any cap (0 when no mask was asked)
     nan: bool = False  # NaN in the row's logits: fail the request, never commit the token
+    raw_logprob: float | None = None  # want_logprob rows: the token's raw log-prob
+    top: list[tuple[float, int]] | None = None  # top_logprobs > 0: (log-prob, id), descending
+    # Rows with prompt_targets: one log-prob (and top list) per target. A prompt chunk that
+    # samples nothing answers with token -1 when it scored prompt tokens, None otherwise.
+    prompt_logprobs: list[float] | None = None
+    prompt_top: list[list[tuple[float, int]]] | None = None
 
 
 @dataclass(slots=True)
@@ -71,7 +86,8 @@ class Runner(Protocol):
     eos_token_ids: frozenset[int]
 
     def run(self, rows: list[RowWork]) -> tuple[list[RowResult | None], StepStats]:
-        """Run one forward step; one entry per row, None for rows with sample=False."""
+        """Run one forward step; one entry per row, None for rows with sample=False (unless
+        they scored prompt tokens: then a result with token -1 and prompt_logprobs)."""
         ...
 
     def release(self, slot: int) -> None:

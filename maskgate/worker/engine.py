@@ -43,6 +43,12 @@ class Event:
     logprob: float | None = None  # mask rows only
     mask: list[int] | None = None  # mask rows only
     truncated: bool = False
+    raw_logprob: float | None = None  # want_logprob rows only (raw distribution)
+    top: list[tuple[float, int]] | None = None  # top_logprobs > 0 only
+    # The prompt's log-probs, on the events up to the first output token (a snapshot: the
+    # receiver replaces, never extends); None when not asked.
+    input_logprobs: list[float] | None = None
+    input_top: list[list[tuple[float, int]]] | None = None
     finish_reason: str | None = None  # set on the sequence's last event
     matched_stop: int | str | None = None
     text_limit: int | None = None
@@ -251,12 +257,18 @@ class Engine:
     def _event(self, seq: Sequence) -> tuple[RequestHandle, Event]:
         handle, index = self._owner[id(seq)]
         committed = seq.error is None and seq.finish_reason != "abort" and seq.output_ids
+        raw = committed and seq.want_logprob
+        prompt = seq.logprob_start >= 0 and len(seq.output_ids) <= 1
         ev = Event(
             index=index,
             token=seq.output_ids[-1] if committed else None,
             logprob=seq.logprobs[-1] if committed and seq.want_mask else None,
             mask=seq.masks[-1] if committed and seq.want_mask else None,
             truncated=bool(committed and seq.want_mask and seq.truncated[-1]),
+            raw_logprob=seq.raw_logprobs[-1] if raw else None,
+            top=seq.top[-1] if raw and seq.top_logprobs > 0 else None,
+            input_logprobs=list(seq.input_logprobs) if prompt else None,
+            input_top=list(seq.input_top) if prompt and seq.top_logprobs > 0 else None,
             finish_reason=seq.finish_reason,
             matched_stop=seq.matched_stop,
             text_limit=seq.text_limit,

@@ -2,8 +2,7 @@
 
 Types are checked strictly, as the gateway's policy does (`"20"` is not an int, `true` is not
 a number), so a request means the same thing whichever of the two answers it. Fields the
-worker cannot honour (penalties, logit bias, grammars, log-probs of the raw distribution) are
-refused with 400 `unsupported_parameter` rather than silently ignored.
+worker cannot honour (penalties, logit bias, grammars) are refused with 400 `unsupported_parameter` rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -104,12 +103,6 @@ def parse_openai_params(body: Mapping[str, Any], max_tokens_default: int) -> Gen
             raise unsupported(name, f"{name}={value}")
     if body.get("logit_bias") not in (None, {}):
         raise unsupported("logit_bias", "a non-empty logit_bias")
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
-        raise unsupported(
-            "logprobs",
-            "log-probs of the raw distribution (ask for return_sampling_mask to get the "
-            "sampled token's log-prob under the truncated distribution)",
-        )
     if body.get("echo") not in (None, False):
         raise unsupported("echo", "echo=true")
     if body.get("best_of") not in (None, 1):

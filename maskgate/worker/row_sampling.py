@@ -21,6 +21,7 @@ import torch
 from maskgate import kernels
 from maskgate.kernels.result import STATUS_OVERFLOW
 from maskgate.worker.batch import RowResult, RowWork
+from maskgate.worker.raw_logprobs import token_logprobs
 
 SampleFn = Callable[..., Any]  # kernels.sample or worker.sort_all.sample_sort_all_rows
 
@@ -185,8 +186,37 @@ class RowSampler:
             bounded=f["bounded"],
         )
         timer.mark()
-        results, num_fallback = _to_rows(res, rows)
+        raw = self._raw_logprobs(logits, rows, f["temperature"], res)
+        results, num_fallback = _to_rows(res, rows, raw)
         return results, timer.seconds(), num_fallback
+
+    def _raw_logprobs(
+        self,
+        logits: torch.Tensor,
+        rows: list[RowWork],
+        temperature: torch.Tensor,
+        res: Any,
+    ) -> tuple[list[int], int, torch.Tensor] | None:
+        """The raw log-probs of the rows that asked (None when none did): their batch
+        indices, the top count computed (the largest asked) and raw_logprobs' block."""
+        asked = [i for i, r in enumerate(rows) if r.want_logprob]
+        if not asked:
+            return None
+        top = max(rows[i].top_logprobs for i in asked)
+        idx = None  # every row asked (the usual RL batch): no gather
+        if len(asked) < len(rows):
+            idx = torch.tensor(asked, dtype=torch.int64).to(logits.device, non_blocking=True)
+        # Rows at T = 0 (greedy: T = 1 for log-probs) or T = 1 read their logits unscaled;
+        # any other T goes through scaled_logits, which also keeps greedy rows unscaled.
+        scale = any(rows[i].params.temperature not in (0.0, 1.0) for i in asked)
+        # The CUDA sampler's pass-1 statistics, when it returns them (not the torch path nor
+        # the sort-all baseline): the normaliser without another read of the logits.
+        cm, cs = getattr(res, "chunk_max", None), getattr(res, "chunk_sumexp", None)
+        chunks = (cm, cs) if cm is not None and cs is not None else None
+        block = token_logprobs(
+            logits, idx, temperature, res.tokens, top, scale=scale, chunks=chunks
+        )
+        return asked, top, block
 
     def _fill(self, rows: list[RowWork]) -> None:
         """Writes the rows' parameters to the host buffer and starts its copy to the device.
@@ -240,9 +270,12 @@ class RowSampler:
         self.capacity = cap
 
 
-def _to_rows(res: Any, rows: list[RowWork]) -> tuple[list[RowResult], int]:
-    """A SampleResult to per-row results, in one device-to-host copy of everything but the
-    mask ids and one of the mask ids (their count is known only from the first)."""
+def _to_rows(
+    res: Any, rows: list[RowWork], raw: tuple[list[int], int, torch.Tensor] | None = None
+) -> tuple[list[RowResult], int]:
+    """A SampleResult (and the raw log-probs of the rows that asked) to per-row results, in
+    one device-to-host copy of everything but the mask ids and one of the mask ids (their
+    count is known only from the first)."""
     b = len(rows)
     # res.mask_rows is these rows, ascending: known here, so not copied.
     mask_rows = [i for i, r in enumerate(rows) if r.want_mask]
@@ -253,6 +286,10 @@ def _to_rows(res: Any, rows: list[RowWork]) -> tuple[list[RowResult], int]:
     # One float64 block holds every value exactly (ids, sizes and offsets are < 2**53, the
     # log-probs float32); `out=` casts each part straight to it.
     size = 4 * b + (b + 2 * num_masks + 1 if num_masks else 0)
+    meta_end = size
+    if raw is not None:
+        parts.append(raw[2].reshape(-1))
+        size += raw[2].numel()
     block = torch.empty(size, dtype=torch.float64, device=res.tokens.device)
     values = torch.cat(parts, out=block).cpu().numpy()
     tokens = values[:b].astype(np.int64).tolist()
@@ -262,8 +299,10 @@ def _to_rows(res: Any, rows: list[RowWork]) -> tuple[list[RowResult], int]:
     results = list(
         map(RowResult, tokens, values[b : 2 * b].tolist(), repeat(None), repeat(0), repeat(0), nan)
     )
+    if raw is not None:
+        _attach_raw(results, rows, raw, values[meta_end:])
     if num_masks:
-        meta = values[4 * b :].astype(np.int64)
+        meta = values[4 * b : meta_end].astype(np.int64)
         sizes = meta[:b].tolist()
         status = meta[b : b + num_masks].tolist()
         offsets = meta[b + num_masks :].tolist()
@@ -274,6 +313,28 @@ def _to_rows(res: Any, rows: list[RowWork]) -> tuple[list[RowResult], int]:
             r.support_size = sizes[row]
             r.mask = None if st == STATUS_OVERFLOW else ids[offsets[j] : offsets[j + 1]]
     return results, num_fallback
+
+
+def _attach_raw(
+    results: list[RowResult],
+    rows: list[RowWork],
+    raw: tuple[list[int], int, torch.Tensor],
+    values: np.ndarray,
+) -> None:
+    """The raw log-prob block (raw_logprobs.token_logprobs, on the host) onto the results."""
+    asked, _, block = raw
+    width = block.shape[1]
+    top = (width - 1) // 2  # topk cut at the vocabulary when top > V
+    table = values.reshape(len(asked), width)
+    lps = table[:, 0].tolist()
+    for j, i in enumerate(asked):
+        r = results[i]
+        r.raw_logprob = lps[j]
+        k = min(rows[i].top_logprobs, top)
+        if k > 0:
+            vals = table[j, 1 : 1 + k].tolist()
+            ids = table[j, 1 + top : 1 + top + k].astype(np.int64).tolist()
+            r.top = list(zip(vals, ids, strict=True))
 
 
 class _Timer:

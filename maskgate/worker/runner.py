@@ -19,6 +19,7 @@ from maskgate.worker.cuda_graphs import DecodeGraphs
 from maskgate.worker.kv_cache import allocate_kv_cache, bytes_per_slot
 from maskgate.worker.model import LoadedModel, load
 from maskgate.worker.model.attention import build_attn_batch
+from maskgate.worker.raw_logprobs import score_prompts
 from maskgate.worker.row_sampling import RowSampler, warm_up_sampler
 from maskgate.worker.sort_all import sample_sort_all_rows
 
@@ -150,7 +151,8 @@ class ModelRunner:
         if not rows:
             return out, stats
         order, stats.num_tokens = self._order(rows)
-        logits = self._logits(order, rows)
+        prompt: dict[int, RowResult] = {}  # row index -> its prompt log-probs
+        logits = self._logits(order, rows, prompt)
         sampling = [i for i in order if rows[i].sample]
         if sampling:
             results, stats.mask_seconds, stats.num_fallback_rows = self.sampler.sample(
@@ -160,6 +162,15 @@ class ModelRunner:
                 out[i] = res
                 if res.nan:
                     self.nan_slots.add(rows[i].slot)
+        for i, scored in prompt.items():
+            sampled = out[i]
+            if sampled is None:  # a prompt chunk that samples nothing: token -1
+                out[i] = scored
+            else:
+                sampled.prompt_logprobs, sampled.prompt_top = (
+                    scored.prompt_logprobs,
+                    scored.prompt_top,
+                )
         return out, stats
 
     @torch.inference_mode()
@@ -199,21 +210,36 @@ class ModelRunner:
                 if min(ids) < 0 or max(ids) >= vocab:
                     raise ValueError(f"token id outside [0, {vocab})")
                 longer.append(i)
+            if r.prompt_targets and not 0 <= r.prompt_from <= n - len(r.prompt_targets):
+                raise ValueError("prompt_targets reach past the row's positions")
             slots.add(r.slot)
             num_tokens += n
         if len(slots) != len(rows):
             raise ValueError("two rows of one step share a KV slot")
         return decode + longer, num_tokens
 
-    def _logits(self, order: list[int], rows: list[RowWork]) -> torch.Tensor:
-        """Forward the rows in `order`; logits [num sampling rows, vocab] float32, same order."""
+    def _logits(
+        self, order: list[int], rows: list[RowWork], prompt: dict[int, RowResult] | None = None
+    ) -> torch.Tensor:
+        """Forward the rows in `order`; logits [num sampling rows, vocab] float32, same order.
+        Rows with prompt_targets get their prompt log-probs in `prompt` (by row index)."""
         ordered = [rows[i] for i in order]
-        if self.graphs is not None and self.graphs.can_run(ordered):
-            return self.graphs.run(ordered)
-        return self._forward(ordered)
+        # Graphs keep last-token logits only: a row scoring prompt tokens runs eagerly.
+        graphs = self.graphs
+        if graphs is not None and graphs.can_run(ordered) and not _scores_prompt(ordered):
+            return graphs.run(ordered)
+        scored: dict[int, RowResult] = {}
+        logits = self._forward(ordered, scored)
+        if prompt is not None:
+            prompt.update({order[j]: res for j, res in scored.items()})
+        return logits
 
-    def _forward(self, ordered: list[RowWork]) -> torch.Tensor:
-        """An eager step over rows already ordered (decode rows first); logits as _logits."""
+    def _forward(
+        self, ordered: list[RowWork], prompt: dict[int, RowResult] | None = None
+    ) -> torch.Tensor:
+        """An eager step over rows already ordered (decode rows first); logits as _logits.
+        Rows with prompt_targets get their prompt log-probs in `prompt`, keyed by their
+        index in `ordered`."""
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
@@ -253,6 +279,8 @@ class ModelRunner:
         )
         with self._eager_attention():
             hidden = self.model(flat[0], flat[1], self.kv_layers, batch)
+        if prompt is not None:
+            score_prompts(ordered, hidden, self.model.compute_logits, prompt)
         if not last:
             return hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[dev[3, : len(last)]])
@@ -268,3 +296,7 @@ class ModelRunner:
         return sdpa_kernel(
             [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
         )
+
+
+def _scores_prompt(rows: list[RowWork]) -> bool:
+    return any(r.prompt_targets for r in rows)

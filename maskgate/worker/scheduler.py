@@ -79,7 +79,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         # The API layer rejects prompts that do not fit; this is an internal invariant.
         assert 0 < seq.num_prompt_tokens < self.max_model_len, "prompt must fit one KV slot"
-        if seq.rule.max_new_tokens == 0:
+        if seq.rule.max_new_tokens == 0 and not seq.logprob_start >= 0:
             seq.finish("length")
             return
         self.waiting.append(seq)
@@ -147,6 +147,9 @@ class Scheduler:
             if seq.is_prefilling:
                 seq.num_prefilled += len(row.token_ids)
                 out.num_prompt_tokens += len(row.token_ids)
+                if res is not None and res.prompt_logprobs is not None:
+                    seq.input_logprobs.extend(res.prompt_logprobs)
+                    seq.input_top.extend(res.prompt_top or ())
             if not row.sample or seq.is_finished:
                 continue
             assert res is not None, "a sampling row needs a result"
@@ -154,6 +157,8 @@ class Scheduler:
                 seq.fail(numerical_error())
             elif res.mask_status == OVERFLOW:
                 seq.fail(overflow_error(res.support_size, self.max_mask_tokens, row.step))
+            elif seq.rule.max_new_tokens == 0:  # a prompt scored for its log-probs only
+                seq.finish("length")
             else:
                 self._commit(seq, res, now, out)
             out.updated.append(seq)
@@ -178,6 +183,8 @@ class Scheduler:
                 params=seq.params,
                 want_mask=seq.want_mask,
                 bounded=seq.bounded,
+                want_logprob=seq.want_logprob,
+                top_logprobs=seq.top_logprobs,
             )
         row.token_ids = [seq.output_ids[-1]]
         row.start_pos = len(seq.prompt_ids) + n - 1
@@ -189,7 +196,7 @@ class Scheduler:
         start = seq.num_prefilled
         end = min(len(ids), start + budget)
         last = end == len(ids)
-        return RowWork(
+        row = RowWork(
             slot=_slot(seq),
             token_ids=ids[start:end],
             start_pos=start,
@@ -198,7 +205,19 @@ class Scheduler:
             want_mask=seq.want_mask and last,
             bounded=seq.bounded,
             step=len(seq.output_ids),  # > 0 for a retracted sequence's recompute
+            want_logprob=seq.want_logprob and last,
+            top_logprobs=seq.top_logprobs,
         )
+        if seq.logprob_start >= 0:
+            # Logits at position p score prompt token p + 1, for p from logprob_start on; the
+            # last prompt position scores the first output token instead. A sequence that was
+            # retracted prefills again: positions it scored before are not scored twice.
+            lo = max(start, seq.logprob_start + len(seq.input_logprobs))
+            hi = min(end, seq.num_prompt_tokens - 1)
+            if lo < hi:
+                row.prompt_from = lo - start
+                row.prompt_targets = seq.prompt_ids[lo + 1 : hi + 1]
+        return row
 
     def _commit(self, seq: Sequence, res: RowResult, now: float, out: StepOutcome) -> None:
         if seq.last_token_time is None:
@@ -209,6 +228,11 @@ class Scheduler:
         seq.last_token_time = now
         seq.output_ids.append(res.token)
         out.num_generated += 1
+        if seq.want_logprob:
+            assert res.raw_logprob is not None, "a log-prob row needs its log-prob"
+            seq.raw_logprobs.append(res.raw_logprob)
+            if seq.top_logprobs > 0:
+                seq.top.append(res.top or [])
         if seq.want_mask:
             assert res.mask is not None, "a mask row needs a mask"
             seq.logprobs.append(res.logprob)

@@ -39,6 +39,12 @@ class Sequence:
     rule: StopRule
     want_mask: bool = False
     bounded: bool = False
+    # Raw-distribution log-probs (SGLang return_logprob): of each output token with its
+    # top_logprobs most likely tokens, and, when logprob_start >= 0, of the prompt tokens
+    # from that position on.
+    want_logprob: bool = False
+    top_logprobs: int = 0
+    logprob_start: int = -1
     arrival: float = field(default_factory=time.monotonic)  # seconds, monotonic clock
 
     status: SeqStatus = SeqStatus.WAITING
@@ -53,6 +59,12 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)
     masks: list[list[int]] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
+    # want_logprob only: per output token, and per prompt token scored (positions
+    # logprob_start + 1 .. len(prompt_ids) - 1).
+    raw_logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[float] = field(default_factory=list)
+    input_top: list[list[tuple[float, int]]] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     matched_stop: int | str | None = None  # the EOS/stop id or the stop string that ended it
     text_limit: int | None = None  # chars of the decoded output kept (cut before a stop string)

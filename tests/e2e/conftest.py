@@ -8,6 +8,7 @@ Also the oracle for the log-prob checks: transformers' own Llama over the same w
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -130,3 +131,25 @@ def oracle(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     path = save_tiny_random(tmp_path_factory.mktemp("tiny-random"))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A general worker serving SmolLM2-135M (float32, CPU); its URL. Slow: the first run
+    downloads and converts the GGUF (cached after), so only with MASKGATE_SLOW=1."""
+    if os.environ.get("MASKGATE_SLOW") != "1":
+        pytest.skip("set MASKGATE_SLOW=1")
+    from maskgate.worker.model.gguf_convert import cache_root
+
+    log_dir = tmp_path_factory.mktemp("e2e-smollm2")
+    # _start drops MASKGATE_* from the environment: the model cache goes in a config file.
+    config = log_dir / "worker.yaml"
+    config.write_text(f"cache_dir: {json.dumps(str(cache_root()))}\n")
+    args = ["worker", "--config", str(config), "--model", "smollm2", "--device", "cpu"]
+    args += ["--max-model-len", "512", "--max-num-seqs", "4", "--cpu-threads", "1"]
+    proc = _start("smollm2-worker", args, _free_port(), log_dir)
+    try:
+        _wait([proc], "/health")
+        yield proc.url
+    finally:
+        _stop([proc])

@@ -17,6 +17,7 @@ from aiohttp import web
 from maskgate.protocol.fields import json_type
 from maskgate.protocol.policy import Route
 from maskgate.worker.engine import RequestHandle
+from maskgate.worker.logprob_params import LogprobOptions, parse_generate_logprobs
 from maskgate.worker.params import (
     GenParams,
     invalid,
@@ -46,10 +47,12 @@ _KNOWN = frozenset(
         "stream",
         "incremental_streaming_output",
         "rid",
+        "return_logprob",
+        "logprob_start_len",
+        "top_logprobs_num",
+        "return_text_in_logprobs",
     }
 )
-# Log-prob options that mean nothing while return_logprob is off (clients send defaults).
-_LOGPROB_OPTIONS = frozenset({"logprob_start_len", "top_logprobs_num", "return_text_in_logprobs"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,7 @@ class Item:
     params: GenParams
     want_mask: bool
     rid: str
+    logprobs: LogprobOptions | None = None
 
 
 async def handle_generate(request: web.Request) -> web.StreamResponse:
@@ -67,6 +71,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     seqs: list[Sequence] = []
     outs: list[SeqOutput] = []
     for item in items:
+        lp = item.logprobs
         for j in range(item.params.n):
             rid = item.rid if item.params.n == 1 else f"{item.rid}-{j}"
             seqs.append(
@@ -77,6 +82,9 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
                     rule=item.params.rule,
                     want_mask=item.want_mask,
                     bounded=bounded and item.want_mask,
+                    want_logprob=lp is not None,
+                    top_logprobs=lp.top if lp is not None else 0,
+                    logprob_start=lp.start if lp is not None else -1,
                 )
             )
             outs.append(
@@ -86,6 +94,8 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
                     item.want_mask,
                     bounded,
                     holdback=holdback(item.params.rule.stop),
+                    lp=lp,
+                    scored=item.prompt_ids[lp.start :] if lp is not None and lp.start >= 0 else [],
                 )
             )
     many = is_batch or len(seqs) > 1
@@ -110,10 +120,7 @@ def parse_request(
     for name, value in body.items():
         if name in _KNOWN or value in (None, False, [], {}, ""):
             continue
-        if name == "return_logprob":
-            raise unsupported(name, "log-probs of the raw distribution (use return_sampling_mask)")
-        if name not in _LOGPROB_OPTIONS:
-            raise unsupported(name, f"the field {name!r}")
+        raise unsupported(name, f"the field {name!r}")
     prompts, is_batch = _prompts(body, state)
     size = len(prompts)
     params = _per_item(body.get("sampling_params"), size, is_batch, "sampling_params")
@@ -128,11 +135,12 @@ def parse_request(
     opt_bool(body, "stream")
     opt_bool(body, "incremental_streaming_output")
     rids = _rids(body.get("rid"), size, is_batch, default_rid)
+    logprobs = parse_generate_logprobs(body, [len(p) for p in prompts], is_batch)
     items = []
-    for ids, gp, flag, rid in zip(prompts, parsed, flags, rids, strict=True):
+    for ids, gp, flag, rid, lp in zip(prompts, parsed, flags, rids, logprobs, strict=True):
         if flag not in (None, True, False):
             raise invalid("return_sampling_mask", f"must be a bool, not {json_type(flag)}")
-        items.append(Item(ids, gp, bool(flag), rid))
+        items.append(Item(ids, gp, bool(flag), rid, lp))
     return items, is_batch
 
 
@@ -179,7 +187,8 @@ def _rids(value: Any, size: int, is_batch: bool, default: str) -> list[str]:
 
 
 def _result(state: WorkerState, out: SeqOutput) -> dict[str, Any]:
-    return {"text": out.text(state.tokenizer), "output_ids": out.ids, "meta_info": out.meta_info()}
+    tok = state.tokenizer
+    return {"text": out.text(tok), "output_ids": out.ids, "meta_info": out.meta_info(tok=tok)}
 
 
 async def _stream(
@@ -211,11 +220,15 @@ async def _stream(
             chunk = {
                 "text": text[sent_chars[k] :],
                 "output_ids": out.ids[sent_ids[k] :],
-                "meta_info": out.meta_info(since=sent_ids[k]),
+                "meta_info": out.meta_info(since=sent_ids[k], tok=state.tokenizer),
             }
             sent_ids[k], sent_chars[k] = len(out.ids), len(text)
         else:
-            chunk = {"text": text, "output_ids": out.ids, "meta_info": out.meta_info()}
+            chunk = {
+                "text": text,
+                "output_ids": out.ids,
+                "meta_info": out.meta_info(tok=state.tokenizer),
+            }
         if many:
             chunk["index"] = k
         await resp.write(sse(chunk))

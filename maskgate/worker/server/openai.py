@@ -18,8 +18,10 @@ from aiohttp import web
 from maskgate.protocol.errors import ApiError
 from maskgate.protocol.policy import Route
 from maskgate.worker.engine import RequestHandle
+from maskgate.worker.logprob_params import parse_openai_logprobs
 from maskgate.worker.params import GenParams, invalid, opt_bool, parse_openai_params
 from maskgate.worker.sequence import Sequence
+from maskgate.worker.server.logprob_format import chat_logprobs, completion_logprobs
 from maskgate.worker.server.output import (
     SSE_DONE,
     SeqOutput,
@@ -113,6 +115,7 @@ async def _serve(
     meta = bool(opt_bool(body, "return_meta_info"))
     token_ids = bool(opt_bool(body, "return_token_ids"))
     bounded = masked and body.get("sampling_mask_mode") == "bounded"
+    lp = parse_openai_logprobs(body, chat=route is Route.CHAT)
     rid = request_id(request)
     seqs: list[Sequence] = []
     outs: list[SeqOutput] = []
@@ -121,9 +124,11 @@ async def _serve(
             k = p * params.n + j
             seq = Sequence(f"{rid}-{k}", ids, params.choice_params(j), params.rule)
             seq.want_mask, seq.bounded = masked, bounded
+            if lp is not None:
+                seq.want_logprob, seq.top_logprobs = True, lp.top
             seqs.append(seq)
             hold = holdback(params.rule.stop)
-            outs.append(SeqOutput(f"{rid}-{k}", len(ids), masked, bounded, holdback=hold))
+            outs.append(SeqOutput(f"{rid}-{k}", len(ids), masked, bounded, holdback=hold, lp=lp))
     total = sum(len(p) for p in prompts)
     reply = _Reply(state, route, rid, outs, prompt_tokens=total, meta=meta, token_ids=token_ids)
     handle = state.engine.submit(seqs)
@@ -174,7 +179,11 @@ class _Reply:
             "total_tokens": self.prompt_tokens + completion,
         }
 
-    def choice(self, k: int, text: str, ids: list[int], *, delta: bool = False) -> dict[str, Any]:
+    def choice(
+        self, k: int, text: str, ids: list[int], *, delta: bool = False, since: int = 0
+    ) -> dict[str, Any]:
+        """Choice k; `ids` are its output ids from index `since` on (a stream's new ones), and
+        `text` the piece of text they add."""
         out = self.outs[k]
         c: dict[str, Any] = {"index": k}
         if self.chat:
@@ -183,14 +192,28 @@ class _Reply:
             )
         else:
             c["text"] = text
-        c["logprobs"] = None
+        c["logprobs"] = self.logprobs(out, since, len(ids)) if out.lp is not None else None
         c["finish_reason"] = out.openai_finish_reason()
         c["matched_stop"] = out.matched_stop
         if self.meta and not delta:
-            c["meta_info"] = out.meta_info()
+            c["meta_info"] = out.meta_info(tok=self.state.tokenizer)
         if self.token_ids:
             c["token_ids"] = ids
         return c
+
+    def logprobs(self, out: SeqOutput, since: int, count: int) -> dict[str, Any]:
+        """choices[i].logprobs of output tokens since .. since + count."""
+        assert out.lp is not None
+        end = since + count
+        values, ids = out.raw_logprobs[since:end], out.ids[since:end]
+        tok = self.state.tokenizer
+        if self.chat:
+            tops = out.top[since:end] if out.lp.top > 0 else None
+            return chat_logprobs(values, ids, tops, tok)
+        # Where this piece starts in the choice's text: the decoded tokens before it.
+        offset = len(tok.decode(out.ids[:since], skip_special_tokens=True)) if since else 0
+        tops = out.top[since:end] if out.lp.top > 0 else None
+        return completion_logprobs(values, ids, tops, tok, offset)
 
     def full(self) -> dict[str, Any]:
         tok = self.state.tokenizer
@@ -234,8 +257,9 @@ async def _stream(
         piece, ids = text[sent_chars[k] :], out.ids[sent_ids[k] :]
         if not piece and not out.finished and not reply.token_ids:
             continue  # an incomplete character: wait for the next token
+        choice = reply.choice(k, piece, ids, delta=True, since=sent_ids[k])
         sent_chars[k], sent_ids[k] = max(len(text), sent_chars[k]), len(out.ids)
-        await resp.write(sse(reply.chunk([reply.choice(k, piece, ids, delta=True)])))
+        await resp.write(sse(reply.chunk([choice])))
     if include_usage:
         await resp.write(sse({**reply.chunk([]), "usage": reply.usage()}))
     await resp.write(SSE_DONE)

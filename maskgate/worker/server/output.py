@@ -16,6 +16,8 @@ from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
 from maskgate.worker.engine import Event, RequestHandle
+from maskgate.worker.logprob_params import LogprobOptions
+from maskgate.worker.server.logprob_format import Top, token_texts, top_triples, triples
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting handler checks that its client is still there
 REPLACEMENT_CHAR = "\ufffd"  # a token that ends inside a multi-byte character decodes to this
@@ -44,6 +46,15 @@ class SeqOutput:
     logprobs: list[float] = field(default_factory=list)
     masks: list[list[int]] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
+    # Raw-distribution log-probs (return_logprob); `scored` is the prompt from
+    # lp.start on (its first token has no log-prob), empty when lp.start is -1.
+    lp: LogprobOptions | None = None
+    scored: list[int] = field(default_factory=list)
+    raw_logprobs: list[float] = field(default_factory=list)
+    top: list[Top] = field(default_factory=list)
+    input_logprobs: list[float] = field(default_factory=list)
+    input_top: list[Top] = field(default_factory=list)
+    texts: dict[int, str] = field(default_factory=dict)  # token id -> text, decoded once
     finish_reason: str | None = None
     matched_stop: int | str | None = None
     text_limit: int | None = None
@@ -73,6 +84,14 @@ class SeqOutput:
                 self.masks.append(ev.mask)
                 self.logprobs.append(ev.logprob)
                 self.truncated.append(ev.truncated)
+            if self.lp is not None:
+                assert ev.raw_logprob is not None
+                self.raw_logprobs.append(ev.raw_logprob)
+                if self.lp.top > 0:
+                    self.top.append(ev.top or [])
+        if ev.input_logprobs is not None:
+            self.input_logprobs = ev.input_logprobs
+            self.input_top = ev.input_top or []
         if ev.finished:
             self.finish_reason = ev.finish_reason
             self.matched_stop = ev.matched_stop
@@ -110,8 +129,9 @@ class SeqOutput:
             return self.finish_reason
         return "abort" if self.finish_reason == "abort" else None
 
-    def meta_info(self, *, since: int = 0) -> dict[str, Any]:
-        """SGLang-style meta_info; mask fields (docs/design.md) from output index `since` on."""
+    def meta_info(self, *, since: int = 0, tok: Tokenizer | None = None) -> dict[str, Any]:
+        """SGLang-style meta_info; mask and log-prob fields from output index `since` on
+        (prompt log-probs only with since=0). `tok` decodes return_text_in_logprobs."""
         info: dict[str, Any] = {
             "id": self.rid,
             "finish_reason": self.sglang_finish_reason(),
@@ -131,6 +151,26 @@ class SeqOutput:
             info["output_token_sampling_mask_length"] = len(self.masks) - since
             if self.bounded:
                 info["output_token_sampling_mask_truncated"] = self.truncated[since:]
+        if self.lp is not None:
+            info.update(self.logprob_info(since, tok))
+        return info
+
+    def logprob_info(self, since: int, tok: Tokenizer | None) -> dict[str, Any]:
+        """SGLang's return_logprob fields of meta_info."""
+        assert self.lp is not None
+        text = token_texts(tok, self.texts) if self.lp.text and tok is not None else None
+        # The prompt's scored positions that have log-probs so far (all once prefilled).
+        prompt = [None, *self.input_logprobs] if since == 0 and self.scored else []
+        ids = self.scored[: len(prompt)]
+        info: dict[str, Any] = {
+            "input_token_logprobs": triples(prompt, ids, text),
+            "output_token_logprobs": triples(self.raw_logprobs[since:], self.ids[since:], text),
+            "output_token_logprobs_length": len(self.ids) - since,
+        }
+        if self.lp.top > 0:
+            tops: list[Top | None] = [None, *self.input_top][: len(prompt)]
+            info["input_top_logprobs"] = top_triples(tops, text)
+            info["output_top_logprobs"] = top_triples(self.top[since:], text)
         return info
 
     def sglang_finish_reason(self) -> dict[str, Any] | None:

@@ -115,8 +115,6 @@ def test_openai_fields_and_defaults() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"logprobs": True}, "logprobs"),
-        ({"top_logprobs": 2}, "logprobs"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"logit_bias": {"5": 1}}, "logit_bias"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
