@@ -250,3 +250,11 @@ async def test_model_info(client: TestClient) -> None:
         assert info["weight_version"] == "default" and info["model_path"] == "tiny-random"
         assert info["architectures"] == ["LlamaForCausalLM"] and info["is_generation"] is True
     assert await (await client.get("/weight_version")).json() == {"weight_version": "default"}
+
+
+async def test_openai_responses_carry_the_weight_version(client: TestClient) -> None:
+    body = {"prompt": [3, 4, 5], "max_tokens": 3, "temperature": 0, "return_meta_info": True}
+    status, reply = await post(client, "/v1/completions", body)
+    assert status == 200 and reply["metadata"] == {"weight_version": "default"}
+    meta = reply["choices"][0]["meta_info"]
+    assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": 3}]
