@@ -272,7 +272,7 @@ def report(rows: list[dict[str, Any]], name: str, args: argparse.Namespace, devi
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.bar([r["source"] for r in rows], [r["median_s"] for r in rows], color="tab:blue")
     for i, r in enumerate(rows):
-        ax.text(i, r["median_s"], f"{r['median_s']:.2f} s", ha="center", va="bottom")
+        ax.text(i, r["median_s"], f"{r['median_s']:.3g} s", ha="center", va="bottom")
     ax.set_ylabel("seconds per full sync (median)")
     ax.set_title(f"{result['model_shape']} bf16 ({nbytes / 2**30:.2f} GiB), {gpu or device}")
     fig.tight_layout()
