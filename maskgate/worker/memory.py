@@ -59,6 +59,8 @@ class MemorySaver:
             params = dict(r.model.named_parameters())
             for name, host in self.host_weights.items():
                 params[name].data = host.to(r.device, non_blocking=True)
+            if r.device.type == "cuda":  # the host copies stay until their copies are done
+                torch.cuda.synchronize(r.device)
             self.host_weights = {}
         if "kv_cache" in tags and self.kv_shape is not None:
             r.kv.k = torch.zeros(self.kv_shape, dtype=r.loaded.dtype, device=r.device)

@@ -5,7 +5,8 @@ running sequence whose prompt is in the cache, then prompt chunks for sequences 
 prefilling, then newly admitted sequences, while the step's prefill budget lasts. A sequence
 is admitted when a KV slot is free and fewer than `max_num_seqs` run; otherwise it waits in
 FIFO order. A slot holds a whole sequence (prompt + output <= max_model_len), so admission is
-the only capacity decision: nothing is ever preempted.
+the only capacity decision: nothing is preempted for capacity. `retract_all` (pause mode
+`retract`) is the one way back to the queue.
 
 `postprocess` commits the sampled tokens, applies the finish rules (EOS, stop token ids, stop
 strings, max_new_tokens, max_model_len) and turns overflow / NaN results into request errors.

@@ -139,6 +139,12 @@ class _TensorUnpickler(pickle.Unpickler):
             or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
         ):
             return super().find_class(module, name)
+        if module == "multiprocessing.resource_sharer":
+            raise WeightUpdateError(
+                "serialized_named_tensors[0] shares CPU tensors by file descriptor, which only "
+                "works between a parent process and its children; call "
+                "torch.multiprocessing.set_sharing_strategy('file_system') before pickling"
+            )
         raise WeightUpdateError(
             f"serialized_named_tensors[0] names {module}.{name}, which is not a tensor part"
         )

@@ -51,12 +51,13 @@ def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
     return path
 
 
-def offline_greedy(spec: str, prompt: list[int], n: int) -> list[int]:
-    """The worker's model run in-process over `spec`'s weights: argmax decoding."""
+def offline_greedy(spec: str, prompt: list[int], n: int, device: str = "cpu") -> list[int]:
+    """The worker's model run in-process over `spec`'s weights: argmax decoding (float32 on
+    the CPU, bfloat16 on CUDA, the worker's defaults)."""
     from maskgate.worker.batch import RowWork
     from maskgate.worker.runner import ModelRunner
 
-    runner = ModelRunner(spec, max_num_slots=1, max_model_len=len(prompt) + n + 1)
+    runner = ModelRunner(spec, device=device, max_num_slots=1, max_model_len=len(prompt) + n + 1)
     out: list[int] = []
     row = RowWork(0, prompt, 0, sample=True)
     for _ in range(n):
@@ -128,8 +129,13 @@ class Trainer:
     def tensor(self, cmd: dict[str, Any]) -> Any:
         from multiprocessing.reduction import ForkingPickler
 
-        torch.multiprocessing.set_sharing_strategy("file_system")
-        named = [(n, t.share_memory_()) for n, t in perturbed_weights(cmd["seed"]).items()]
+        weights = perturbed_weights(cmd["seed"])
+        if cmd.get("device", "cpu") == "cuda":  # CUDA IPC handles; bfloat16, as trainers send
+            named = [(n, t.to("cuda", torch.bfloat16)) for n, t in weights.items()]
+            torch.cuda.synchronize()
+        else:  # shared memory, by file name: the worker is not this process's child
+            torch.multiprocessing.set_sharing_strategy("file_system")
+            named = [(n, t.share_memory_()) for n, t in weights.items()]
         buf = io.BytesIO()
         ForkingPickler(buf).dump(named)
         payload = base64.b64encode(buf.getvalue()).decode()

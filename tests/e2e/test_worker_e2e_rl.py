@@ -249,3 +249,135 @@ async def test_trainer_halting_mid_broadcast_does_not_hang(rl: RL, mode: str) ->
     finally:
         proc.kill()
         proc.wait()
+
+
+# --- generation control with requests in flight ---------------------------------------------
+
+
+async def metric(rl: RL, name: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(rl.url + "/metrics") as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} missing")
+
+
+class Stream:
+    """A streamed /generate request: the chunks so far, the last one."""
+
+    def __init__(self, rl: RL, params: dict[str, Any], **extra: Any) -> None:
+        self.body = {"input_ids": PROMPT, "sampling_params": params, "stream": True, **extra}
+        self.rl = rl
+        self.last: dict[str, Any] = {}
+
+    async def __aenter__(self) -> Stream:
+        self.session = aiohttp.ClientSession()
+        self.resp = await self.session.post(self.rl.url + "/generate", json=self.body)
+        assert self.resp.status == 200
+        await self.next()
+        return self
+
+    async def next(self) -> bool:
+        async for line in self.resp.content:
+            if line.startswith(b"data: "):
+                if line.strip() == b"data: [DONE]":
+                    return False
+                self.last = orjson.loads(line[6:])
+                return True
+        return False
+
+    async def finish(self) -> dict[str, Any]:
+        while await self.next():
+            pass
+        return self.last
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.resp.close()
+        await self.session.close()
+
+
+async def wait_running(rl: RL, n: int) -> None:
+    for _ in range(200):
+        if await metric(rl, "maskgate_worker_running_requests") >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{n} requests never ran")
+
+
+async def test_pause_abort_ends_requests_and_queues_new_ones(rl: RL) -> None:
+    async with Stream(rl, LONG) as stream:
+        whole = asyncio.create_task(
+            call(rl.url, "/generate", {"input_ids": PROMPT, "sampling_params": LONG})
+        )
+        await wait_running(rl, 2)
+        status, reply = await call(rl.url, "/pause_generation", {})
+        assert status == 200 and reply == {
+            "message": "Generation paused successfully.",
+            "status": "ok",
+        }
+        last = await stream.finish()
+        status, body = await whole
+    for info, ids in (
+        (last["meta_info"], last["output_ids"]),
+        (body["meta_info"], body["output_ids"]),
+    ):
+        assert info["finish_reason"] == {"type": "abort", "message": "aborted by /pause_generation"}
+        assert 0 < len(ids) < LONG["max_new_tokens"]
+    assert status == 200
+    # While paused a new request queues; flush_cache refuses while it waits.
+    queued = asyncio.create_task(generate(rl))
+    await asyncio.sleep(0.5)
+    assert not queued.done()
+    status, text = await call(rl.url, "/flush_cache", method="GET")
+    assert status == 400 and "1 waiting" in text
+    status, _ = await call(rl.url, "/continue_generation", {})
+    assert status == 200
+    out = await queued
+    assert out["output_ids"] == rl.expected()
+    status, text = await call(rl.url, "/flush_cache", method="GET")
+    assert status == 200 and text.startswith("Cache flushed.")
+
+
+@pytest.mark.parametrize("mode", ["retract", "in_place"])
+async def test_pause_keeps_requests_across_a_weight_update(rl: RL, mode: str) -> None:
+    old, seed = rl.spec, {"retract": 6, "in_place": 7}[mode]
+    n = 300  # long enough to be in flight at the pause; each token checked offline
+    async with Stream(rl, {**LONG, "max_new_tokens": n}) as stream:
+        status, _ = await call(rl.url, "/pause_generation", {"mode": mode})
+        assert status == 200
+        status, _ = await call(rl.url, "/flush_cache", method="POST")
+        assert status == 400  # the paused request still counts
+        body = {"model_path": rl.checkpoint(seed), "weight_version": mode}
+        status, reply = await call(rl.url, "/update_weights_from_disk", body)
+        assert status == 200 and reply["success"], reply
+        rl.spec = rl.checkpoint(seed)
+        status, _ = await call(rl.url, "/continue_generation", {})
+        last = await stream.finish()
+    ids, info = last["output_ids"], last["meta_info"]
+    assert info["finish_reason"] == {"type": "length", "length": n} and len(ids) == n
+    spans = info["weight_versions"]
+    assert len(spans) == 2 and spans[1] == {"version": mode, "start": spans[0]["end"], "end": n}
+    k = spans[0]["end"]
+    assert 0 < k < n and info["weight_version"] == mode
+    assert ids[:k] == offline_greedy(old, PROMPT, k)
+    if mode == "retract":  # recomputed from scratch: exactly the new model given the prefix
+        assert ids[k:] == offline_greedy(rl.spec, PROMPT + ids[:k], n - k)
+
+
+async def test_abort_request_by_rid(rl: RL) -> None:
+    async with Stream(rl, LONG, rid="rl-abort-me") as stream:
+        status, body = await call(rl.url, "/abort_request", {"rid": "rl-abort-me"})
+        assert status == 200 and body is None
+        last = await stream.finish()
+    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(last["output_ids"]) < LONG["max_new_tokens"]
+
+
+async def test_update_weight_version(rl: RL) -> None:
+    status, reply = await call(rl.url, "/update_weight_version", {"new_version": "v9"})
+    assert status == 200 and reply == {
+        "success": True,
+        "message": "Weight version updated to v9",
+        "new_version": "v9",
+    }
+    await check_serving(rl, "v9")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import orjson
 from aiohttp import web
@@ -65,7 +66,7 @@ async def handle_abort_request(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-def _rid_match(rid: str) -> object:
+def _rid_match(rid: str) -> Callable[[Sequence], bool]:
     """A request's sequences: `rid` itself, or `rid-<k>` (its n choices / batch items)."""
 
     def match(seq: Sequence) -> bool:

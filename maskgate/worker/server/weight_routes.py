@@ -151,20 +151,15 @@ async def handle_update_from_distributed(request: web.Request) -> web.Response:
         body.refuse("load_format", ("direct",), "load formats other than the default")
         version, abort = _common(body)
     except ApiError:
-        # The trainer is broadcasting already; the group cannot be resynchronised.
         if isinstance(name, str):
-            await asyncio.to_thread(state.sync.destroy_group, name)
+            await _leave_group(state, name)
         raise
 
     def stage() -> Any:
-        try:
-            dtypes = [parse_dtype(d) for d in dtype_names]
-        except ValueError:
-            state.sync.destroy_group(name)
-            raise
+        dtypes = [parse_dtype(d) for d in dtype_names]
         return state.sync.receive(name, names, dtypes, shapes)
 
-    return await _update(
+    resp = await _update(
         state,
         stage,
         version=version,
@@ -172,6 +167,17 @@ async def handle_update_from_distributed(request: web.Request) -> web.Response:
         ok="Succeeded to update parameter online.",
         extra={},
     )
+    if resp.status != 200:
+        await _leave_group(state, name)
+    return resp
+
+
+async def _leave_group(state: WorkerState, name: str) -> None:
+    """A failed update_weights_from_distributed: the trainer is broadcasting (or was) and
+    the two sides cannot be resynchronised, so the worker leaves the group; the trainer's
+    pending broadcasts then fail and it forms a new group (docs/worker.md)."""
+    async with state.update_lock:
+        await asyncio.to_thread(state.sync.destroy_group, name)
 
 
 async def handle_update_from_tensor(request: web.Request) -> web.Response:
