@@ -23,25 +23,6 @@ FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
-def cycles(after):
-    """The SM's cycle counter (%clock64), read once `after` (an int64 scalar, an input of the
-    read so it cannot be scheduled before that value exists): phase stamps for the
-    benchmark, CUDA only."""
-    return tl.inline_asm_elementwise(
-        "mov.u64 $0, %clock64;", "=l,l", [after], dtype=tl.int64, is_pure=False, pack=1
-    )
-
-
-@triton.jit
-def global_ns(after):
-    """The GPU's global timer (%globaltimer, ns, one clock for every SM), read once `after`
-    exists (as cycles): program timelines for the benchmark, CUDA only."""
-    return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l,l", [after], dtype=tl.int64, is_pure=False, pack=1
-    )
-
-
-@triton.jit
 def mix32(x):
     """Bijective 32-bit finaliser on int64 values in [0, 2**32)."""
     x = x ^ (x >> 16)

@@ -7,12 +7,12 @@ import math
 
 import pytest
 import torch
+from kernels_support.conformance import check_result
+from kernels_support.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
 from maskgate import kernels
-from maskgate.kernels.conformance import check_result
 from maskgate.kernels.reference import reference
 from maskgate.kernels.result import STATUS_OVERFLOW, STATUS_TRUNCATED
-from maskgate.kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
 
 def grid_batch(vocab: int, seed: int) -> dict[str, torch.Tensor]:

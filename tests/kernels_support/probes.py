@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from maskgate.kernels.triton_common import logit_floor
-from maskgate.kernels.triton_fallback import _above3, gather_above, help_one
+from maskgate.kernels.triton_fallback import gather_above
 
 
 @triton.jit
@@ -56,44 +56,3 @@ def floor_probe(t_ptr, temp_ptr, x_t_ptr, ok_ptr, N: tl.constexpr):
     x_t, ok = logit_floor(tl.load(t_ptr + i), tl.load(temp_ptr + i))
     tl.store(x_t_ptr + i, x_t)
     tl.store(ok_ptr + i, ok.to(tl.int8))
-
-
-@triton.jit
-def above3_probe(
-    x_ptr,  # [vocab] the owner's row
-    temp_ptr,
-    q_ptr,  # [3] ordered32 thresholds
-    zmax_ptr,
-    words_ptr,  # the row's HELP_WORDS words
-    n_ptr,  # [3] int32 counts out
-    s_ptr,  # [3] masses out
-    vocab,
-    PUBLISH: tl.constexpr,
-    PARTS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """One counting read (_above3) of a row: whole, or in parts published for helpers or not."""
-    n1, n2, n3, s1, s2, s3 = _above3(
-        x_ptr,
-        tl.load(temp_ptr),
-        vocab,
-        tl.load(q_ptr),
-        tl.load(q_ptr + 1),
-        tl.load(q_ptr + 2),
-        tl.load(zmax_ptr),
-        (words_ptr, PUBLISH),
-        PARTS,
-        BLOCK,
-    )
-    tl.store(n_ptr, n1)
-    tl.store(n_ptr + 1, n2)
-    tl.store(n_ptr + 2, n3)
-    tl.store(s_ptr, s1)
-    tl.store(s_ptr + 1, s2)
-    tl.store(s_ptr + 2, s3)
-
-
-@triton.jit
-def help_probe(help_ptr, x_ptr, stride_x, vocab, BLOCK: tl.constexpr):
-    """Program i is row i + 1 waiting in pack_row: one help_one turn."""
-    help_one(tl.program_id(0).to(tl.int64) + 1, (help_ptr, x_ptr, stride_x, vocab), BLOCK)

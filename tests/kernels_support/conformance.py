@@ -1,4 +1,4 @@
-"""Checks a SampleResult against the float64 oracle (used by the tests and the benchmark).
+"""Checks a SampleResult against the float64 oracle (the kernel tests, CPU and GPU).
 
 Everything is compared on the host; this is slow by design and never on the serving path.
 """

@@ -1,4 +1,4 @@
-"""Logit generators shared by the tests and the benchmark (no test-only logic here).
+"""Logit generators of the kernel tests (bench/kernels.py draws its Zipf rows the same way).
 
 peaked_logits: Zipf-shaped rows, z_r = -alpha * ln(rank r), ranks randomly permuted over the
 vocabulary plus N(0, 0.1) jitter. alpha sets the entropy, nearly independent of V in

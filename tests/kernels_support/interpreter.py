@@ -15,8 +15,8 @@ keeps the loop. Float sums are grouped as a tree instead of a fold, as a GPU gro
 It also patches triton.language once a launch instead of at every helper call
 (`_patch_lang_once`), and makes a launch with a keyword that is neither the kernel's
 parameter nor a compile option fail (`_strict_launch`), as a compiled launch does: the
-interpreter drops such keywords without a word, so a launch the GPU refuses passed on the CPU. Used by the tests and the benchmark scripts that interpret kernels; the
-Triton path on CUDA never imports this module.
+interpreter drops such keywords without a word, so a launch the GPU refuses passed on the
+CPU. The interpreted tests install it (tests/unit/conftest.py).
 """
 
 from __future__ import annotations
