@@ -1,0 +1,1 @@
+"""maskgate's benchmarks, each run as `python -m bench.<name>`."""
