@@ -347,7 +347,7 @@ def _race_row(
 
 @triton.jit
 def _race_segment(x_row, end, t, start, k0, k1, W: tl.constexpr):
-    """The Gumbel race (design 3.7) over the segment's finite tokens, read again (from L2:
+    """The Gumbel race over the segment's finite tokens, read again (from L2:
     this program read them moments ago): the winner's (z, id) key and the count of finite
     tokens. An untruncated row's support is every finite token, so the row's winner is the
     best of its segments' winners, and resolve_kernel needs no read of the row."""

@@ -1,7 +1,7 @@
 """Triton device helpers shared by the sampling kernels: order keys and keyed noise.
 
-Bit-for-bit twins of maskgate/kernels/order.py and maskgate/kernels/noise.py, so a seeded row draws the same
-token here (Triton interpreter included) as on the torch path.
+Bit-for-bit twins of maskgate/kernels/order.py and maskgate/kernels/noise.py, so a seeded row
+draws the same token here (Triton interpreter included) as on the torch path.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def gumbel(k0, k1, ids):
 
 @triton.jit
 def race_step(z, ids, sel, k0, k1, best, best_key):
-    """One block of a Gumbel-max race (design 3.7) into per-lane (score, key): the selected
+    """One block of a Gumbel-max race into per-lane (score, key): the selected
     finite tokens run with score z + g, and a lane keeps the larger score, ties to the larger
     (z, id) key, which is the earlier in design order. int64 ids."""
     sel = sel & (z > float("-inf"))
@@ -137,7 +137,7 @@ def from_ordered32(o):
 
 @triton.jit
 def pack_key(z, ids):
-    """float32 z, int64 ids -> int64 keys ordered as design 3.3 (larger key first)."""
+    """float32 z, int64 ids -> int64 keys ordered as the mask semantics say (larger key first)."""
     return (ordered32(z).to(tl.int64) << 32) | (MASK32 - ids)
 
 

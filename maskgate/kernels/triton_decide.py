@@ -27,7 +27,7 @@ from maskgate.kernels.triton_sort import sort_block
 
 @triton.jit
 def store_mask(slot_row, cnt_ptr, status_ptr, midx, ids, pos, n, j, token, max_mask, cap, bounded):
-    """Writes the first ids of a sorted block as the row's mask slot (design 3.9, 3.10);
+    """Writes the first ids of a sorted block as the row's mask slot;
     returns how many."""
     over = n > max_mask
     count = tl.where(over, tl.where(bounded, cap, 0), n)

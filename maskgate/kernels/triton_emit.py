@@ -2,8 +2,7 @@
 
 emit_kernel, grid (R,), R >= 2 (a single mask row is already packed): program r sums the
 counts of the requesting rows before it and copies its slot to that offset. It runs as a
-third launch after the fused kernel, and after resolve_kernel when the batch has more rows
-than the GPU has SMs.
+third launch, after resolve_kernel, when the batch has more rows than the GPU has SMs.
 
 pack_row does the same inside resolve_kernel, one row at a time, and saves that launch: each
 row publishes its mask size and waits (spinning on the device) until every earlier row has

@@ -359,13 +359,13 @@ def _thresholds(lo, hi, top, reads, ends, cut, G: tl.constexpr):
     of at most 64 nats) or in ordered32 space, which reach any single float in 16 reads: a
     search takes Z_READS + 16 at most.
 
-    On SmolLM2's rows at top-p 0.95 whose support is past the tiers (bench/row_paths.py)
-    the search takes 2 reads (3 on one row of 16) with these, against 3-4 with quarters in
-    z after a first read at 48, 32 and 16 nats (session 28's rule). The models fit a tail,
+    On SmolLM2's rows at top-p 0.95 whose support is past the tiers the search takes 2 reads
+    (3 on one row of 16) with these, against 3-4 with quarters in z after a first read at 48,
+    32 and 16 nats. The models fit a tail,
     not a row's bulk: on flat rows (N(0, 1) logits at T = 2, V = 151936) reads aimed at a
     bracket of 150000 tokens missed on the same side of the cut one after another, 7 reads
     a row at top-p 0.95 and 9.5 at 0.5, where quarters in z there take 4.75 at each (means
-    of 4 rows, bench/search_reads.py).
+    of 4 rows).
     A cut inside a long tie at exactly 0.0 pays the Z_READS reads in z for nothing (quarters
     in z halve their way toward 0 through every magnitude below their width), hence the
     cap. Any three thresholds keep the search exact: each is counted, not assumed."""
@@ -596,13 +596,13 @@ def gather_above(
     other segments add their tokens above t. The keys are all tokens with z > t, an exact
     prefix of design order above the floor t, whatever pass 1 kept. The caller loads as many
     as it needs: a block of LIMIT costs every block-wide step after it four times a block of
-    the second tier (bench_kernels.py --phases).
+    the second tier.
 
     The segments are read twice, with no block-wide step inside either read: the first
     counts each lane's tokens above t, one scan turns the counts into each lane's first
     slot, and the second read (from L2: one or two segments of one row) writes each lane's
     tokens from there. One read with a scan and a sum per block to place its tokens cost
-    about twice as long (bench_resolve_parts.py --read).
+    about twice as long.
     """
     tl.debug_barrier()  # earlier reads of this scratch row before the stores below
     # (The candidates' block and the read's block differ in size below 2048 candidates, so

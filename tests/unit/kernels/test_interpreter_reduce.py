@@ -1,4 +1,5 @@
-"""kernels_support.interpreter: kernels give under it what they give under the interpreter's own code.
+"""kernels_support.interpreter: kernels give under it what they give under the interpreter's
+own code.
 
 Every interpreted check runs with it (tests/unit/conftest.py), so this holds it to the code it
 replaces: our tuple reductions on blocks of each shape along each axis (keep_dims too), a

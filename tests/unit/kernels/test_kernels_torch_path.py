@@ -172,7 +172,7 @@ def test_only_requesting_rows_get_masks_and_k_beyond_vocab() -> None:
 
 
 def test_negative_zero_ties_with_zero_on_the_id() -> None:
-    """-0.0 and +0.0 are one z (design 3.3: equal values tie on the id), also where the
+    """-0.0 and +0.0 are one z (equal values tie on the id), also where the
     support is cut inside their tie and only the full sort of a row's keys decides it (a
     fuzz run found the CPU path putting every -0.0 after the +0.0s there)."""
     x = torch.zeros(2, 300)
