@@ -126,6 +126,39 @@ def mask_index(want_mask: torch.Tensor, device: torch.device) -> torch.Tensor:
     return index.to(device, non_blocking=True)
 
 
+def race_buffers(
+    inp: SampleInputs, cfg: BandConfig, seed: torch.Tensor, step: torch.Tensor, raced: bool
+) -> tuple[dict | None, torch.Tensor | None, torch.Tensor | None]:
+    """Pass 1's race arguments and its outputs (g, w), or (None, None, None).
+
+    Rows nothing truncates (plain temperature sampling) draw from the whole row: pass 1 runs
+    their Gumbel race segment by segment (g: each winner's z + g; w: its (z, id) key, then
+    the segment's count of finite tokens), and resolve takes the best segment winner, with
+    no read of the row in one program. Only rows that ask for no mask are raced (a plain
+    row's mask is the whole row, which resolve reads in any case), so a launch whose rows
+    all ask for masks (a mask pool's batches) compiles pass 1 without the race: its check
+    at the end of every segment, taken or not, cost every row 5% on the H200 (B = 128,
+    V = 151936 fp32: 46.3 us steady against 43.9; B = 1: 13.5 against 13.2). resolve_kernel
+    takes `raced` at run time."""
+    if not raced:
+        return None, None, None
+    batch, dev = inp.logits.shape[0], inp.logits.device
+    race_g = torch.empty(batch, cfg.n_chunks, device=dev)
+    race_w = torch.empty(2, batch, cfg.n_chunks, dtype=torch.int64, device=dev)
+    race = {
+        "topk_ptr": inp.top_k,
+        "topp_ptr": inp.top_p,
+        "minp_ptr": inp.min_p,
+        "seed_ptr": seed,
+        "step_ptr": step,
+        "g_ptr": race_g,
+        "w_ptr": race_w,
+        "RACE": True,
+        "HAS_STEP": inp.step is not None,
+    }
+    return race, race_g, race_w
+
+
 def sample_triton(
     inp: SampleInputs,
     config: BandConfig | None = None,
@@ -230,32 +263,10 @@ def sample_triton(
         "HAS_STEP": inp.step is not None,
     }
     stats = (cand_key, m_c, s_c, d_c)
-    # Rows nothing truncates (plain temperature sampling) draw from the whole row: pass 1 runs
-    # their Gumbel race segment by segment (g: each winner's z + g; w: its (z, id) key, then
-    # the segment's count of finite tokens), and resolve takes the best segment winner, with
-    # no read of the row in one program. Only rows that ask for no mask are raced (a plain
-    # row's mask is the whole row, which resolve reads in any case), so a launch whose rows
-    # all ask for masks (a mask pool's batches) compiles pass 1 without the race: its check
-    # at the end of every segment, taken or not, cost every row 5% on the H200 (B = 128,
-    # V = 151936 fp32: 46.3 us steady against 43.9; B = 1: 13.5 against 13.2). resolve_kernel
-    # takes `raced` at run time and stand-ins for the buffers when there is no race.
     raced = n_rows < batch
-    race_g, race_w = m_c, cand_key
-    race = None
-    if raced:
-        race_g = torch.empty(batch, cfg.n_chunks, device=dev)
-        race_w = torch.empty(2, batch, cfg.n_chunks, dtype=torch.int64, device=dev)
-        race = {
-            "topk_ptr": inp.top_k,
-            "topp_ptr": inp.top_p,
-            "minp_ptr": inp.min_p,
-            "seed_ptr": seed,
-            "step_ptr": step,
-            "g_ptr": race_g,
-            "w_ptr": race_w,
-            "RACE": True,
-            "HAS_STEP": inp.step is not None,
-        }
+    race, race_g, race_w = race_buffers(inp, cfg, seed, step, raced)
+    if race is None:  # stand-ins resolve_kernel never reads
+        race_g, race_w = m_c, cand_key
     # Programmatic dependent launch (sm_90+): resolve and emit launch while the kernel before
     # them finishes and wait for it on the device, so no launch gap separates the passes.
     pdl = pdl_capable(dev)
