@@ -803,7 +803,7 @@ def test_one_bad_segment_decides_from_one_read_of_that_segment(
     assert out["masks"] and out["tokens"]
 
 
-@pytest.mark.parametrize("lanes", [16, 4], ids=["unrolled", "loop"])
+@pytest.mark.parametrize("lanes", [16], ids=["lanes"])  # 16 a segment of 64: 32 tops, KC = 4
 def test_rescue_picks_the_best_of_more_tokens_than_a_tier_holds(
     lanes: int, interpreted: Interpreted
 ) -> None:
