@@ -8,6 +8,8 @@ named by what it measures:
   pool_isolation    what top-p-only mask traffic costs general traffic sharing its GPU
   soak              ten minutes of mixed traffic with faulted upstreams
   fuzz_long         the gateway's fuzz properties with thousands of examples each
+  kernels           kernels.sample at B = 1 and 128 against the one-pass floor and the sort
+  worker_weight_sync  a full weight sync into a running worker (disk, tensors, NCCL)
 
 The kernel benchmarks are described in docs/kernels.md; the rest in docs/performance.md and
 docs/reliability.md.

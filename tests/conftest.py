@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import pathlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 TESTS = pathlib.Path(__file__).resolve().parent
+# tests/kernels_support (the kernels' oracle checks and logit generators) imports as
+# `kernels_support`; tests is no package.
+sys.path.insert(0, str(TESTS))
 # Directories whose session fixtures start real processes (worker and gateway processes, a
 # Prometheus server): their tests share one xdist worker (--dist loadgroup) so each fixture
 # starts once.

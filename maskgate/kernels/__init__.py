@@ -1,4 +1,6 @@
-"""Sampling-mask kernels: kernels.sample and its result type (design sections 3 and 6).
+"""Sampling-mask kernels: kernels.sample and its result type.
+
+The mask semantics they implement are in docs/design.md (mask semantics).
 
 kernels.reference (the float64 oracle) is imported explicitly by tests; it is not part of the
 serving API.

@@ -1,4 +1,5 @@
-"""The total order of design section 3.3 (z descending, then token id ascending) as int64 keys.
+"""The total order of the mask semantics (z descending, then token id ascending) as int64 keys
+(docs/design.md, mask semantics).
 
 key = (ordered_bits(z) << 32) | (0xFFFFFFFF - id): a larger key comes first. ordered_bits maps
 float32 to int32 monotonically, so comparing keys compares (z, -id) lexicographically. -0.0 is
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 
 LOW32 = 0xFFFFFFFF
-# Greedy threshold of design 3.1, compared in float64 so every path agrees on T == 1e-6.
+# The greedy threshold, compared in float64 so every path agrees on T == 1e-6.
 GREEDY_T = 1e-6
 
 
@@ -18,7 +19,7 @@ def scaled_logits(x: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """x: [B, V] float32, temperature: [B] float32 -> z: [B, V] float32.
 
     Greedy rows (T < 1e-6) keep x unscaled: only their argmax matters. Division is IEEE
-    round-to-nearest float32, as design 3.2 asks.
+    round-to-nearest float32, as the mask semantics ask.
     """
     greedy = temperature.double() < GREEDY_T
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature)

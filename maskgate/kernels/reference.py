@@ -1,4 +1,5 @@
-"""Float64, sort-based oracle of design section 3. Tests only: it sorts the whole vocabulary.
+"""Float64, sort-based oracle of the mask semantics (docs/design.md). Tests only: it sorts the
+whole vocabulary.
 
 z is formed in float32 exactly as the design says (round-to-nearest division); everything
 after that (order, masses, cumulative sums, min-p test) is float64. A row is flagged

@@ -52,7 +52,7 @@ def resolve_support(
     n_listed = listed.sum(dim=1)  # [B]
     big = torch.full_like(n_listed, length + 1)  # "beyond the listed prefix"
 
-    # top-k (design 3.4). The caller maps top_k outside (0, V) to 0 (off); a k beyond the
+    # top-k. The caller maps top_k outside (0, V) to 0 (off); a k beyond the
     # finite tokens of a complete row keeps them all.
     k_on = vocab_k > 0
     k_known = ~k_on | complete | (vocab_k <= n_listed)
@@ -66,7 +66,7 @@ def resolve_support(
     in_k = pos[None, :] < torch.minimum(cut_k, n_listed)[:, None]
     z_norm = torch.where(k_on, (mass * in_k).sum(dim=1), z_sum.double())
 
-    # top-p (design 3.5): keep j iff the mass strictly before j is < top_p.
+    # top-p: keep j iff the mass strictly before j is < top_p.
     p_on = top_p < 1.0
     before = torch.cumsum(mass, dim=1) - mass
     keep_p = listed & (before / z_norm[:, None] < top_p.double()[:, None])
@@ -81,7 +81,7 @@ def resolve_support(
     n = torch.minimum(cut_k, torch.where(p_on, cut_p, big))
     m_on = min_p > 0
     if bool(m_on.any()):
-        # min-p (design 3.6) in float64, so the test does not hinge on float32 exp rounding.
+        # min-p in float64, so the test does not hinge on float32 exp rounding.
         min_p64 = min_p.double()[:, None]
         rel = torch.exp(zs.double() - z_max.double()[:, None])
         cut_m = (listed & (rel >= min_p64)).sum(dim=1)
@@ -91,6 +91,6 @@ def resolve_support(
         n = torch.minimum(n, torch.where(m_on, cut_m, big))
     n = torch.where(complete, torch.minimum(n, n_listed), n)
     need_more = (n > n_listed) | p_blind
-    n = torch.clamp(n, min=1)  # at least one token is always kept (design 3.5)
+    n = torch.clamp(n, min=1)  # at least one token is always kept
     assert n.shape == (batch,)
     return n, need_more

@@ -27,8 +27,8 @@ def sample(
     logits [B, V] float32/bfloat16/float16; temperature, top_p, min_p [B] float32; top_k [B]
     int32 (-1 or 0 = off); want_mask [B] bool on the host; seed, step [B] int64 (both or
     neither: with them the draw is keyed by (seed, step, token id) and batch-invariant);
-    bounded [B] bool (design 3.10). Every per-row tensor except want_mask lives on
-    logits.device. CUDA logits take the Triton path (no host sync); others the torch path.
+    bounded [B] bool (docs/design.md, mask semantics). Every per-row tensor except want_mask
+    lives on logits.device. CUDA logits take the Triton path (no host sync); others the torch path.
     """
     inp = check_inputs(
         logits,

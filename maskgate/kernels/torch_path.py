@@ -163,8 +163,8 @@ def _row_blocks(batch: int, vocab: int) -> list[tuple[int, int]]:
 def _row_z(x: torch.Tensor, temperature: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """z, z_max and nan_rows of a block of rows; a bad row's z and z_max are zeroed (its
     results are overridden) to keep the arithmetic finite."""
-    # IEEE float32 division (design 3.2), greedy rows unscaled, and -0.0 folded to 0.0: equal
-    # z tie on the id (design 3.3), and the full sort's order keys would put -0.0 after 0.0.
+    # IEEE float32 division, greedy rows unscaled, and -0.0 folded to 0.0: equal
+    # z tie on the id, and the full sort's order keys would put -0.0 after 0.0.
     if bool((temperature == 1.0).all()):  # x / 1 is x: one pass (the fold) instead of two
         z = x.float() + 0.0
     else:
@@ -214,9 +214,9 @@ def sample_torch(inp: SampleInputs) -> SampleResult:
         z, z_max[s:e], bad = _row_z(x[s:e], inp.temperature[s:e])
         nan_rows[s:e] = bad
         if bool(needs_sum[s:e].any()):
-            z_sum[s:e] = exp64(z - z_max[s:e, None]).sum(dim=1)  # design 3.5 without k
+            z_sum[s:e] = exp64(z - z_max[s:e, None]).sum(dim=1)  # top-p's normaliser without k
         g = greedy[s:e] & ~bad
-        if bool(g.any()):  # design 3.1: argmax, lowest id among ties (torch's first max)
+        if bool(g.any()):  # greedy: argmax, lowest id among ties (torch's first max)
             r = g.nonzero().squeeze(1)  # in the block; s + r in the batch
             token[s + r] = z[r].argmax(dim=1)
             padded[s + r, 0] = token[s + r]
@@ -274,7 +274,7 @@ def emit_masks(
     nan_rows: torch.Tensor,
     fallback: torch.Tensor,
 ) -> SampleResult:
-    """Packs the masks of the requesting rows as CSR (design 3.9 and 3.10).
+    """Packs the masks of the requesting rows as CSR (docs/design.md, mask semantics).
 
     padded: [B, cap] int64, each row's first cap ids in design order.
     """
@@ -285,7 +285,7 @@ def emit_masks(
     count = torch.where(over, torch.where(bounded, cap, 0), n_r)
     status = torch.where(over, torch.where(bounded, STATUS_TRUNCATED, STATUS_OVERFLOW), STATUS_OK)
     ids = padded[rows]
-    # Bounded mode: y replaces the last id when it is not among the first C (design 3.10).
+    # Bounded mode: y replaces the last id when it is not among the first C.
     swap = over & bounded & (j[rows] >= cap)
     ids[swap, cap - 1] = token[rows][swap]
     keep = torch.arange(cap)[None, :] < count[:, None]

@@ -1,7 +1,7 @@
 """Triton device helpers shared by the sampling kernels: order keys and keyed noise.
 
-Bit-for-bit twins of maskgate/kernels/order.py and maskgate/kernels/noise.py, so a seeded row draws the same
-token here (Triton interpreter included) as on the torch path.
+Bit-for-bit twins of maskgate/kernels/order.py and maskgate/kernels/noise.py, so a seeded row
+draws the same token here (Triton interpreter included) as on the torch path.
 """
 
 from __future__ import annotations
@@ -20,25 +20,6 @@ GREEDY_T = tl.constexpr(1e-6)
 EMPTY_KEY = tl.constexpr(-(2**63))
 INT32_MAX = tl.constexpr(2**31 - 1)
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
-
-
-@triton.jit
-def cycles(after):
-    """The SM's cycle counter (%clock64), read once `after` (an int64 scalar, an input of the
-    read so it cannot be scheduled before that value exists): phase stamps for the
-    benchmark, CUDA only."""
-    return tl.inline_asm_elementwise(
-        "mov.u64 $0, %clock64;", "=l,l", [after], dtype=tl.int64, is_pure=False, pack=1
-    )
-
-
-@triton.jit
-def global_ns(after):
-    """The GPU's global timer (%globaltimer, ns, one clock for every SM), read once `after`
-    exists (as cycles): program timelines for the benchmark, CUDA only."""
-    return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l,l", [after], dtype=tl.int64, is_pure=False, pack=1
-    )
 
 
 @triton.jit
@@ -73,7 +54,7 @@ def gumbel(k0, k1, ids):
 
 @triton.jit
 def race_step(z, ids, sel, k0, k1, best, best_key):
-    """One block of a Gumbel-max race (design 3.7) into per-lane (score, key): the selected
+    """One block of a Gumbel-max race into per-lane (score, key): the selected
     finite tokens run with score z + g, and a lane keeps the larger score, ties to the larger
     (z, id) key, which is the earlier in design order. int64 ids."""
     sel = sel & (z > float("-inf"))
@@ -156,7 +137,7 @@ def from_ordered32(o):
 
 @triton.jit
 def pack_key(z, ids):
-    """float32 z, int64 ids -> int64 keys ordered as design 3.3 (larger key first)."""
+    """float32 z, int64 ids -> int64 keys ordered as the mask semantics say (larger key first)."""
     return (ordered32(z).to(tl.int64) << 32) | (MASK32 - ids)
 
 

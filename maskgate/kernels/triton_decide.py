@@ -15,7 +15,6 @@ from maskgate.kernels.triton_common import (
     add3_max3_add3,
     add4,
     argmax_key_add,
-    cycles,
     gumbel,
     keep_quarter,
     max1_add1,
@@ -28,7 +27,7 @@ from maskgate.kernels.triton_sort import sort_block
 
 @triton.jit
 def store_mask(slot_row, cnt_ptr, status_ptr, midx, ids, pos, n, j, token, max_mask, cap, bounded):
-    """Writes the first ids of a sorted block as the row's mask slot (design 3.9, 3.10);
+    """Writes the first ids of a sorted block as the row's mask slot;
     returns how many."""
     over = n > max_mask
     count = tl.where(over, tl.where(bounded, cap, 0), n)
@@ -105,8 +104,6 @@ def best_sorted(
     LIMIT: tl.constexpr,
     NBISECT: tl.constexpr,
     STOP: tl.constexpr,
-    stamp,
-    TIMING: tl.constexpr,
     goal=None,
     EARLY: tl.constexpr = False,
 ):
@@ -120,10 +117,7 @@ def best_sorted(
     threshold search stops once at least STOP candidates are picked (STOP = LIMIT: the full
     search). With EARLY, it also stops once the pick holds the row's whole support by goal
     (support_goal's tuple) and the candidates' mass exp(z - z_max): a row whose support is a
-    few dozen tokens stops after a step or two instead of picking STOP. With TIMING, stamps
-    the cycle counter at stamp[0..3] after the threshold search, the pick count (a reduction
-    only when the search left hi at the row max), the gather (the scan that ranks the picks
-    and their scatter) and the sort (triton_sort.sort_block, its block load included).
+    few dozen tokens stops after a step or two instead of picking STOP.
     """
     keys, z, listed, d_max, z_max, lo, n_lo, below_lo = cands
     n_pick = n_lo
@@ -164,8 +158,6 @@ def best_sorted(
                 enough = (n_pick >= k_goal) | (m_pick >= p_goal) | (hi < m_bound)
             steps += 1
         lo = hi
-    if TIMING:
-        tl.store(stamp, cycles((lo != lo).to(tl.int64)))  # after the threshold search
     pick = listed & (z >= lo)
     rank = tl.cumsum(pick.to(tl.int32), axis=0) - 1
     if n_pick < 0:  # hi stayed at the row max: count there, LIMIT at most (lowest ids first)
@@ -174,15 +166,9 @@ def best_sorted(
             (tl.where(listed & ~pick, z, float("-inf")), pick.to(tl.int32)), 0, max1_add1
         )
     floor = tl.maximum(d_max, below)
-    if TIMING:
-        tl.store(stamp + 1, cycles(n_pick.to(tl.int64)))  # n_pick known (the scan is in the gather)
     tl.store(scratch + rank, keys, mask=pick)
     tl.debug_barrier()  # the scattered stores before the block load
-    if TIMING:  # the reduction that orders the stamp after the stores counts in the sort
-        tl.store(stamp + 2, cycles(tl.max(rank, axis=0).to(tl.int64)))  # after the gather
     best = sort_block(scratch, n_pick, LIMIT)
-    if TIMING:
-        tl.store(stamp + 3, cycles(tl.max(best, axis=0)))  # after the sort
     return best, floor
 
 

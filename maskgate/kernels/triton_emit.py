@@ -2,8 +2,7 @@
 
 emit_kernel, grid (R,), R >= 2 (a single mask row is already packed): program r sums the
 counts of the requesting rows before it and copies its slot to that offset. It runs as a
-third launch after the fused kernel, and after resolve_kernel when the batch has more rows
-than the GPU has SMs.
+third launch, after resolve_kernel, when the batch has more rows than the GPU has SMs.
 
 pack_row does the same inside resolve_kernel, one row at a time, and saves that launch: each
 row publishes its mask size and waits (spinning on the device) until every earlier row has
@@ -12,9 +11,6 @@ programs in order, so a row only ever waits on programs that already run or have
 Up to one program an SM, a row that takes long (the rescue) only delays the launch's end,
 which it holds anyway; with more rows, rows waiting behind it would hold SMs the next wave
 of rows needs, so larger batches keep emit_kernel.
-
-help_rows is the work of resolve's extra programs (band_config's help_waves): after the rows
-in the grid, they take parts of the rows' whole-row reads until every row has packed.
 """
 
 from __future__ import annotations
@@ -22,8 +18,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-from maskgate.kernels.triton_fallback import help_one
 
 
 @triton.jit
@@ -42,20 +36,16 @@ def emit_kernel(
         gdc_wait()  # resolve_kernel finished, its counts and slots visible
         gdc_launch_dependents()  # the next sample's pass 1 may launch (it waits in turn)
     r = tl.program_id(0)
-    start = sum_before(cnt_ptr, r, None, BLOCK, 0, False)
+    start = sum_before(cnt_ptr, r, BLOCK, False)
     count = tl.load(cnt_ptr + r)
     copy_ids(slot_ptr + r.to(tl.int64) * cap, ids_ptr + start, count, BLOCK)
     tl.store(offsets_ptr + r + 1, start + count)  # offsets[0]: resolve_kernel's row 0
 
 
 @triton.jit
-def sum_before(
-    sizes_ptr, n, help, BLOCK: tl.constexpr, HELP_BLOCK: tl.constexpr, WAIT: tl.constexpr
-):
+def sum_before(sizes_ptr, n, BLOCK: tl.constexpr, WAIT: tl.constexpr):
     """sizes[0] + ... + sizes[n - 1], in BLOCK pieces. WAIT: other programs are still writing
-    them (-1 until then): re-read a piece until none of it is -1, and meanwhile take parts
-    of the reads those rows publish (triton_fallback.help_one, with `help`, when
-    HELP_BLOCK > 0: band_config's shared_reads)."""
+    them (-1 until then): re-read a piece until none of it is -1."""
     total = tl.zeros([], tl.int64)
     for first in range(0, n, BLOCK):
         offs = first + tl.arange(0, BLOCK)
@@ -63,35 +53,9 @@ def sum_before(
         seen = tl.load(sizes_ptr + offs, mask=before, other=0, volatile=WAIT)
         if WAIT:
             while tl.min(seen, axis=0) < 0:  # an earlier row still resolving
-                if HELP_BLOCK > 0:
-                    help_one(n, help, HELP_BLOCK)
                 seen = tl.load(sizes_ptr + offs, mask=before, other=0, volatile=True)
         total += tl.sum(seen, axis=0)
     return total
-
-
-@triton.jit
-def help_rows(n_rows, sizes_ptr, help, BLOCK: tl.constexpr, HELP_BLOCK: tl.constexpr):
-    """An extra program of resolve's launch (band_config's help_waves): it takes parts of
-    the rows' whole-row reads, counting and listing (triton_fallback.help_one), until every
-    row has stored its mask size (pack_row), after which no row opens a read. The extra
-    programs come after the rows in the grid, so every row they wait on has started
-    (pack_row's order)."""
-    pending = _pending(sizes_ptr, n_rows, BLOCK)
-    while pending:
-        help_one(n_rows, help, HELP_BLOCK)
-        pending = _pending(sizes_ptr, n_rows, BLOCK)
-
-
-@triton.jit
-def _pending(sizes_ptr, n, BLOCK: tl.constexpr):
-    """Whether any of sizes[0], ..., sizes[n - 1] is still -1 (its row resolving)."""
-    left = tl.zeros([], tl.int32)
-    for first in range(0, n, BLOCK):
-        offs = first + tl.arange(0, BLOCK)
-        seen = tl.load(sizes_ptr + offs, mask=offs < n, other=0, volatile=True)
-        left += tl.sum((seen < 0).to(tl.int32), axis=0)
-    return left > 0
 
 
 @triton.jit
@@ -103,27 +67,14 @@ def copy_ids(src, dst, count, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def pack_row(
-    row,
-    midx,
-    count,
-    slot_row,
-    ids_ptr,
-    sizes_ptr,
-    offsets_ptr,
-    help,
-    BLOCK: tl.constexpr,
-    HELP_BLOCK: tl.constexpr,
-):
-    """emit_kernel's work for one row, from inside resolve_kernel (module docstring). While
-    it waits, the row helps the rows before it with their whole-row reads (help_one; with
-    band_config's shared_reads, HELP_BLOCK > 0).
+def pack_row(row, midx, count, slot_row, ids_ptr, sizes_ptr, offsets_ptr, BLOCK: tl.constexpr):
+    """emit_kernel's work for one row, from inside resolve_kernel (module docstring).
 
     sizes_ptr: [B] int64, -1 for every row before the launch (pass 1 sets them); the row
     stores its mask size there (0 without a mask), then sums the sizes of the rows before
     it, waiting for any still at -1, and copies its slot to that offset of the CSR."""
     tl.store(sizes_ptr + row, count)
-    start = sum_before(sizes_ptr, row, help, BLOCK, HELP_BLOCK, True)
+    start = sum_before(sizes_ptr, row, BLOCK, True)
     if midx >= 0:
         tl.debug_barrier()  # the slot's stores (every thread's) before the copy reads them
         copy_ids(slot_row, ids_ptr + start, count, BLOCK)

@@ -74,49 +74,11 @@ def _load_block(x_row, vocab, start, BLOCK: tl.constexpr):
 # loop that waits for each load in turn ran at a few GB/s.
 
 
-# The counting reads (_above3) are split into parts of PART tokens. A row's program takes
-# every part itself, except on the pack path (resolve_kernel's rows up to one an SM, which
-# wait for the rows before them in triton_emit.pack_row): there it publishes the read in its
-# words of the help buffer, and rows that wait on it take parts too (help_one). Each part's
-# masses are summed in float32 over the part, then added as fixed-point integers, so the
-# read's counts and masses are the same bits whoever took which part, and with or without
-# helpers (batch invariance). With the listing read shared too (shared_lists),
-# _cut_listed's read goes in the same parts, each taking its slots in the lists with one
-# atomic (_list_part).
-PART = tl.constexpr(8192)  # tokens a part (a multiple of the read's block)
-FIX = tl.constexpr(2.0**40)  # masses are <= 1 a token: a row's sum stays below 2^58
-OPEN = tl.constexpr(1 << 32)  # claim word: OPEN | next part while a read is published
-LOW = tl.constexpr((1 << 32) - 1)
-# A row's words (int64) in the help buffer: the claim word, parts done by helpers, the
-# read's thresholds (ordered32), z_max and the temperature (float32 bits), then the
-# helpers' three counts and three fixed-point masses.
-W_CLAIM = tl.constexpr(0)
-W_DONE = tl.constexpr(1)
-W_Q = tl.constexpr(2)
-W_ZMAX = tl.constexpr(5)
-W_TEMP = tl.constexpr(6)
-W_C = tl.constexpr(7)
-W_M = tl.constexpr(10)
-# What the open read is: 0 a counting read (_above3), 1 a listing read (_cut_listed). A
-# listing read's words hold its bracket (lo, hi) and top in W_Q, where its lists are (the
-# bracket's scratch row, s_row: pointers as int64) and their sizes (G, list_cap) in W_C,
-# and in W_CUR the tokens listed so far: the bracket's count + (the count above top << 32).
-W_KIND = tl.constexpr(13)
-W_CUR = tl.constexpr(14)
-HELP_WORDS = tl.constexpr(16)
-
-
 @triton.jit
-def _above3(
-    x_row, temp, vocab, q1, q2, q3, z_max, help_row, PARTS: tl.constexpr, BLOCK: tl.constexpr
-):
+def _above3(x_row, temp, vocab, q1, q2, q3, z_max, BLOCK: tl.constexpr):
     """For three thresholds q (ordered32 values of z): how many tokens have
-    ordered32(z) > q, and their sum exp(z - z_max), in one read of the row.
-
-    PARTS (band_config's shared_reads: 1, or 2 with the listing read shared too): the read
-    goes in parts (above), and with help_row's publish (the row's words in the help buffer,
-    publish) waiting rows may take some (help_one); the read returns once they are done.
-    Without PARTS, one float32 sum a lane over the whole row.
+    ordered32(z) > q, and their sum exp(z - z_max), in one read of the row (one float32 sum
+    a lane over the whole row).
 
     At temperature 1 (and on greedy rows, which scale by 1) z is x itself, so the read
     compares raw logits with the thresholds' floats and divides nothing: the same counts
@@ -125,234 +87,17 @@ def _above3(
     exp((x - x_ref) / T), would differ from exp(z - z_max) by the rounding of z: up to
     2.7e-6 of a row's mass on SmolLM2's rows at T = 0.7, past the oracle's 2e-6 band for a
     top-p boundary."""
-    if not PARTS:
-        c1 = tl.zeros([BLOCK], tl.int32)
-        c1, c2, c3, m1, m2, m3 = _count3(
-            x_row, temp, 0, vocab, q1, q2, q3, z_max, c1, c1, c1, BLOCK
-        )
-        # Separate sums, not one tuple reduction: once a read, and the interpreter (CI) runs
-        # a tuple reduction element by element.
-        return (
-            tl.sum(c1, axis=0),
-            tl.sum(c2, axis=0),
-            tl.sum(c3, axis=0),
-            tl.sum(m1, axis=0),
-            tl.sum(m2, axis=0),
-            tl.sum(m3, axis=0),
-        )
-    words, publish = help_row
-    n_parts = tl.cdiv(vocab, PART)
-    if publish:
-        tl.store(words + W_Q, q1.to(tl.int64))
-        tl.store(words + W_Q + 1, q2.to(tl.int64))
-        tl.store(words + W_Q + 2, q3.to(tl.int64))
-        tl.store(words + W_ZMAX, z_max.to(tl.int32, bitcast=True).to(tl.int64))
-        tl.store(words + W_TEMP, temp.to(tl.int32, bitcast=True).to(tl.int64))
-        tl.store(words + W_KIND, tl.zeros([], tl.int64))
-        for w in tl.static_range(6):
-            tl.store(words + W_C + w, tl.zeros([], tl.int64))
-        tl.store(words + W_DONE, tl.zeros([], tl.int64))
-        tl.debug_barrier()  # every thread's stores before the release below
-        tl.atomic_xchg(words + W_CLAIM, OPEN, sem="release", scope="gpu")
-    # Each part is summed on its own (_part3), so the loop carries six scalars, not a
-    # lane's six sums: those spilled resolve's registers, the rows without a fallback too.
-    n1 = tl.zeros([], tl.int32)
-    n2 = tl.zeros([], tl.int32)
-    n3 = tl.zeros([], tl.int32)
-    s1 = tl.zeros([], tl.int64)
-    s2 = tl.zeros([], tl.int64)
-    s3 = tl.zeros([], tl.int64)
-    mine = tl.full([], 0, tl.int64)
-    part = _claim(words, publish, mine)
-    while part < n_parts:
-        a1, a2, a3, g1, g2, g3 = _part3(x_row, temp, vocab, part, q1, q2, q3, z_max, BLOCK)
-        n1 += a1
-        n2 += a2
-        n3 += a3
-        s1 += g1
-        s2 += g2
-        s3 += g3
-        mine += 1
-        part = _claim(words, publish, mine)
-    if publish:
-        _close(words, n_parts - mine)
-        n1 += tl.load(words + W_C, volatile=True).to(tl.int32)
-        n2 += tl.load(words + W_C + 1, volatile=True).to(tl.int32)
-        n3 += tl.load(words + W_C + 2, volatile=True).to(tl.int32)
-        s1 += tl.load(words + W_M, volatile=True)
-        s2 += tl.load(words + W_M + 1, volatile=True)
-        s3 += tl.load(words + W_M + 2, volatile=True)
-    return n1, n2, n3, _unfix(s1), _unfix(s2), _unfix(s3)
-
-
-@triton.jit
-def _close(words, others):
-    """The owner's end of a published read, every part claimed: waits until the parts that
-    others claimed are done (an acquire: their sums and stores are visible after it), then
-    closes the read so that no later claim succeeds."""
-    while tl.atomic_add(words + W_DONE, 0, sem="acquire", scope="gpu") < others:
-        pass
-    tl.atomic_xchg(words + W_CLAIM, 0, sem="acq_rel", scope="gpu")
-    tl.debug_barrier()  # every thread after the acquire
-
-
-@triton.jit
-def _claim(words, publish, mine):
-    """The next part this program reads: the claim word's (published) or its own count."""
-    if publish:  # noqa: SIM108 (a branch: the atomic runs only when published)
-        part = tl.atomic_add(words + W_CLAIM, 1, sem="acq_rel", scope="gpu") & LOW
-    else:
-        part = mine
-    return part
-
-
-@triton.jit
-def _list_shared(x_row, temp, vocab, ends, lists, words, BLOCK: tl.constexpr):
-    """_cut_listed's read published for helpers (the pack path, band_config's
-    shared_reads): the row takes parts like the helpers (_list_part) and returns once every
-    part is listed."""
-    lo, hi, top = ends
-    scratch_row, g, s_row, list_cap = lists
-    tl.store(words + W_Q, lo.to(tl.int64))
-    tl.store(words + W_Q + 1, hi.to(tl.int64))
-    tl.store(words + W_Q + 2, top.to(tl.int64))
-    tl.store(words + W_TEMP, temp.to(tl.int32, bitcast=True).to(tl.int64))
-    tl.store(words + W_KIND, tl.full([], 1, tl.int64))
-    tl.store(words + W_C, scratch_row.to(tl.int64, bitcast=True))
-    tl.store(words + W_C + 1, s_row.to(tl.int64, bitcast=True))
-    tl.store(words + W_C + 2, tl.full([], g, tl.int64))
-    tl.store(words + W_M, list_cap.to(tl.int64))
-    tl.store(words + W_CUR, tl.zeros([], tl.int64))
-    tl.store(words + W_DONE, tl.zeros([], tl.int64))
-    tl.debug_barrier()  # every thread's stores before the release below
-    tl.atomic_xchg(words + W_CLAIM, OPEN, sem="release", scope="gpu")
-    n_parts = tl.cdiv(vocab, PART)
-    mine = tl.full([], 0, tl.int64)
-    part = _claim(words, True, mine)
-    while part < n_parts:
-        _list_part(x_row, temp, vocab, part, ends, lists, words, BLOCK)
-        mine += 1
-        part = _claim(words, True, mine)
-    _close(words, n_parts - mine)
-
-
-@triton.jit
-def _unfix(s):
-    return s.to(tl.float32) * (1.0 / FIX)
-
-
-@triton.jit
-def help_one(row, help, BLOCK: tl.constexpr):
-    """A waiting row's turn at the reads that rows before it published: claims a part of
-    the first open one and reads it. A counting read's part (_above3) adds its counts and
-    masses to that row's words (_help_count); a listing read's (_cut_listed) writes its
-    tokens to that row's lists (_list_part). resolve's helper programs (help_rows) pass
-    row = B: every row.
-
-    help: (the help buffer [B, HELP_WORDS], x_ptr, stride_x, vocab). It waits on nothing:
-    the owner waits for the parts claimed, and a claim on a closed read (the owner closed it
-    after its last part) is ignored. Rows only help rows before them, which have started
-    (the order pack_row relies on)."""
-    help_ptr, x_ptr, stride_x, vocab = help
-    n_parts = tl.cdiv(vocab, PART)
-    rows = tl.arange(0, 256)
-    first = row.to(tl.int64)  # the first row before this one with a part left (row: none)
-    for r0 in range(0, row, 256):
-        r = r0 + rows.to(tl.int64)
-        claim = tl.load(help_ptr + r * HELP_WORDS + W_CLAIM, mask=r < row, other=0, volatile=True)
-        open_ = (claim >= OPEN) & ((claim & LOW) < n_parts)
-        first = tl.minimum(first, tl.min(tl.where(open_, r, row), axis=0))
-    if first < row:
-        words = help_ptr + first * HELP_WORDS
-        got = tl.atomic_add(words + W_CLAIM, 1, sem="acq_rel", scope="gpu")
-        part = got & LOW
-        if (got >= OPEN) & (part < n_parts):
-            q1 = tl.load(words + W_Q, volatile=True).to(tl.int32)
-            q2 = tl.load(words + W_Q + 1, volatile=True).to(tl.int32)
-            q3 = tl.load(words + W_Q + 2, volatile=True).to(tl.int32)
-            temp = tl.load(words + W_TEMP, volatile=True).to(tl.int32).to(tl.float32, bitcast=True)
-            x_row = x_ptr + first * stride_x
-            if tl.load(words + W_KIND, volatile=True) == 0:
-                _help_count(words, x_row, temp, vocab, part, q1, q2, q3, BLOCK)
-            else:
-                _list_part(x_row, temp, vocab, part, (q1, q2, q3), _lists(words), words, BLOCK)
-            tl.debug_barrier()  # every thread's atomics and stores before the release
-            tl.atomic_add(words + W_DONE, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def _help_count(words, x_row, temp, vocab, part, q1, q2, q3, BLOCK: tl.constexpr):
-    """A helper's part of a counting read: its counts and masses added to the row's words."""
-    z_max = tl.load(words + W_ZMAX, volatile=True).to(tl.int32).to(tl.float32, bitcast=True)
-    c1, c2, c3, f1, f2, f3 = _part3(x_row, temp, vocab, part, q1, q2, q3, z_max, BLOCK)
-    tl.atomic_add(words + W_C, c1.to(tl.int64), sem="relaxed", scope="gpu")
-    tl.atomic_add(words + W_C + 1, c2.to(tl.int64), sem="relaxed", scope="gpu")
-    tl.atomic_add(words + W_C + 2, c3.to(tl.int64), sem="relaxed", scope="gpu")
-    tl.atomic_add(words + W_M, f1, sem="relaxed", scope="gpu")
-    tl.atomic_add(words + W_M + 1, f2, sem="relaxed", scope="gpu")
-    tl.atomic_add(words + W_M + 2, f3, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _lists(words):
-    """A published listing read's lists: (the bracket's row, G, s_row, list_cap)."""
-    scratch_row = tl.load(words + W_C, volatile=True).to(tl.pointer_type(tl.int64), bitcast=True)
-    s_row = tl.load(words + W_C + 1, volatile=True).to(tl.pointer_type(tl.int64), bitcast=True)
-    g = tl.load(words + W_C + 2, volatile=True).to(tl.int32)
-    list_cap = tl.load(words + W_M, volatile=True).to(tl.int32)
-    return scratch_row, g, s_row, list_cap
-
-
-@triton.jit
-def _list_part(x_row, temp, vocab, part, ends, lists, words, BLOCK: tl.constexpr):
-    """Part `part` of a shared listing read (_cut_listed): writes its tokens with
-    lo < ordered32(z) <= hi to the bracket's row and those above top to s_row, at slots
-    taken from the read's cursor (W_CUR) with one atomic for the part. Two reads of the
-    part (the second from L2), with no block-wide step inside either: the first counts each
-    lane's tokens, a scan gives each lane its first slots, the second writes them. The
-    order the parts land in does not matter: both lists are sorted before use."""
-    lo, hi, top = ends
-    scratch_row, g, s_row, list_cap = lists
-    start = part * PART
-    end = tl.minimum(start + PART, vocab)
-    n_b = tl.zeros([BLOCK], tl.int32)
-    n_s = tl.zeros([BLOCK], tl.int32)
-    for b in range(start, end, BLOCK):
-        o = ordered32(_z_of(_load_block(x_row, end, b, BLOCK), temp))
-        n_b += ((o > lo) & (o <= hi)).to(tl.int32)
-        n_s += (o > top).to(tl.int32)
-    both = tl.sum(n_b, axis=0).to(tl.int64) | (tl.sum(n_s, axis=0).to(tl.int64) << 32)
-    got = tl.atomic_add(words + W_CUR, both, sem="relaxed", scope="gpu")
-    slot_b = (got & LOW).to(tl.int32) + tl.cumsum(n_b, axis=0) - n_b
-    slot_s = (got >> 32).to(tl.int32) + tl.cumsum(n_s, axis=0) - n_s
-    lane = tl.arange(0, BLOCK)
-    for b in range(start, end, BLOCK):
-        z = _z_of(_load_block(x_row, end, b, BLOCK), temp)
-        o = ordered32(z)
-        sel = (o > lo) & (o <= hi)
-        sel_s = o > top
-        keys = pack_key(z, (b + lane).to(tl.int64))
-        tl.store(scratch_row + slot_b, keys, mask=sel & (slot_b < g))
-        tl.store(s_row + slot_s, keys, mask=sel_s & (slot_s < list_cap))
-        slot_b += sel.to(tl.int32)
-        slot_s += sel_s.to(tl.int32)
-
-
-@triton.jit
-def _part3(x_row, temp, vocab, part, q1, q2, q3, z_max, BLOCK: tl.constexpr):
-    """Part `part` of the row: its three counts and three masses, each mass summed in
-    float32 over the part (the same reduction whoever reads it) and then fixed-point."""
-    start = part * PART
-    end = tl.minimum(start + PART, vocab)
-    c = tl.zeros([BLOCK], tl.int32)
-    c1, c2, c3, m1, m2, m3 = _count3(x_row, temp, start, end, q1, q2, q3, z_max, c, c, c, BLOCK)
+    c1 = tl.zeros([BLOCK], tl.int32)
+    c1, c2, c3, m1, m2, m3 = _count3(x_row, temp, 0, vocab, q1, q2, q3, z_max, c1, c1, c1, BLOCK)
+    # Separate sums, not one tuple reduction: once a read, and the interpreter (CI) runs
+    # a tuple reduction element by element.
     return (
         tl.sum(c1, axis=0),
         tl.sum(c2, axis=0),
         tl.sum(c3, axis=0),
-        (tl.sum(m1, axis=0) * FIX).to(tl.int64),
-        (tl.sum(m2, axis=0) * FIX).to(tl.int64),
-        (tl.sum(m3, axis=0) * FIX).to(tl.int64),
+        tl.sum(m1, axis=0),
+        tl.sum(m2, axis=0),
+        tl.sum(m3, axis=0),
     )
 
 
@@ -480,8 +225,6 @@ def cut_key(
     s_row,
     list_cap,
     need_key,
-    help_row,
-    PARTS: tl.constexpr,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -537,8 +280,6 @@ def cut_key(
             q2.to(tl.int32),
             q3.to(tl.int32),
             z_max,
-            help_row,
-            PARTS,
             BLOCK,
         )
         p1 = _kept(q1.to(tl.int32), n1, s1, k, z_norm, top_p, min_p, z_max)
@@ -550,7 +291,7 @@ def cut_key(
     hi32 = hi.to(tl.int32)
     if (c_lo < 0) | (c_hi < 0):  # an end of the bracket was never counted
         c_lo, c_hi, _, m_lo, m_hi, _ = _above3(
-            x_row, temp, vocab, lo.to(tl.int32), hi32, hi32, z_max, help_row, PARTS, BLOCK
+            x_row, temp, vocab, lo.to(tl.int32), hi32, hi32, z_max, BLOCK
         )
     # At most G tokens between the ends: list them, sort them and cut there (one read);
     # else the bracket is one z, and its tokens share their mass.
@@ -573,8 +314,6 @@ def cut_key(
             scratch_row,
             s_row,
             list_cap,
-            help_row,
-            PARTS,
             G,
             BLOCK,
         )
@@ -620,13 +359,13 @@ def _thresholds(lo, hi, top, reads, ends, cut, G: tl.constexpr):
     of at most 64 nats) or in ordered32 space, which reach any single float in 16 reads: a
     search takes Z_READS + 16 at most.
 
-    On SmolLM2's rows at top-p 0.95 whose support is past the tiers (bench/row_paths.py)
-    the search takes 2 reads (3 on one row of 16) with these, against 3-4 with quarters in
-    z after a first read at 48, 32 and 16 nats (session 28's rule). The models fit a tail,
+    On SmolLM2's rows at top-p 0.95 whose support is past the tiers the search takes 2 reads
+    (3 on one row of 16) with these, against 3-4 with quarters in z after a first read at 48,
+    32 and 16 nats. The models fit a tail,
     not a row's bulk: on flat rows (N(0, 1) logits at T = 2, V = 151936) reads aimed at a
     bracket of 150000 tokens missed on the same side of the cut one after another, 7 reads
     a row at top-p 0.95 and 9.5 at 0.5, where quarters in z there take 4.75 at each (means
-    of 4 rows, bench/search_reads.py).
+    of 4 rows).
     A cut inside a long tie at exactly 0.0 pays the Z_READS reads in z for nothing (quarters
     in z halve their way toward 0 through every magnitude below their width), hence the
     cap. Any three thresholds keep the search exact: each is counted, not assumed."""
@@ -765,8 +504,6 @@ def fallback_support(
     scratch_row,
     s_row,
     list_cap,
-    help_row,
-    PARTS: tl.constexpr,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -804,8 +541,6 @@ def fallback_support(
             s_row,
             tl.where(cut, list_cap, 0),
             phase > 0,
-            help_row,
-            PARTS,
             G,
             BLOCK,
         )
@@ -861,13 +596,13 @@ def gather_above(
     other segments add their tokens above t. The keys are all tokens with z > t, an exact
     prefix of design order above the floor t, whatever pass 1 kept. The caller loads as many
     as it needs: a block of LIMIT costs every block-wide step after it four times a block of
-    the second tier (bench_kernels.py --phases).
+    the second tier.
 
     The segments are read twice, with no block-wide step inside either read: the first
     counts each lane's tokens above t, one scan turns the counts into each lane's first
     slot, and the second read (from L2: one or two segments of one row) writes each lane's
     tokens from there. One read with a scan and a sum per block to place its tokens cost
-    about twice as long (bench_resolve_parts.py --read).
+    about twice as long.
     """
     tl.debug_barrier()  # earlier reads of this scratch row before the stores below
     # (The candidates' block and the read's block differ in size below 2048 candidates, so
@@ -1005,8 +740,6 @@ def _cut_listed(
     scratch_row,
     s_row,
     list_cap,
-    help_row,
-    PARTS: tl.constexpr,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -1017,21 +750,11 @@ def _cut_listed(
     When every token above lo fits list_cap slots (c_hi plus the bracket's), the same read
     lists the tokens above hi in s_row, and the bracket's kept prefix is written after them:
     s_row then holds S, unsorted, and the caller needs no read of its own to list it (the
-    fourth value returned says so).
-
-    With PARTS 2 on the pack path (help_row's publish) the read is published in parts like
-    the counting reads, and rows waiting in pack_row list some of them (help_one, _list_part):
-    the lists' order changes, not their keys, and both are sorted before use."""
+    fourth value returned says so)."""
     tl.debug_barrier()  # earlier reads of the scratch rows before the stores below
     s_out = c_hi + n_between <= list_cap
     top = tl.where(s_out, hi, INT32_MAX)  # nothing is above it: nothing listed in s_row
-    words, publish = help_row
-    if publish & (PARTS == 2):
-        _list_shared(
-            x_row, temp, vocab, (lo, hi, top), (scratch_row, G, s_row, list_cap), words, BLOCK
-        )
-    else:
-        _list_whole(x_row, temp, vocab, lo, hi, top, scratch_row, s_row, list_cap, G, BLOCK)
+    _list_whole(x_row, temp, vocab, lo, hi, top, scratch_row, s_row, list_cap, G, BLOCK)
     tl.debug_barrier()  # the scattered stores before the block load
     pos = tl.arange(0, G)
     keys = sort_block(scratch_row, n_between, G)

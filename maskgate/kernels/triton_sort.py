@@ -1,7 +1,7 @@
 """Sorting a block of packed keys in one program: tl.sort on short runs, then merges.
 
 tl.sort is a bitonic network: a block of n keys takes log2(n) (log2(n) + 1) / 2 passes over
-the whole block, so its cost grows faster than the block (session 25: a 2048-key sort took
+the whole block, so its cost grows faster than the block (on the H200 a 2048-key sort took
 about 58k cycles of resolve, a 4096-key one about 150k). sort_desc sorts runs of RUN keys with
 tl.sort along the minor axis of a [BLOCK / RUN, RUN] block (log2(RUN) (log2(RUN) + 1) / 2
 passes), then merges pairs of runs until one is left: each key's place in the merged run is its

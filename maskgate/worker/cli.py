@@ -41,11 +41,6 @@ def build_worker_parser() -> argparse.ArgumentParser:
         "--no-fused-kernels", action="store_true", help="torch layers instead of Triton on CUDA"
     )
     p.add_argument("--mask-impl", choices=["kernel", "sort_all_rows"], help="default kernel")
-    p.add_argument(
-        "--mask-shared-reads",
-        action="store_true",
-        help="CUDA: share the mask kernels' whole-row fallback reads across a launch's rows",
-    )
     p.add_argument("--cpu-threads", type=int, metavar="N", help="torch threads (all cores)")
     p.add_argument("--weight-version", metavar="V", help="initial weight_version (default)")
     p.add_argument(
@@ -63,8 +58,6 @@ def worker_overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["cuda_graphs"] = False
     if out.pop("no_fused_kernels", False):
         out["fused_kernels"] = False
-    if out.pop("mask_shared_reads", False):  # the flag only turns it on (file and env: both)
-        out["mask_shared_reads"] = True
     return out
 
 

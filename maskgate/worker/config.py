@@ -56,11 +56,6 @@ class WorkerConfig(BaseModel):
     # kernel: the row-filtered kernels (kernels.sample). sort_all_rows: the benchmark baseline
     # (maskgate/worker/sort_all.py), a full-vocabulary sort of every row whenever any row asks.
     mask_impl: Literal["kernel", "sort_all_rows"] = "kernel"
-    # CUDA: the kernels' whole-row fallback reads each row in parts that other rows of the
-    # launch help with (kernels.triton_path.use_shared_reads). On: 13-15% faster sampling on a
-    # real model's rows at top-p 0.95, where about a fifth of them take that fallback; 1-2 us
-    # slower a step where no row does (docs/kernels.md, "Shared counting reads").
-    mask_shared_reads: bool = False
 
     # RL weight updates (docs/worker.md, "Weight updates"). The version reported in
     # meta_info.weight_version until an update names another.

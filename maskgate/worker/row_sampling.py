@@ -77,7 +77,7 @@ def warm_up_sampler(
         for want in (True, False):
             _warm_call(sample_fn, b, vocab_size, device, max_mask_tokens, want)
     covered = SMALL_BATCHES if sample_fn is kernels.sample else ()
-    for b in warm_up_batches(vocab_size, max_batch, device):
+    for b in warm_up_batches(vocab_size, max_batch):
         if b not in covered:
             for want in (True, False):
                 _warm_call(kernels.sample, b, vocab_size, device, max_mask_tokens, want)
@@ -85,28 +85,24 @@ def warm_up_sampler(
         torch.cuda.synchronize(device)
 
 
-def warm_up_batches(
-    vocab_size: int, max_batch: int, device: torch.device | None = None
-) -> list[int]:
+def warm_up_batches(vocab_size: int, max_batch: int) -> list[int]:
     """Batch sizes that meet every compiled variant of kernels.sample's CUDA path for batches of
     1..max_batch rows, all rows asking for masks (ascending, few: one per compile key and
     max_batch).
 
     Pass 1's config (`default_config(vocab, B)`) is what varies with the batch (a handful of
-    configs, in power-of-two steps of B), and the resolve kernel with it; with shared reads
-    (`use_shared_reads`) resolve also compiles apart for the batch sizes that may pack, 2 to
-    one row an SM of `device` (`compile_key`). The smallest B of each key meets it. Nothing
+    configs, in power-of-two steps of B), and the resolve kernel with it. The smallest B of
+    each config meets it. Nothing
     else specialises on the batch: resolve takes its mask-packing mode at run time and the
     emit kernel, which only batches past one row an SM launch, compiles once. max_batch runs
     too, so the largest launch and its buffers are ready before traffic.
     """
-    from maskgate.kernels.triton_path import compile_key  # triton: only needed on CUDA
+    from maskgate.kernels.band_config import default_config
 
-    dev = torch.device("cpu") if device is None else device
     batches = {max_batch}
     seen = set()
     for b in range(1, max_batch + 1):
-        key = compile_key(vocab_size, b, dev)
+        key = default_config(vocab_size, b)
         if key not in seen:
             seen.add(key)
             batches.add(b)

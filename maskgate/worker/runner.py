@@ -47,7 +47,6 @@ class ModelRunner:
         progress: Callable[[str], None] | None = None,
         mask_impl: str = "kernel",
         fused_kernels: bool = True,
-        shared_reads: bool = False,
     ) -> None:
         if mask_impl not in ("kernel", "sort_all_rows"):
             raise ValueError(f"mask_impl must be 'kernel' or 'sort_all_rows', got {mask_impl!r}")
@@ -95,11 +94,6 @@ class ModelRunner:
         )
         self.sampler = RowSampler(self.sample_fn, self.device, max_mask_tokens)
         if self.device.type == "cuda":
-            # The kernels' whole-row fallback reads shared or not (WorkerConfig's
-            # mask_shared_reads), process-wide and before the warm-up compiles for it.
-            from maskgate.kernels.triton_path import use_shared_reads  # triton: only needed on CUDA
-
-            use_shared_reads(shared_reads)
             # Every sampling row holds its own KV slot: at most max_num_slots rows a step.
             warm_up_sampler(
                 self.sample_fn, self.vocab_size, self.device, max_mask_tokens, self.max_num_slots

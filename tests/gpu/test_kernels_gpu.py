@@ -17,13 +17,14 @@ import time
 
 import pytest
 import torch
+from kernels_support.conformance import check_result
+from kernels_support.workloads import ADVERSARIAL_KINDS, adversarial_logits, peaked_logits
 
 from maskgate import kernels
-from maskgate.kernels.conformance import check_result
+from maskgate.kernels.band_config import band_config
 from maskgate.kernels.inputs import check_inputs
 from maskgate.kernels.reference import reference
-from maskgate.kernels.triton_path import band_config, sample_triton
-from maskgate.kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits, peaked_logits
+from maskgate.kernels.triton_path import sample_triton
 
 pytestmark = [
     pytest.mark.gpu,
@@ -33,21 +34,14 @@ pytestmark = [
 VOCABS = [111, 1000, 32000, 151936, 262144]
 # Pass-1 variants run on their own (band_config keywords); the default is tested everywhere.
 PASS1 = {
-    "bisect": {"lanes": 0},
     "l1024": {"lanes": 1024},
     "l2048": {"lanes": 2048},
     "l1024s4k": {"lanes": 1024, "chunk": 4096},
     "l256s16k": {"lanes": 256, "chunk": 16384},
-    "w4": {"warps": 4},
     "l1024s32k": {"lanes": 1024, "chunk": 32768},
-    "l1024s32kw16": {"lanes": 1024, "chunk": 32768, "warps": 16},
-    "k3": {"keep": 3},  # lanes keep three tokens
-    "l512s32kk3": {"lanes": 512, "chunk": 32768, "keep": 3},
-    "reread": {"reread": True},  # two-token lanes read their column again when they collide
+    "reread": {"reread": True},  # lanes read their column again when they collide
     "reread_s32k": {"lanes": 512, "chunk": 32768, "reread": True},
-    # B = 1's fused launch shape over every row of the batch: thousands of programs meet at
-    # the row counters at once, the hardest case for the arrival ordering.
-    "fused_s2k": {"fused": True, "chunk": 2048},
+    "look3": {"look": 3},  # the loop reads three tiles ahead
 }
 # Rows built for the rescue take it only without the reread, which is on from REREAD_BATCH
 # rows and would read their collided lane again (at B = 128's shape).
@@ -348,27 +342,19 @@ def test_whole_row_fallback_matches_oracle(dtype: torch.dtype) -> None:
     assert int(res.fallback_rows.sum()) >= rows // 2
 
 
-# A real model's rows (bench/real_rows.py writes them; not committed: 100 MB).
+# A real model's rows (`python -m bench.real_rows` writes them; not committed: 100 MB).
 REAL_ROWS = pathlib.Path(os.environ.get("MASKGATE_REAL_ROWS", ".cache/real_rows/smollm2.pt"))
 
 
-# band_config's shared reads with a wave of helper programs (off by default; session 38)
-SHARED_READS = {"shared_reads": True, "help_waves": 1}
-
-
-@pytest.mark.skipif(not REAL_ROWS.exists(), reason="no real rows file (bench/real_rows.py)")
-@pytest.mark.parametrize("shared", [False, True], ids=["default", "shared_reads"])
+@pytest.mark.skipif(not REAL_ROWS.exists(), reason="no real rows file (python -m bench.real_rows)")
 @pytest.mark.parametrize(
     ("top_k", "top_p", "min_p", "bounded"),
     [(-1, 0.95, 0.0, False), (-1, 0.95, 0.0, True), (50, 0.9, 0.0, False), (-1, 1.0, 0.05, False)],
 )
-def test_real_rows_match_oracle(
-    top_k: int, top_p: float, min_p: float, bounded: bool, shared: bool
-) -> None:
+def test_real_rows_match_oracle(top_k: int, top_p: float, min_p: float, bounded: bool) -> None:
     """SmolLM2's rows at temperature 1 (top-p 0.95 supports of 1 to about 3500 tokens, the
     widest taking the rescue and the whole-row fallback) in launches of 128 rows, with a
-    mask cap of 2048 so that some exact-mode masks overflow and some bounded ones truncate;
-    by default and with the fallback's reads shared (SHARED_READS)."""
+    mask cap of 2048 so that some exact-mode masks overflow and some bounded ones truncate."""
     logits = torch.load(REAL_ROWS)["logits"]
     for start in range(0, logits.shape[0] - 127, 128):
         x = logits[start : start + 128].cuda()
@@ -386,13 +372,11 @@ def test_real_rows_match_oracle(
             batch["bounded"] = torch.ones(rows, dtype=torch.bool, device="cuda")
         want = torch.ones(rows, dtype=torch.bool)
         run_checked(
-            f"real rows {start} k={top_k} p={top_p} min_p={min_p} bounded={bounded}"
-            + (" shared" if shared else ""),
+            f"real rows {start} k={top_k} p={top_p} min_p={min_p} bounded={bounded}",
             batch,
             want,
             2048,
             bounded=batch.get("bounded"),
-            pass1=SHARED_READS if shared else None,
         )
 
 
@@ -402,15 +386,12 @@ def masks(res: kernels.SampleResult) -> list[list[int]]:
     return [ids[off[i] : off[i + 1]].tolist() for i in range(len(off) - 1)]
 
 
-def test_fallback_reads_give_the_same_bits_with_and_without_helpers() -> None:
-    """With band_config's shared_reads, on the pack path, rows that wait for earlier rows
-    take parts of those rows' whole-row counting reads (triton_fallback.help_one), and with
-    help_waves so do resolve's extra programs (triton_emit.help_rows). Wide rows (Gaussian
-    logits, top-p 0.95 supports of hundreds to thousands of tokens, many of them past the
-    band) among Zipf rows, at temperatures 1 and 0.8: the pack path's launch (helpers), with
-    extra programs, the emit path's (no helpers) and the fallback rows one at a time must
-    give the same bits, and the oracle's supports. The last two compile resolve without
-    HELP (no publishing or helping code), so this also checks that compile's sums."""
+def test_fallback_rows_give_the_same_bits_packed_emitted_and_alone() -> None:
+    """Wide rows (Gaussian logits, top-p 0.95 supports of hundreds to thousands of tokens,
+    many of them past the band: the whole-row fallback) among Zipf rows, at temperatures 1
+    and 0.8: the launch whose rows pack their own CSR (pack_row, one row an SM), the one
+    emit_kernel packs, and the fallback rows one at a time give the same bits, and the
+    oracle's supports."""
     vocab, rows = 49152, 128
     g = torch.Generator().manual_seed(41)
     x = peaked_logits(rows, vocab, 1.6, g)
@@ -427,25 +408,21 @@ def test_fallback_reads_give_the_same_bits_with_and_without_helpers() -> None:
         "step": torch.zeros(rows, dtype=torch.int64, device="cuda"),
     }
     want = torch.ones(rows, dtype=torch.bool)
-    shared = {"shared_reads": True}
-    helped = run_checked("fallback reads with helpers", batch, want, 4096, pass1=shared)
-    alone = run(batch, want, 4096, {**shared, "pack": False})
-    # and with resolve's extra programs (two waves) helping as well
-    waves = run(batch, want, 4096, {**shared, "help_waves": 2})
-    fb = helped.fallback_rows.nonzero().flatten().tolist()
+    packed = run_checked("fallback rows packed", batch, want, 4096, pass1={})
+    emitted = run(batch, want, 4096, {"pack": False})
+    fb = packed.fallback_rows.nonzero().flatten().tolist()
     assert len(fb) >= 16, fb
-    for other in (alone, waves):
-        for name in ("tokens", "logprobs", "support_sizes", "fallback_rows", "mask_status"):
-            assert torch.equal(getattr(helped, name), getattr(other, name)), name
-        assert masks(helped) == masks(other)
+    for name in ("tokens", "logprobs", "support_sizes", "fallback_rows", "mask_status"):
+        assert torch.equal(getattr(packed, name), getattr(emitted, name)), name
+    assert masks(packed) == masks(emitted)
     one = torch.ones(1, dtype=torch.bool)
     for r in fb[:: max(len(fb) // 8, 1)]:
-        single = run({k: v[r : r + 1] for k, v in batch.items()}, one, 4096, shared)
-        assert single.tokens.item() == helped.tokens[r].item(), r
-        assert single.logprobs.item() == helped.logprobs[r].item(), r
-        assert single.support_sizes.item() == helped.support_sizes[r].item(), r
-        assert masks(single)[0] == masks(helped)[r], r
-    print(f"SUMMARY fallback reads with and without helpers: {len(fb)} fallback rows, same bits")
+        single = run({k: v[r : r + 1] for k, v in batch.items()}, one, 4096, {})
+        assert single.tokens.item() == packed.tokens[r].item(), r
+        assert single.logprobs.item() == packed.logprobs[r].item(), r
+        assert single.support_sizes.item() == packed.support_sizes[r].item(), r
+        assert masks(single)[0] == masks(packed)[r], r
+    print(f"SUMMARY fallback rows packed, emitted and alone: {len(fb)} fallback rows, same bits")
 
 
 def test_seeded_tokens_batch_invariant_and_match_cpu() -> None:

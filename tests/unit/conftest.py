@@ -15,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 Interpreted = Callable[[str], dict]
 # Prepended to every interpreted check (a Triton the patch does not fit keeps its own loop).
-FAST_REDUCTIONS = "import maskgate.kernels.interpreter\nfrom maskgate import kernels\nkernels.interpreter.install()\n"
+FAST_REDUCTIONS = "import kernels_support.interpreter\nkernels_support.interpreter.install()\n"
 
 
 @pytest.fixture(scope="session")
@@ -25,11 +25,12 @@ def interpreted() -> Interpreted:
 
     The variable must be set before triton is imported, so each check runs in a fresh Python
     process (Triton kernels then run on the CPU, in numpy). The process runs with
-    kernels.interpreter installed: reductions as a pairwise tree over blocks instead of the
+    kernels_support.interpreter installed: reductions as a pairwise tree over blocks instead of the
     interpreter's element loop, and triton.language patched once a launch."""
 
     def run(code: str) -> dict:
-        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+        path = os.pathsep.join((str(ROOT), str(ROOT / "tests")))  # kernels_support too
+        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
         proc = subprocess.run(
             [sys.executable, "-c", FAST_REDUCTIONS + code],
             env=env,

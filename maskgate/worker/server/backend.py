@@ -55,7 +55,6 @@ def load_backend(config: WorkerConfig) -> Backend:
         cuda_graphs=config.cuda_graphs,
         fused_kernels=config.fused_kernels,
         mask_impl=config.mask_impl,
-        shared_reads=config.mask_shared_reads,
     )
     log.info(
         "runner ready: %d KV slots x %d tokens, vocab %d",

@@ -1,4 +1,5 @@
-"""maskgate.kernels.interpreter: kernels give under it what they give under the interpreter's own code.
+"""kernels_support.interpreter: kernels give under it what they give under the interpreter's
+own code.
 
 Every interpreted check runs with it (tests/unit/conftest.py), so this holds it to the code it
 replaces: our tuple reductions on blocks of each shape along each axis (keep_dims too), a
@@ -16,8 +17,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
-import maskgate.kernels.interpreter
-from maskgate import kernels
+import kernels_support.interpreter
 from maskgate.kernels.triton_common import add3_max3_add3, argmax_key_add
 
 @triton.jit
@@ -61,8 +61,8 @@ def launch_all():
     return exact, sums
 
 before = launch_all()
-installed = kernels.interpreter.install()
-again = kernels.interpreter.install()  # a second call changes nothing
+installed = kernels_support.interpreter.install()
+again = kernels_support.interpreter.install()  # a second call changes nothing
 after = launch_all()
 restored = tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.core.load)
 sums_close = all(np.allclose(before[1][k], after[1][k], rtol=1e-6, atol=0) for k in before[1])
@@ -73,7 +73,7 @@ print(json.dumps({"installed": installed, "again": again, "exact": [before[0], a
 
 def test_patched_interpreter_matches_its_own_code(interpreted: Any) -> None:
     # The fixture installs the patch before CODE runs; CODE takes its "before" from the loop.
-    out = interpreted("kernels.interpreter.uninstall()\n" + CODE)
+    out = interpreted("kernels_support.interpreter.uninstall()\n" + CODE)
     assert out["installed"] and out["again"]
     loop, pairwise = out["exact"]
     assert loop == pairwise

@@ -1,10 +1,9 @@
-"""The sampler's fused launch lowers for an H100/H200 (sm_90), without a GPU.
+"""The sampler's kernels lower for an H100/H200 (sm_90), without a GPU.
 
 The interpreter tests run the kernels' logic in numpy; they do not lower them, so what only
-the compiler sees (tuple reductions, layouts of the tier sorts, inline assembly of the phase
-stamps) is checked here: band_resolve_kernel holds pass 1 and all of resolve, and is compiled
-with the phase stamps on, at B = 1's shape for V = 151936, to a cubin with the ptxas that
-ships with Triton (about 45 s on a 2-core machine).
+the compiler sees (tuple reductions, layouts of the tier sorts, register limits) is checked
+here, compiled to a cubin with the ptxas that ships with Triton (resolve at the target
+shape: about 45 s on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -15,9 +14,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from maskgate.kernels.triton_common import MUL_A  # noqa: E402
-from maskgate.kernels.triton_fused import band_resolve_kernel  # noqa: E402
-from maskgate.kernels.triton_path import (  # noqa: E402
+from maskgate.kernels.band_config import (  # noqa: E402
     DELTA,
     FB_BLOCK,
     NBISECT,
@@ -31,7 +28,7 @@ from maskgate.kernels.triton_path import (  # noqa: E402
     max_chunks,
     reread_constants,
 )
-from maskgate.kernels.triton_resolve import PHASES  # noqa: E402
+from maskgate.kernels.triton_common import MUL_A  # noqa: E402
 
 POINTERS = {
     "x_ptr": "*fp32",
@@ -40,7 +37,6 @@ POINTERS = {
     "m_ptr": "*fp32",
     "s_ptr": "*fp32",
     "d_ptr": "*fp32",
-    "arrived_ptr": "*i32",
     "topk_ptr": "*i32",
     "topp_ptr": "*fp32",
     "minp_ptr": "*fp32",
@@ -59,10 +55,8 @@ POINTERS = {
     "slot_ptr": "*i32",
     "offsets_ptr": "*i64",
     "ids_ptr": "*i32",
-    "help_ptr": "*i64",
     "mask_sizes_ptr": "*i64",
     "scratch_ptr": "*i64",
-    "times_ptr": "*i64",
     "g_ptr": "*fp32",
     "w_ptr": "*i64",
 }
@@ -70,17 +64,15 @@ POINTERS = {
 RACE_POINTERS = ("topk_ptr", "topp_ptr", "minp_ptr", "seed_ptr", "step_ptr", "g_ptr", "w_ptr")
 
 
-def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> None:
+def test_resolve_lowers_at_the_target_shape(sm90_compile: Any) -> None:
+    """resolve_kernel at B = 1's shape for V = 151936 (2048 candidates, the 4096-token mask
+    block): every phase of resolve_row (tiers, rescue, whole-row fallback, packing)."""
+    from maskgate.kernels.triton_resolve import resolve_kernel
+
     vocab, cap = 151936, 4096
-    cfg = band_config(vocab, batch=1, fused=True)
+    cfg = band_config(vocab, batch=1)
     cand_block = triton.next_power_of_2(cfg.ncand)
     const = {
-        "SEG": cfg.chunk,
-        "W": cfg.lanes,
-        "KC": cfg.kc,
-        "DELTA": DELTA,
-        "BAND_BISECT": NBISECT,
-        "KEEP": 2,
         "CAND_BLOCK": cand_block,
         "NCH_BLOCK": triton.next_power_of_2(max_chunks(vocab, cfg)),
         "T1": min(TIERS[0], cand_block),
@@ -91,62 +83,35 @@ def test_fused_launch_with_phase_stamps_compiles_for_sm90(sm90_compile: Any) -> 
         "FB_BLOCK": FB_BLOCK,
         "NBISECT": RESOLVE_BISECT,
         "HAS_STEP": True,
-        "TIMING": True,
-        "EARLY": True,
-        "SHARED": False,
+        "PDL": True,
     }
-    types = {p: POINTERS.get(p, "i32") for p in band_resolve_kernel.arg_names}
-    ptx = sm90_compile(band_resolve_kernel, types, const).asm["ptx"]
-    assert ptx.count("%clock64") >= PHASES.value  # every phase stamp, the tier sort's too
-    assert "atom" in ptx and ".acq_rel" in ptx  # the arrival counter
+    types = {p: POINTERS.get(p, "i32") for p in resolve_kernel.arg_names}
+    ptx = sm90_compile(resolve_kernel, types, const, num_warps=8).asm["ptx"]
+    assert "griddepcontrol.wait" in ptx  # waits for pass 1 before reading its outputs
+    assert "ld.volatile" in ptx or "ld.relaxed" in ptx  # pack_row's wait on earlier rows
 
 
 @pytest.mark.parametrize(
-    ("keep", "race", "reread", "times", "wait", "look"),
-    [
-        (2, False, 0, False, True, 2),
-        (3, False, 0, False, True, 2),
-        (2, True, 0, False, True, 2),
-        (2, False, 16, False, True, 2),
-        (2, False, None, True, False, 2),
-        (2, False, 16, False, True, 1),
-    ],
+    ("race", "reread", "look"),
+    [(False, 0, 2), (True, 0, 2), (False, 16, 2), (False, 16, 1)],
 )
-def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
-    keep: int,
-    race: bool,
-    reread: int | None,
-    times: bool,
-    wait: bool,
-    look: int,
-    sm90_compile: Any,
-) -> None:
+def test_pass_one_lowers_for_sm90(race: bool, reread: int, look: int, sm90_compile: Any) -> None:
     """band_lanes_kernel at B = 128's shape for V = 151936, with the register limit it
-    launches with (three-token lanes too, and two-token lanes that read collided columns
-    again, the default from 32 rows). Its end of segment keeps the lane tops in the
-    loop's layout: no 64-bit value (a candidate's key) goes through shared memory, where
-    the layout conversions of the earlier code sent the keys, slots and masks. With the race
-    of rows nothing truncates (as sample_triton launches it when a row asks for no mask),
-    that race's winner is the one 64-bit value reduced through shared memory, once a segment
-    and only on those rows. With times, the program stamps of bench/pass1_timeline.py;
-    without wait, a pass 1 that starts in stream order and still lets resolve launch early.
-    reread None: long segments (band_config(long_segments=True)), of 32768 tokens, that read
-    collided lanes again at 32 tops and start without the PDL wait. look 1: the loop reads
-    one tile ahead (the default before session 35), at 40 registers."""
-    from maskgate.kernels.triton_band_lanes import band_lanes_kernel
+    launches with (and two-token lanes that read collided columns again, the default from
+    32 rows). Its end of segment keeps the lane tops in the loop's layout: no 64-bit value (a
+    candidate's key) goes through shared memory. With the race of rows nothing truncates
+    (as sample_triton launches it when a row asks for no mask), that race's winner is the
+    one 64-bit value reduced through shared memory, once a segment and only on those rows.
+    look 1: the loop reads one tile ahead, at 40 registers."""
+    from maskgate.kernels.triton_band import band_lanes_kernel
 
-    cfg = band_config(
-        151936, batch=128, keep=keep, reread=reread, long_segments=reread is None, look=look
-    )
-    if reread is None:
-        assert cfg.chunk == 32768 and cfg.reread == 32 and cfg.band_wait == wait
+    cfg = band_config(151936, batch=128, reread=reread, look=look)
     const = {
         "SEG": cfg.chunk,
         "W": cfg.lanes,
         "KC": cfg.kc,
         "DELTA": DELTA,
         "NBISECT": NBISECT,
-        "KEEP": keep,
         "CLEAR": True,
         "PDL": True,
         "RACE": race,
@@ -156,43 +121,31 @@ def test_pass_one_lowers_for_sm90_with_two_or_three_tokens_a_lane(
     }
     if not race:
         const.update(dict.fromkeys(RACE_POINTERS))
-    const["TIMES"] = times
-    const["PDL_WAIT"] = wait
-    if not times:
-        const["times_ptr"] = None
     types = {p: POINTERS.get(p, "i32") for p in band_lanes_kernel.arg_names}
     assert cfg.regs == (48 if look == 2 else 40)  # two tiles read ahead take 48 registers
     ptx = sm90_compile(band_lanes_kernel, types, const, maxnreg=cfg.regs).asm["ptx"]
     assert "ex2.approx" in ptx  # the lanes' one exp2 a token
     assert f".maxnreg {cfg.regs}" in ptx
     assert "griddepcontrol.launch_dependents" in ptx  # resolve_kernel may launch early
-    # launched early itself, after the kernel before (band_config(band_wait=True))
-    assert ("griddepcontrol.wait" in ptx) == wait
+    assert "griddepcontrol.wait" in ptx  # launched early itself, after the kernel before
     assert (str(MUL_A.value) in ptx) == race  # the race's keyed noise (a hash multiplier)
-    # bench/pass1_timeline.py's stamps, only when asked for
-    assert ("%globaltimer" in ptx) == times and ("%smid" in ptx) == times
     if not race:
         stores = [line for line in ptx.splitlines() if "st.shared" in line]
         assert stores and not [line for line in stores if "b64" in line]
 
 
-@pytest.mark.parametrize(
-    ("vocab", "batch", "shared"), [(1000, 64, 0), (111, 512, 0), (1000, 64, 2)]
-)
-def test_resolve_lowers_for_small_vocabularies(
-    vocab: int, batch: int, shared: int, sm90_compile: Any
-) -> None:
+@pytest.mark.parametrize(("vocab", "batch"), [(1000, 64), (111, 512)])
+def test_resolve_lowers_for_small_vocabularies(vocab: int, batch: int, sm90_compile: Any) -> None:
     """resolve_kernel where the candidate block is smaller than the rescue's 2048-token read
     (1024 and 128 candidates here), with the register cap band_config sets at 512 rows (the
     interpreter ignores it; at V = 151936 the capped compile ran past 5 minutes on a 2-core
     machine, too long for CI). The interpreter does not check that a name assigned
     before a loop keeps its type inside it; the compiler does, and a rescue that reused the
     candidates' names for its read blocks failed to compile for every vocabulary below
-    about 4096 tokens (the worker's small models) while passing every interpreted test. With
-    shared: the whole-row fallback's reads in parts, its counting and listing reads (2)."""
+    about 4096 tokens (the worker's small models) while passing every interpreted test."""
     from maskgate.kernels.triton_resolve import resolve_kernel
 
-    cfg = band_config(vocab, batch=batch, fused=False)
+    cfg = band_config(vocab, batch=batch)
     cand_block = triton.next_power_of_2(cfg.ncand)
     assert cand_block < FB_BLOCK
     assert cfg.resolve_regs == (RESOLVE_REGS if batch >= RESOLVE_REGS_BATCH else 0)
@@ -208,10 +161,6 @@ def test_resolve_lowers_for_small_vocabularies(
         "FB_BLOCK": FB_BLOCK,
         "NBISECT": RESOLVE_BISECT,
         "HAS_STEP": False,
-        "TIMING": False,
-        "EARLY": True,
-        "SHARED": shared,
-        "HELP": shared > 0,
         "PDL": True,
     }
     types = {p: POINTERS.get(p, "i32") for p in resolve_kernel.arg_names}

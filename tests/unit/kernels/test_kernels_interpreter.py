@@ -21,24 +21,20 @@ Interpreted = Callable[[str], dict]  # the `interpreted` fixture (tests/unit/con
 PRELUDE = """
 import itertools, json, sys
 import torch
-from maskgate.kernels.conformance import check_result
+from kernels_support.conformance import check_result
 from maskgate.kernels.inputs import check_inputs
 from maskgate.kernels.reference import reference
 from maskgate.kernels.torch_path import sample_torch
-from maskgate.kernels.triton_path import band_config, sample_triton
-from maskgate.kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
+from maskgate.kernels.band_config import band_config
+from maskgate.kernels.triton_path import sample_triton
+from kernels_support.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
-FUSED = True  # lanes pass 1: resolve in the same launch (band_resolve_kernel) or after it
-SHARED = False  # the whole-row fallback's counting reads in parts (band_config's shared_reads)
-HELP_WAVES = 0  # with SHARED: resolve's extra programs that help those reads (help_waves)
-KEEP = 2  # tokens a pass-1 lane keeps
-REREAD = False  # two-token lanes with three tokens in the band read their column again
+REREAD = False  # lanes with three tokens in the band read their column again
 
-def both(logits, temp, k, p, mp, want, cap, seed=None, step=None, bounded=None, lanes=0):
+def both(logits, temp, k, p, mp, want, cap, seed=None, step=None, bounded=None, lanes=16):
     inp = check_inputs(logits, temp, k, p, mp, want, max_mask_tokens=cap, seed=seed,
                        step=step, bounded=bounded)
-    cfg = band_config(logits.shape[1], chunk=64, kc=8, lanes=lanes, fused=bool(lanes) and FUSED,
-                      keep=KEEP, reread=REREAD)
+    cfg = band_config(logits.shape[1], chunk=64, kc=8, lanes=lanes, reread=REREAD)
     return sample_triton(inp, cfg), sample_torch(inp)
 """
 
@@ -174,7 +170,7 @@ RESCUE = (
 # Rows whose band floor one segment pushes deep into S. Pass 1 keeps two tokens per lane and
 # KC = 8 per chunk, so a segment holding ten of S's 24 tokens, three of them in its lane 0
 # (offsets 0, 16, 32: the 1st, 4th and 7th largest), leaves its d_c at a token of S: the band
-# lists 6 (lanes) or 8 (band_kernel) tokens above the row floor, fewer than S needs. The
+# lists 6 tokens above the row floor, fewer than S needs. The
 # other segments are complete far lower, so resolve lists every token above the
 # second-largest d_c from their candidates and one read of the bad segment, and decides these
 # rows without the bisection fallback. The bad segment differs per row, the last one (40
@@ -242,19 +238,24 @@ temp = torch.tensor([1.0, 0.0, 0.5, 2.0] * 3)
 t = torch.where(temp < 1e-6, 1.0, temp)
 z = x / t[:, None]
 outs = {}
-for name, kw in [("ref", {"lanes": 0})] + TRIED:
+for name, kw in TRIED:
     cfg = band_config(vocab, chunk=64, kc=8, **kw)
     keys = torch.full((b, cfg.ncand), 12345, dtype=torch.int64)  # poison: no valid key
     stats = [torch.full((b, cfg.n_chunks), 3.0) for _ in range(3)]
     launch_band(x, temp, keys, *stats, cfg)
     outs[name] = (keys, *stats)
 n_ch, kc = cfg.n_chunks, cfg.kc
+# Each segment's max and sum of exp(z - max), in float64 (padded past V with -inf)
+zp = torch.cat([z, torch.full((b, n_ch * 64 - vocab), float("-inf"))], dim=1).view(b, n_ch, 64)
+m_ref = zp.max(dim=2).values
+s_ref = torch.exp(zp.double() - m_ref.double()[..., None]).sum(dim=2)
+s_ref = torch.where(m_ref == float("-inf"), 0.0, s_ref)  # an all -inf segment sums to 0
 res = {"stats_equal": [], "contract": [], "ties": [], "written": []}
 for name, _ in TRIED:
     keys, m, s, d = outs[name]
-    ref = outs["ref"]
-    res["stats_equal"].append(torch.equal(m, ref[1]) and torch.allclose(s, ref[2], equal_nan=True))
     good = ~torch.isnan(s).any(dim=1)  # rows flagged bad have no band contract
+    res["stats_equal"].append(torch.equal(m[good], m_ref[good])
+                              and torch.allclose(s[good].double(), s_ref[good], rtol=1e-5))
     used = keys != EMPTY_KEY
     cz = key_z(keys)
     ci = key_ids(keys)
@@ -282,8 +283,8 @@ print(json.dumps(res))
 
 CSR_SHAPES = """
 # No mask row (offsets [0], written by resolve's row 0), one mask row anywhere in the batch
-# (its slot is the CSR itself, no emit launch) and two or more: packed by emit_kernel after
-# the fused launch or a split one (pack=False), or by resolve's rows themselves (pack_row).
+# (its slot is the CSR itself, no emit launch) and two or more: packed by emit_kernel
+# (pack=False), or by resolve's rows themselves (pack_row).
 g = torch.Generator().manual_seed(3)
 x = torch.randn(5, 200, generator=g) * 3
 temp = torch.tensor([1.0, 0.0, 0.8, 1.0, 1.2])
@@ -293,12 +294,12 @@ mp = torch.tensor([0.0, 0.0, 0.0, 0.05, 0.0])
 seed = torch.arange(5, dtype=torch.int64)
 out = []
 for pattern, mode in itertools.product(
-    ([], [0], [3], [4], [1, 2], [0, 2, 4], [0, 1, 2, 3, 4]), ("fused", "emit", "pack")
+    ([], [0], [3], [4], [1, 2], [0, 2, 4], [0, 1, 2, 3, 4]), ("emit", "pack")
 ):
     want = torch.zeros(5, dtype=torch.bool)
     want[pattern] = True
     inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=16, seed=seed)
-    cfg = band_config(200, chunk=64, kc=8, lanes=16, fused=mode == "fused", pack=mode == "pack")
+    cfg = band_config(200, chunk=64, kc=8, lanes=16, pack=mode == "pack")
     tri, cpu = sample_triton(inp, cfg), sample_torch(inp)
     n = int(tri.mask_offsets[-1])
     out.append({
@@ -309,15 +310,14 @@ for pattern, mode in itertools.product(
         "ids": [tri.mask_ids[:n].tolist(), cpu.mask_ids.tolist()],
         "tokens": [tri.tokens.tolist(), cpu.tokens.tolist()],
     })
-from maskgate.kernels.triton_path import _ARRIVALS
-# the fused launches (lanes=16, B=5) left their row counters at zero for the next launch
-print(json.dumps({"cases": out, "counters": [int(c.abs().sum()) for c in _ARRIVALS.values()]}))
+print(json.dumps({"cases": out}))
 """
 
 
 WIDE_BAND = """
-# Wide bands (256 candidates per 512-token chunk, over 1500 listed per row): each tier first
-# narrows its candidates with the quartered threshold search, then sorts the best 256 / 1024.
+# Wide bands (256 candidates per 512-token chunk of 256 lanes, two tiles: every token is a
+# lane top; over 1500 listed per row): each tier first narrows its candidates with the
+# quartered threshold search, then sorts the best 256 / 1024.
 # The last row ties 300 tokens at its max, more than the first tier holds: that search
 # never moves below the max, and the tier takes the 256 lowest ids of the tie.
 g = torch.Generator().manual_seed(1)
@@ -332,7 +332,7 @@ mp = torch.zeros(b)
 want = torch.ones(b, dtype=torch.bool)
 inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=v, seed=torch.arange(b))
 band = torch.empty(b, dtype=torch.int64)
-tri = sample_triton(inp, band_config(v, chunk=512, kc=256, lanes=0), band_sizes=band)
+tri = sample_triton(inp, band_config(v, chunk=512, kc=256, lanes=256), band_sizes=band)
 rep = check_result(tri, reference(x, temp, k, p, mp), want, None, v)
 cpu = sample_torch(inp)
 print(json.dumps({"ok": rep.ok, "errors": rep.errors, "band": band.tolist(),
@@ -362,6 +362,16 @@ def counting_mass(*args):
 
 kernels.triton_decide.counts_below = counting
 kernels.triton_decide.counts_mass_below = counting_mass
+import maskgate.kernels.triton_resolve
+EARLY = [True]  # False: the first tier's search runs in full, as the second tier's does
+_best_sorted = kernels.triton_resolve.best_sorted
+
+def full_or_early(*args):  # the interpreter runs resolve_row as Python
+    if len(args) == 7 and not EARLY[0]:  # the first tier's call: (..., goal, EARLY)
+        args = args[:6] + (False,)
+    return _best_sorted(*args)
+
+kernels.triton_resolve.best_sorted = full_or_early
 g = torch.Generator().manual_seed(3)
 b, v = 6, 4096
 x = torch.randn(b, v, generator=g)
@@ -375,8 +385,9 @@ want = torch.ones(b, dtype=torch.bool)
 seed = torch.arange(b)
 ref = reference(x, temp, k, p, mp)
 out = {}
+cfg = band_config(v, chunk=512, kc=256, lanes=256)
 for early in (True, False):
-    cfg = band_config(v, chunk=512, kc=256, lanes=0, early=early)
+    EARLY[0] = early
     steps = []
     for r in range(b):  # a row at a time: the steps of each row's searches
         one = check_inputs(x[r:r + 1], temp[r:r + 1], k[r:r + 1], p[r:r + 1], mp[r:r + 1],
@@ -428,8 +439,7 @@ def test_wide_band_narrows_then_sorts_each_tier(interpreted: Interpreted) -> Non
 
 def test_csr_with_zero_one_and_several_mask_rows(interpreted: Interpreted) -> None:
     out = interpreted(PRELUDE + CSR_SHAPES)
-    assert out["counters"] == [0]  # one cached counter buffer, zero after every launch
-    assert len(out["cases"]) == 21
+    assert len(out["cases"]) == 14
     for case in out["cases"]:
         mode = case.pop("mode")
         for name, (tri, cpu) in case.items():
@@ -440,23 +450,22 @@ def test_csr_with_zero_one_and_several_mask_rows(interpreted: Interpreted) -> No
 # 16 lanes make 4-tile segments of 64 tokens, read unrolled (pass 1's short-segment path);
 # 4 lanes make 16-tile segments, read by its loop (the path of large batches).
 LANE_MODES = pytest.mark.parametrize(
-    ("lanes", "fused", "keep"),
-    [(0, False, 2), (16, True, 2), (4, False, 2), (16, False, 3), (4, False, "reread")],
-    ids=["bisect", "fused", "lanes_loop", "lanes_keep3", "lanes_reread"],
+    ("lanes", "reread"),
+    [(16, False), (4, False), (4, True)],
+    ids=["lanes_unrolled", "lanes_loop", "lanes_reread"],
 )
 
 
-def lane_mode(lanes: int, fused: bool, keep: int | str) -> str:
+def lane_mode(lanes: int, reread: bool) -> str:
     """The interpreted script's pass-1 settings for a LANE_MODES case."""
-    reread = keep == "reread"
-    return f"LANES = {lanes}\nFUSED = {fused}\nKEEP = {2 if reread else keep}\nREREAD = {reread}\n"
+    return f"LANES = {lanes}\nREREAD = {reread}\n"
 
 
 @LANE_MODES
 def test_interpreted_grid_matches_oracle_and_torch_path(
-    lanes: int, fused: bool, keep: int | str, interpreted: Interpreted
+    lanes: int, reread: bool, interpreted: Interpreted
 ) -> None:
-    out = interpreted(PRELUDE + lane_mode(lanes, fused, keep) + GRID)
+    out = interpreted(PRELUDE + lane_mode(lanes, reread) + GRID)
     assert out["ok"], out["errors"]
     assert out["rows"] == 24
     assert out["fallback"] > 0  # the shrunken band sends some rows down the bisection path
@@ -464,20 +473,17 @@ def test_interpreted_grid_matches_oracle_and_torch_path(
 
 
 def test_lanes_pass_one_keeps_the_band_contract(interpreted: Interpreted) -> None:
-    """band_lanes_kernel (64-token segments of 16, 4 or 64 lanes): same chunk max as
-    band_kernel and the same sum to rounding, candidates are real (z, id) keys with z exact,
-    d_c is exactly the
-    largest z left out, and more than KC ties at a segment max keep the lowest id among
-    those written. The lane count changes which lane tops compete, so the two may write
-    different (equally valid) candidates. 64 lanes: a segment of one tile, the last one
-    partial (60 tokens), so its reads are all masked. keep=3: lanes keep three tokens;
-    reread: two-token lanes that let a band token go read their column again."""
+    """band_lanes_kernel (64-token segments of 16, 4 or 64 lanes): each segment's max
+    exact and its sum to rounding, candidates are real (z, id) keys with z exact, d_c is
+    exactly the largest z left out, and more than KC ties at a segment max keep the lowest
+    id among those written. The lane count changes which lane tops compete, so the lane
+    counts may write different (equally valid) candidates. 64 lanes: a segment of one tile,
+    the last one partial (60 tokens), so its reads are all masked. reread: lanes that let a
+    band token go read their column again."""
     tried = [
         ("w16", {"lanes": 16}),
         ("w4", {"lanes": 4}),
         ("w64", {"lanes": 64}),
-        ("w16k3", {"lanes": 16, "keep": 3}),
-        ("w4k3", {"lanes": 4, "keep": 3}),
         ("w16r", {"lanes": 16, "reread": True}),
         ("w4r", {"lanes": 4, "reread": True}),
     ]
@@ -499,8 +505,7 @@ b = x.shape[0]
 temp = torch.tensor([1.0, 0.0, 0.5, 2.0] * 3)[:b]
 same = []
 # 16 tiles a segment (the last one, 60 tokens, partial: fewer than LOOK full tiles) and 8
-for lanes, chunk, kw in [(4, 64, {}), (4, 64, {"keep": 3}), (4, 64, {"reread": True}),
-                         (16, 128, {})]:
+for lanes, chunk, kw in [(4, 64, {}), (4, 64, {"reread": True}), (16, 128, {})]:
     outs = []
     for look in (1, 2, 3):
         cfg = band_config(vocab, chunk=chunk, kc=8, lanes=lanes, look=look, **kw)
@@ -520,17 +525,17 @@ def test_pass_one_reads_ahead_without_changing_its_outputs(interpreted: Interpre
     """Pass 1's loop reads 1, 2 or 3 tiles ahead of its work (band_config(look=...); 2 by
     default where a segment is longer than the tiles read whole): the same steps in the same
     order, so every output (candidate keys, segment max, sum, floor) is bit for bit the same,
-    with three-token lanes and the reread too, and on segments shorter than the look-ahead."""
+    with the reread too, and on segments shorter than the look-ahead."""
     out = interpreted(PRELUDE + LOOK_AHEAD)
-    assert out["same"] == [[True, True]] * 4
+    assert out["same"] == [[True, True]] * 3
     assert out["default_look"] == 2
 
 
 @LANE_MODES
 def test_interpreted_edge_rows_match_torch_path(
-    lanes: int, fused: bool, keep: int | str, interpreted: Interpreted
+    lanes: int, reread: bool, interpreted: Interpreted
 ) -> None:
-    out = interpreted(PRELUDE + lane_mode(lanes, fused, keep) + EDGES)
+    out = interpreted(PRELUDE + lane_mode(lanes, reread) + EDGES)
     for name in ("tokens", "support_sizes", "nan_rows", "mask_status", "mask_offsets", "masks"):
         tri, cpu = out[name]
         assert tri == cpu, (name, tri, cpu)
@@ -541,7 +546,7 @@ def test_interpreted_edge_rows_match_torch_path(
     assert out["alone"][0] == out["alone"][1]
 
 
-@pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
+@pytest.mark.parametrize("lanes", [16, 4], ids=["unrolled", "loop"])
 def test_confident_rows_decide_top_k_top_p_without_fallback(
     lanes: int, interpreted: Interpreted
 ) -> None:
@@ -584,9 +589,9 @@ KC = 8
 THREE_IN_A_LANE = """
 # Three of S's tokens in lane 0 of segment 0 (ids 0, 16 and 32: the 1st, 4th and 7th
 # largest), the rest of S one per later segment, so no segment holds more than KC = 8 of S.
-# A lane that keeps two tokens lets id 32 go and the row floor lands inside S (the rescue
-# decides); a lane that keeps three lists them all, and the band decides alone, and so does
-# a two-token lane that reads its column again once it has let a band token go.
+# A lane keeps two tokens, lets id 32 go and the row floor lands inside S (the rescue
+# decides); a lane that reads its column again once it has let a band token go lists all
+# three, and the band decides alone.
 vocab = 1024
 g = torch.Generator().manual_seed(5)
 b = 4
@@ -601,29 +606,27 @@ want = torch.ones(b, dtype=torch.bool)
 inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=64, seed=torch.arange(b) + 1)
 ref = reference(x, temp, k, p, mp)
 out = {}
-for keep, reread in ((2, False), (3, False), (2, True)):
-    tri = sample_triton(inp, band_config(vocab, chunk=64, kc=8, lanes=16, keep=keep,
-                                         reread=reread))
+for reread in (False, True):
+    tri = sample_triton(inp, band_config(vocab, chunk=64, kc=8, lanes=16, reread=reread))
     rep = check_result(tri, ref, want, None, 64)
-    out["reread" if reread else keep] = {"ok": rep.ok, "errors": rep.errors,
+    out["reread" if reread else "plain"] = {"ok": rep.ok, "errors": rep.errors,
                                          "fallback": tri.fallback_rows.tolist(),
                                          "tokens": tri.tokens.tolist()}
 print(json.dumps(out))
 """
 
 
-def test_lanes_keeping_three_tokens_decide_without_the_rescue(interpreted: Interpreted) -> None:
-    """band_config(keep=3), or reread: three of S's tokens in one lane no longer push the
-    band floor into S, so rows the two-token lanes send to the rescue decide from the band,
-    equal to the oracle, with the same seeded tokens."""
+def test_lanes_reading_again_decide_without_the_rescue(interpreted: Interpreted) -> None:
+    """With the reread, three of S's tokens in one lane no longer push the band floor into
+    S, so rows the plain lanes send to the rescue decide from the band, equal to the oracle,
+    with the same seeded tokens."""
     out = interpreted(PRELUDE + THREE_IN_A_LANE)
-    two, three, reread = out["2"], out["3"], out["reread"]
-    for case in (two, three, reread):
+    plain, reread = out["plain"], out["reread"]
+    for case in (plain, reread):
         assert case["ok"], case["errors"]
-    assert two["fallback"] == [True] * 4
-    assert three["fallback"] == [False] * 4
+    assert plain["fallback"] == [True] * 4
     assert reread["fallback"] == [False] * 4
-    assert two["tokens"] == three["tokens"] == reread["tokens"]
+    assert plain["tokens"] == reread["tokens"]
 
 
 MANY_COLLIDED = """
@@ -669,8 +672,7 @@ def test_reread_picks_the_collided_lanes_that_matter(interpreted: Interpreted) -
 LOGIT_FLOOR = """
 import json, sys, torch
 from maskgate.kernels.order import ordered_bits, scaled_logits
-sys.path.insert(0, "tests/unit/kernels")
-from triton_probes import floor_probe
+from kernels_support.probes import floor_probe
 
 g = torch.Generator().manual_seed(5)
 fmax = torch.finfo(torch.float32).max
@@ -721,117 +723,10 @@ def test_logit_floor_is_the_exact_logit_threshold(interpreted: Interpreted) -> N
     assert all(abs(t) > 1e37 for t, _ in out["not_ok"]), out["not_ok"]
 
 
-SHARED_READ = """
-import json, sys, torch
-from maskgate.kernels.order import ordered_bits, scaled_logits
-from maskgate.kernels.order import pack_keys
-from maskgate.kernels.triton_fallback import (FIX, HELP_WORDS, OPEN, PART, W_C, W_CLAIM, W_CUR, W_DONE,
-                                     W_KIND, W_M, W_Q, W_TEMP, W_ZMAX)
-sys.path.insert(0, "tests/unit/kernels")
-from triton_probes import above3_probe, help_probe
-
-words_n = HELP_WORDS.value
-vocab = 2 * PART.value + 1000  # three parts, the last one short
-g = torch.Generator().manual_seed(8)
-x = 2.5 * torch.randn(2, vocab, generator=g)
-x[0, 17], x[0, vocab - 1] = float("-inf"), float("nan")
-out = []
-for temp in (1.0, 0.7):
-    z = scaled_logits(x[:1], torch.tensor([temp]))[0]
-    z = torch.nan_to_num(z, nan=float("-inf"))
-    z_max = float(z.max())
-    q = ordered_bits(torch.tensor([z_max - 2.0, z_max - 4.5, z_max - 7.0])).to(torch.int32)
-    case = {"temp": temp}
-    for publish, parts in ((False, True), (True, True), (False, False)):
-        words = torch.zeros(words_n, dtype=torch.int64)
-        n = torch.zeros(3, dtype=torch.int32)
-        s = torch.zeros(3)
-        above3_probe[(1,)](x[0], torch.tensor([temp]), q, torch.tensor([z_max]), words, n, s,
-                           vocab, PUBLISH=publish, PARTS=parts, BLOCK=128)
-        name = f"owner_{publish}" if parts else "whole"
-        case[name] = (n.tolist(), s.tolist(), int(words[W_CLAIM.value]))
-    # Helpers alone: row 0's read published by hand, rows 1.. take its parts.
-    help = torch.zeros(8 * words_n, dtype=torch.int64)
-    help[W_CLAIM.value] = OPEN.value
-    help[W_Q.value : W_Q.value + 3] = q.to(torch.int64)
-    help[W_ZMAX.value] = int(torch.tensor([z_max]).view(torch.int32))
-    help[W_TEMP.value] = int(torch.tensor([temp]).view(torch.int32))
-    help_probe[(5,)](help, x, x.stride(0), vocab, BLOCK=128)
-    m = help[W_M.value : W_M.value + 3].to(torch.float32) * (1.0 / FIX.value)
-    case["helpers"] = (help[W_C.value : W_C.value + 3].tolist(), m.tolist(),
-                       int(help[W_DONE.value]), int(help[W_CLAIM.value] - OPEN.value))
-    # A closed read: nothing is claimed, nothing added.
-    closed = torch.zeros(8 * words_n, dtype=torch.int64)
-    help_probe[(3,)](closed, x, x.stride(0), vocab, BLOCK=128)
-    case["closed"] = int(closed.abs().sum())
-    # A listing read (_cut_listed's) published by hand: helpers list every part, the
-    # bracket (lo, hi] in one list and the tokens above top (hi, as _cut_listed has it
-    # when S fits) in the other.
-    ends = ordered_bits(torch.tensor([z_max - 6.0, z_max - 3.0, z_max - 3.0])).to(torch.int64)
-    lists = torch.zeros(2, 4096, dtype=torch.int64)
-    help = torch.zeros(8 * words_n, dtype=torch.int64)
-    help[W_CLAIM.value] = OPEN.value
-    help[W_Q.value : W_Q.value + 3] = ends
-    help[W_TEMP.value] = int(torch.tensor([temp]).view(torch.int32))
-    help[W_KIND.value] = 1
-    help[W_C.value : W_C.value + 3] = torch.tensor([lists[0].data_ptr(), lists[1].data_ptr(), 4096])
-    help[W_M.value] = 4096
-    help_probe[(5,)](help, x, x.stride(0), vocab, BLOCK=128)
-    cur = int(help[W_CUR.value])
-    n_b, n_s = cur & 0xFFFFFFFF, cur >> 32
-    o = ordered_bits(z).to(torch.int64)
-    keys = pack_keys(z, torch.arange(vocab))
-    want_b = keys[(o > ends[0]) & (o <= ends[1])].sort().values
-    want_s = keys[o > ends[2]].sort().values
-    case["listed"] = {
-        "bracket": lists[0, :n_b].sort().values.tolist() == want_b.tolist() and n_b > 100,
-        "above": lists[1, :n_s].sort().values.tolist() == want_s.tolist() and n_s > 3,
-        "rest": int(lists[0, n_b:].abs().sum() + lists[1, n_s:].abs().sum()),
-        "done": int(help[W_DONE.value]),
-        "counts": (n_b, n_s),
-    }
-    thr = torch.tensor([z_max - 2.0, z_max - 4.5, z_max - 7.0])
-    above = z[None, :] > thr[:, None]
-    e = torch.exp(z.double() - z_max)
-    case["exact"] = (above.sum(1).tolist(), (above.double() * e).sum(1).tolist())
-    out.append(case)
-print(json.dumps({"cases": out, "parts": -(-vocab // PART.value)}))
-"""
-
-
-def test_counting_read_is_the_same_by_parts_from_any_program(interpreted: Interpreted) -> None:
-    """The whole-row fallback's counting read (_above3) in parts (band_config's shared_reads):
-    its owner alone, its owner publishing the read, and helpers that took every part (help_one, as rows waiting in
-    pack_row do on the GPU) give the same counts and the same mass bits, at temperature 1
-    (raw logits) and 0.7 (divided). The counts are exact and the masses within float32 of a
-    float64 sum, as the whole read's (the default); a published read is closed after it,
-    and helpers leave a closed one alone. A listing read's parts (_cut_listed's, kind 1)
-    taken by helpers list the row's keys in its bracket and above its top, nothing else."""
-    out = interpreted(SHARED_READ)
-    for case in out["cases"]:
-        # A listing read's parts listed by helpers: the same keys as the row's, in some order
-        listed = case["listed"]
-        assert listed["bracket"] and listed["above"], listed
-        assert listed["rest"] == 0 and listed["done"] == out["parts"], listed
-        alone, published, helped = case["owner_False"], case["owner_True"], case["helpers"]
-        assert alone[:2] == published[:2], case
-        assert published[2] == 0  # closed
-        assert helped[0] == alone[0] and helped[1] == alone[1], case
-        assert helped[2] == out["parts"]  # every part done by a helper
-        assert helped[3] == out["parts"]  # five helpers: the last two saw no part left
-        assert case["closed"] == 0
-        counts, masses = case["exact"]
-        assert alone[0] == counts and case["whole"][0] == counts
-        for got, whole, want in zip(alone[1], case["whole"][1], masses, strict=True):
-            assert abs(got - want) <= 1e-6 * want, (got, want)
-            assert abs(whole - want) <= 1e-6 * want, (whole, want)
-
-
 GATHER = """
 import json, sys, torch
 from maskgate.kernels.order import pack_keys, scaled_logits
-sys.path.insert(0, "tests/unit/kernels")  # the probe module, by path (tests is no package)
-from triton_probes import gather_probe
+from kernels_support.probes import gather_probe
 
 vocab, seg, temp = 1000, 256, 0.7  # 4 segments, the last one partial
 g = torch.Generator().manual_seed(3)
@@ -887,7 +782,7 @@ def test_gather_above_lists_every_token_above_its_floor(interpreted: Interpreted
     assert set(short["keys"]) <= set(out["want_keys"])
 
 
-@pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
+@pytest.mark.parametrize("lanes", [16, 4], ids=["unrolled", "loop"])
 def test_one_bad_segment_decides_from_one_read_of_that_segment(
     lanes: int, interpreted: Interpreted
 ) -> None:
@@ -908,7 +803,7 @@ def test_one_bad_segment_decides_from_one_read_of_that_segment(
     assert out["masks"] and out["tokens"]
 
 
-@pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
+@pytest.mark.parametrize("lanes", [16], ids=["lanes"])  # 16 a segment of 64: 32 tops, KC = 4
 def test_rescue_picks_the_best_of_more_tokens_than_a_tier_holds(
     lanes: int, interpreted: Interpreted
 ) -> None:
@@ -922,7 +817,7 @@ def test_rescue_picks_the_best_of_more_tokens_than_a_tier_holds(
     assert out["sizes"] == out["cpu_sizes"] and out["masks"] and out["tokens"]
 
 
-@pytest.mark.parametrize("lanes", [0, 16], ids=["bisect", "lanes"])
+@pytest.mark.parametrize("lanes", [16, 4], ids=["unrolled", "loop"])
 def test_rescue_reads_two_bad_segments_in_a_second_round(
     lanes: int, interpreted: Interpreted
 ) -> None:
@@ -1031,12 +926,6 @@ def _gathered(*args):
     GATHERS.append(1)
     return _gather(*args)
 kernels.triton_resolve.fallback_gather = _gathered
-HELPERS = []  # resolve's extra programs (help_waves) that ran
-_help = kernels.triton_resolve.help_rows
-def _helped(*args):
-    HELPERS.append(1)
-    return _help(*args)
-kernels.triton_resolve.help_rows = _helped
 
 # Rows that only the fallback decides (the band of 64-token chunks with 8 candidates each
 # lists too few), chosen so that its cut lands inside a run of tied z: top-k and top-p
@@ -1059,7 +948,7 @@ bounded = torch.tensor([False, True, False, False, True, False, True, False, Tru
 seed = torch.arange(9, dtype=torch.int64) * 7 + 1
 cap = 128
 inp = check_inputs(x, temp, k, p, mp, want, max_mask_tokens=cap, seed=seed, bounded=bounded)
-cfg = band_config(vocab, chunk=64, kc=8, lanes=16, shared_reads=SHARED, help_waves=HELP_WAVES)
+cfg = band_config(vocab, chunk=64, kc=8, lanes=16)
 out = {}
 for r in range(9):  # one row a call, so each row's reads are counted alone
     READS.clear()
@@ -1071,7 +960,6 @@ for r in range(9):  # one row a call, so each row's reads are counted alone
     out[r] = {"reads": len(READS), "draws": len(DRAWS), "fallback": bool(tri.fallback_rows[0]),
               "gathers": len(GATHERS), "listing_reads": READS.count("_cut_listed"),
               "alone": [int(tri.tokens[0]), float(tri.logprobs[0]), tri.masks()[0]]}
-HELPERS.clear()
 tri = sample_triton(inp, cfg)
 for r in range(9):  # the batch's rows against the same rows alone (batch invariance)
     out[r]["same_alone"] = out[r].pop("alone") == [int(tri.tokens[r]), float(tri.logprobs[r]),
@@ -1080,7 +968,7 @@ cpu = sample_torch(inp)
 ref = reference(x, temp, k, p, mp)
 rep = check_result(tri, ref, want, bounded, cap)
 print(json.dumps({"ok": rep.ok, "errors": rep.errors, "ambiguous": ref.ambiguous.tolist(),
-                  "rows": out, "helpers": len(HELPERS), "sizes": tri.support_sizes.tolist(),
+                  "rows": out, "sizes": tri.support_sizes.tolist(),
                   "ref_sizes": ref.support_sizes.tolist(), "status": tri.mask_status.tolist(),
                   "tokens": torch.equal(tri.tokens, cpu.tokens), "masks": tri.masks() == cpu.masks(),
                   "logprob": bool(torch.allclose(tri.logprobs, cpu.logprobs, atol=1e-5))}))
@@ -1152,23 +1040,6 @@ print(json.dumps({"ok": rep.ok, "errors": rep.errors, "blocks": BLOCKS,
                   "tokens": torch.equal(tri.tokens, cpu.tokens), "masks": tri.masks() == cpu.masks(),
                   "logprob": bool(torch.allclose(tri.logprobs, cpu.logprobs, atol=1e-5))}))
 """
-
-
-def test_fallback_with_shared_reads_matches_the_whole_reads(interpreted: Interpreted) -> None:
-    """band_config(shared_reads=True): the fallback's counting reads in parts, published on
-    the pack path (9 mask rows, split launch), give the oracle's supports and the torch
-    path's tokens and masks on the same rows, with as many reads, and each row alone (a
-    resolve compiled without HELP) the batch's bits. With help_waves, the launch's extra
-    programs (two under the interpreter) find every row packed and end."""
-    whole = interpreted(PRELUDE + COUNT_READS + WHOLE_ROW)
-    out = interpreted(PRELUDE + "SHARED = True\nHELP_WAVES = 1\n" + COUNT_READS + WHOLE_ROW)
-    assert out["ok"], out["errors"]
-    assert out["tokens"] and out["masks"] and out["logprob"]
-    assert out["sizes"] == whole["sizes"] and out["status"] == whole["status"]
-    assert out["rows"] == whole["rows"]
-    assert out["helpers"] == 2 and whole["helpers"] == 0
-    # the rows alone compile resolve without HELP (no launch of one row packs): same bits
-    assert all(row["same_alone"] for row in out["rows"].values()), out["rows"]
 
 
 def test_fallback_sorts_a_short_support_in_half_the_block(interpreted: Interpreted) -> None:
@@ -1313,7 +1184,7 @@ import maskgate.kernels.triton_fallback
 from maskgate import kernels
 import maskgate.kernels.triton_resolve
 from maskgate import kernels
-from bench.kernel_fuzz import run_batch
+from kernels_support.fuzz import run_batch
 
 S_OUT = []  # per bracket list of the whole-row search: whether that read listed S too
 _cut_listed = kernels.triton_fallback._cut_listed
@@ -1329,14 +1200,14 @@ def _gathered(*args):
     return _gather(*args)
 kernels.triton_resolve.fallback_gather = _gathered
 
-# kernels.workloads.random_batch's seeds 112 and 115 cut ties of 0.0 and -0.0.
+# kernels_support.workloads.random_batch's seeds 112 and 115 cut ties of 0.0 and -0.0.
 runs = [run_batch(seed) for seed in (112, 115, 100)]
 print(json.dumps({"runs": runs, "s_out": S_OUT, "gathers": len(GATHERS)}))
 """
 
 
 def test_random_rows_match_oracle_and_torch_path(interpreted: Interpreted) -> None:
-    """Seeded random batches (bench/kernel_fuzz.py: ties at 0.0 and -0.0, -inf tokens,
+    """Seeded random batches (kernels_support.fuzz: ties at 0.0 and -0.0, -inf tokens,
     temperatures 0.7 to 2, fp32 and bf16, every setting, caps of 16 to 256), most rows in the
     rescue or the whole-row fallback, whose S is listed both by the search's last read and
     by a read of its own: the oracle's supports, and the torch path's tokens and

@@ -7,12 +7,12 @@ import math
 
 import pytest
 import torch
+from kernels_support.conformance import check_result
+from kernels_support.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
 from maskgate import kernels
-from maskgate.kernels.conformance import check_result
 from maskgate.kernels.reference import reference
 from maskgate.kernels.result import STATUS_OVERFLOW, STATUS_TRUNCATED
-from maskgate.kernels.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
 
 def grid_batch(vocab: int, seed: int) -> dict[str, torch.Tensor]:
@@ -172,7 +172,7 @@ def test_only_requesting_rows_get_masks_and_k_beyond_vocab() -> None:
 
 
 def test_negative_zero_ties_with_zero_on_the_id() -> None:
-    """-0.0 and +0.0 are one z (design 3.3: equal values tie on the id), also where the
+    """-0.0 and +0.0 are one z (equal values tie on the id), also where the
     support is cut inside their tie and only the full sort of a row's keys decides it (a
     fuzz run found the CPU path putting every -0.0 after the +0.0s there)."""
     x = torch.zeros(2, 300)

@@ -101,21 +101,3 @@ def runner_arguments(monkeypatch: pytest.MonkeyPatch, setting: str, argument: st
 
 def test_fused_kernels_reaches_the_model_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     assert runner_arguments(monkeypatch, "fused_kernels", "fused_kernels") == [False, True]
-
-
-def test_mask_shared_reads_from_env_and_flag_reach_the_model_runner(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert load_config(env={}).mask_shared_reads is False  # off by default
-    env = {"MASKGATE_WORKER_MASK_SHARED_READS": "true"}
-    assert load_config(env=env).mask_shared_reads is True
-    assert main(["worker", "--mask-shared-reads", "--check-config"]) == 0
-    assert json.loads(capsys.readouterr().out)["mask_shared_reads"] is True
-    # without the flag, the environment's choice stands
-    monkeypatch.setenv("MASKGATE_WORKER_MASK_SHARED_READS", "true")
-    assert main(["worker", "--check-config"]) == 0
-    assert json.loads(capsys.readouterr().out)["mask_shared_reads"] is True
-    with pytest.raises(ConfigError, match="mask_shared_reads"):
-        load_config(env={"MASKGATE_WORKER_MASK_SHARED_READS": "sometimes"})
-    monkeypatch.delenv("MASKGATE_WORKER_MASK_SHARED_READS")
-    assert runner_arguments(monkeypatch, "mask_shared_reads", "shared_reads") == [False, True]

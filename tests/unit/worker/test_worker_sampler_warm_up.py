@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from maskgate import kernels
-from maskgate.kernels.triton_path import band_config
+from maskgate.kernels.band_config import band_config
 from maskgate.worker.batch import RowWork
 from maskgate.worker.row_sampling import (
     LOGITS_DTYPE,
@@ -34,25 +34,6 @@ def test_warm_up_batches_meet_every_pass1_config(vocab: int, max_batch: int) -> 
     configs = {band_config(vocab, batch=b) for b in every}
     assert {band_config(vocab, batch=b) for b in batches} == configs
     assert len(batches) <= len(configs) + 1  # one size per config, and max_batch
-
-
-def test_warm_up_batches_with_shared_reads_meet_every_resolve_compile() -> None:
-    """With the fallback's reads shared, resolve compiles apart for the batch sizes that
-    may pack (one row an SM of the device at most; every B > 1 on the CPU), so the warm-up
-    adds B = 2 to B = 1's config."""
-    from maskgate.kernels.triton_path import compile_key, use_shared_reads
-
-    cpu = torch.device("cpu")
-    vocab, max_batch = 151936, 64
-    plain = warm_up_batches(vocab, max_batch, cpu)
-    try:
-        use_shared_reads(True)
-        batches = warm_up_batches(vocab, max_batch, cpu)
-        keys = {compile_key(vocab, b, cpu) for b in range(1, max_batch + 1)}
-        assert {compile_key(vocab, b, cpu) for b in batches} == keys
-    finally:
-        use_shared_reads(False)
-    assert set(batches) == set(plain) | {2}
 
 
 def test_warm_up_batches_for_qwen_vocab_at_256_rows() -> None:
