@@ -206,8 +206,18 @@ def install(app: web.Application, ctl: PoolControl, cluster: Cluster) -> Leader 
     return None
 
 
-def create_leader_app(lead: Leader) -> web.Application:
-    """The app on `leader.sock`: the state followers copy."""
+async def start_leader_sites(
+    lead: Leader, runner: web.AppRunner, admin_runner: web.AppRunner | None
+) -> web.AppRunner:
+    """The leader's unix sockets: its traffic app, its admin app, and `leader.sock` (the
+    state followers copy) on a runner of its own, returned for the caller to clean up."""
+    cluster = lead.cluster
+    await web.UnixSite(runner, cluster.socket("main.sock")).start()
+    if admin_runner is not None:
+        await web.UnixSite(admin_runner, cluster.socket("admin.sock")).start()
     app = web.Application()
     app.router.add_get("/state", lead.handle_state)
-    return app
+    leader_runner = web.AppRunner(app, access_log=None)
+    await leader_runner.setup()
+    await web.UnixSite(leader_runner, cluster.socket("leader.sock")).start()
+    return leader_runner

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from maskgate.gateway.app import LEADER, create_admin_app, create_app, create_probe_app
 from maskgate.gateway.config import GatewayConfig
-from maskgate.gateway.leader import Cluster, create_leader_app
+from maskgate.gateway.leader import Cluster, start_leader_sites
 from maskgate.gateway.state import STATE, Resolver
 
 LOG = logging.getLogger("maskgate")
@@ -64,13 +64,8 @@ async def serve(
         LOG.info("admin listening", extra={"host": config.admin_host, "port": aport})
     lead = app.get(LEADER)
     leader_runner = None
-    if lead is not None and cluster is not None:  # the control leader (leader.py)
-        await web.UnixSite(runner, cluster.socket("main.sock")).start()
-        if admin_runner is not None:
-            await web.UnixSite(admin_runner, cluster.socket("admin.sock")).start()
-        leader_runner = web.AppRunner(create_leader_app(lead), access_log=None)
-        await leader_runner.setup()
-        await web.UnixSite(leader_runner, cluster.socket("leader.sock")).start()
+    if lead is not None:  # the control leader (leader.py)
+        leader_runner = await start_leader_sites(lead, runner, admin_runner)
     LOG.info("listening", extra={"host": config.host, "port": port})
     for name, pool in app[STATE].pools.items():
         if not pool.endpoints and pool.cfg.dns is None:
