@@ -146,7 +146,6 @@ async def _restore(state: GatewayState, ctl: PoolControl, cluster: Cluster) -> N
 
 async def follow(state: GatewayState, ctl: PoolControl, cluster: Cluster) -> None:
     """A follower's loop: copy every generation of the leader's state, acking each."""
-    ctl.hold(mirror.MIRROR_HOLD)  # nothing routes on the trained pool before the first copy
     connector = aiohttp.UnixConnector(path=cluster.socket("leader.sock"))
     timeout = aiohttp.ClientTimeout(total=_POLL_WAIT_S + 5.0)
     boot, gen = "", 0
@@ -196,6 +195,7 @@ def install(app: web.Application, ctl: PoolControl, cluster: Cluster) -> Leader 
     add_forwarding(app, cluster.socket("main.sock"), state.config.control.timeout_s)
 
     async def copy(app: web.Application) -> AsyncIterator[None]:
+        ctl.hold(mirror.MIRROR_HOLD)  # nothing routes on the trained pool before the first copy
         task = asyncio.create_task(follow(state, ctl, cluster), name="maskgate-follow")
         yield
         task.cancel()

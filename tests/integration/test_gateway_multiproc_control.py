@@ -7,6 +7,7 @@ connection; the first 16 hex digits of a response's `X-Request-Id` name the proc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import psutil
 import pytest
 import yaml
 from rl_worker import RLWorker
@@ -30,8 +32,16 @@ DISK = "/update_weights_from_disk"
 
 
 class Gateway:
-    def __init__(self, url: str, session: aiohttp.ClientSession) -> None:
-        self.url, self.session = url, session
+    def __init__(self, url: str, session: aiohttp.ClientSession, pid: int) -> None:
+        self.url, self.session, self.pid = url, session, pid  # pid: the supervisor's
+
+    def leader(self) -> psutil.Process:
+        """The child listening on the leader's state socket."""
+        for child in psutil.Process(self.pid).children():
+            with contextlib.suppress(psutil.Error):
+                if any(c.laddr.endswith("leader.sock") for c in child.net_connections("unix")):
+                    return child
+        raise AssertionError("no control leader among the gateway's processes")
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any, str]:
         """(status, parsed body, the answering process) over a fresh connection."""
@@ -93,7 +103,7 @@ async def multiproc(tmp_path: Path) -> AsyncIterator[Callable[[list[str]], Await
         procs.append(proc)
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
         sessions.append(session)
-        gw = Gateway(f"http://127.0.0.1:{port}", session)
+        gw = Gateway(f"http://127.0.0.1:{port}", session, proc.pid)
         seen: set[str] = set()
         async with asyncio.timeout(60):  # every process up and copying the leader's state
             while len(seen) < PROCESSES:
@@ -219,3 +229,33 @@ async def test_registration_reaches_every_process(workers, multiproc):
     out = await gw.generate(45)
     assert {(s, o["worker"]) for s, o, _ in out} == {(200, "a")}
     assert len(c.bodies("/generate")) == served_by_c
+
+
+async def test_leader_death_answers_503_then_its_successor_keeps_the_state(workers, multiproc):
+    a, b = await workers(name="a"), await workers(name="b", fail_update=True)
+    gw = await multiproc([a.url, b.url])
+    status, _, _ = await gw.call("POST", DISK, {"model_path": "/ckpt/5", "weight_version": "5"})
+    assert status == 502
+    old = gw.leader()
+    old.kill()
+    old.wait(10)
+    unavailable = 0
+    async with asyncio.timeout(30):  # until the supervisor's new process 0 answers
+        while True:
+            try:
+                status, body, _ = await gw.call("GET", "/get_weight_version")
+            except aiohttp.ClientConnectionError:
+                continue  # a connection the dead process had accepted
+            if status == 200:
+                break
+            assert (status, body["error"]["code"]) == (503, "control_leader_unavailable")
+            unavailable += 1
+            await asyncio.sleep(0.02)
+    assert unavailable > 0
+    assert gw.leader().pid != old.pid
+    infos = await asyncio.gather(*(gw.call("GET", "/get_weight_version") for _ in range(20)))
+    for _, info, _ in infos:  # restored from the dead leader's last state
+        assert info["pool_weight_version"] == "5"
+        assert {e["url"]: e["serving"] for e in info["endpoints"]} == {a.url: True, b.url: False}
+    out = await gw.generate(45)
+    assert {(s, o["worker"]) for s, o, _ in out} == {(200, "a")}

@@ -52,12 +52,11 @@ async def test_apply_copies_versions_stale_flags_endpoints_and_holds():
         A: ("static", False, True, "7"),
         B: ("static", True, False, "6"),
         C: ("admin", True, True, None),  # new after a sync: stale until it reports "7"
-    }
+    }  # and no DNS-found endpoint: every process finds those by its own lookups
     assert follower.pools["general"].endpoints == []
     assert follower_ctl.groups == {"g": [A, B]}
     assert copy.admission.held and follower_ctl.holds == {mirror.MIRROR_HOLD}
-    assert [p.usable() for p in copy.endpoints] == [True, False, False]  # no DNS one: its
-    # process finds it by its own lookups
+    assert [p.usable() for p in copy.endpoints] == [True, False, False]
 
     lead_ctl.unhold("sync")
     mask.remove(C)
