@@ -314,6 +314,7 @@ _GET: dict[str, Handler] = {
     "/get_world_size": get_world_size,
 }
 CONTROL_PATHS = (*_POST, *_GET_OR_POST, *_GET)
+CHANGING_GET_PATHS = tuple(_GET_OR_POST)  # a GET of these changes state too
 
 
 def _only(methods: frozenset[str], handler: Handler) -> Handler:

@@ -2,8 +2,8 @@
 
 - On a follower: a control, registration or admin request goes to the leader's unix socket
   unchanged, and the leader's answer comes back unchanged.
-- On the leader: after such a request that may change state (anything but GET/HEAD), wait
-  until every follower has applied the state it left.
+- On the leader: after such a request that may change state (anything but a GET or HEAD
+  that only reads), wait until every follower has applied the state it left.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from maskgate.gateway.control import CONTROL_PATHS
+from maskgate.gateway.control import CHANGING_GET_PATHS, CONTROL_PATHS
 from maskgate.gateway.registration import REGISTRATION_PATHS
 from maskgate.gateway.weight_sync import PoolControl
 from maskgate.protocol.errors import ServerError
@@ -101,7 +101,9 @@ def add_forwarding(app: web.Application, socket: str, timeout_s: float) -> None:
 def add_barrier(app: web.Application, ctl: PoolControl) -> None:
     @web.middleware
     async def barrier(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method in ("GET", "HEAD") or not leader_path(request.path):
+        path = request.path
+        reading = request.method in ("GET", "HEAD") and path not in CHANGING_GET_PATHS
+        if reading or not leader_path(path):
             return await handler(request)
         try:
             return await handler(request)

@@ -83,9 +83,12 @@ class Leader:
             self._last = raw
             self.generation += 1
             path = self.cluster.socket("state.json")
-            with open(path + ".tmp", "wb") as f:
-                f.write(raw)
-            os.replace(path + ".tmp", path)
+            try:
+                with open(path + ".tmp", "wb") as f:
+                    f.write(raw)
+                os.replace(path + ".tmp", path)
+            except OSError:  # only a restarted leader reads it: never fail a call for it
+                LOG.exception("could not save the control state")
             self._changed.set()
             self._changed = asyncio.Event()
         return self.generation
@@ -217,7 +220,7 @@ async def start_leader_sites(
         await web.UnixSite(admin_runner, cluster.socket("admin.sock")).start()
     app = web.Application()
     app.router.add_get("/state", lead.handle_state)
-    leader_runner = web.AppRunner(app, access_log=None)
+    leader_runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await leader_runner.setup()
     await web.UnixSite(leader_runner, cluster.socket("leader.sock")).start()
     return leader_runner
