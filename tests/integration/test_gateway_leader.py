@@ -131,6 +131,13 @@ async def test_follower_forwards_control_and_copies_the_state(
         status, out = await follower.call("POST", "/continue_generation", {})
         assert status == 200, out
         assert not mask.admission.held
+        # A GET that changes state is published before it answers, like a POST.
+        status, out = await follower.call("GET", "/release_memory_occupation")
+        assert status == 200, out
+        assert mask.admission.held
+        status, out = await follower.call("GET", "/resume_memory_occupation")
+        assert status == 200, out
+        assert not mask.admission.held
 
 
 async def test_follower_without_a_leader(workers, make_config, until, directory, monkeypatch):
