@@ -1,7 +1,8 @@
 """The admin API: inspect pools and add or remove endpoints at run time.
 
-RL frameworks register their rollout servers here. Changes live in this process's memory
-(a restart returns to the configuration; with `workers > 1` each process has its own pools).
+RL frameworks register their rollout servers here. Changes live in memory (a restart returns
+to the configuration); with `workers > 1` the control leader makes them and every process
+copies them (leader.py).
 
 Secure by default: the API exists only when `admin_key` is set (on the traffic port, key
 required) or `admin_port` opens a loopback-only listener (app.py, serve.py); otherwise

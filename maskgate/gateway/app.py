@@ -18,12 +18,14 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from maskgate.gateway import discovery, health, proxy
+from maskgate.gateway import discovery, health, leader, proxy
 from maskgate.gateway.admin import add_admin_refusal, add_admin_routes
 from maskgate.gateway.auth import authenticate, bearer_token
 from maskgate.gateway.bodycheck import BodyChecker
 from maskgate.gateway.config import POOL_NAMES, GatewayConfig
-from maskgate.gateway.control import add_control_routes
+from maskgate.gateway.control import CONTROL, add_control_routes
+from maskgate.gateway.forward import add_barrier, add_forwarding
+from maskgate.gateway.leader import Cluster, Leader
 from maskgate.gateway.metrics import GatewayMetrics
 from maskgate.gateway.openapi import openapi_spec
 from maskgate.gateway.pool import Pool
@@ -34,6 +36,8 @@ from maskgate.protocol.errors import ApiError, ServerError
 
 LOG = logging.getLogger("maskgate")
 _FIRST_LOOKUP_S = 5.0  # the first DNS lookup may hold the start this long, no longer
+CLUSTER = web.AppKey("maskgate_cluster", Cluster)
+LEADER = web.AppKey("maskgate_leader", Leader)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -139,8 +143,11 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
             await task
 
 
-def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> web.Application:
-    """Build the gateway. `resolver` replaces DNS lookups (tests inject changing records)."""
+def create_app(
+    config: GatewayConfig, *, resolver: Resolver | None = None, cluster: Cluster | None = None
+) -> web.Application:
+    """Build the gateway. `resolver` replaces DNS lookups (tests inject changing records);
+    `cluster`: this process's place among the supervisor's (leader.py), None when alone."""
     metrics = GatewayMetrics()
     trained = config.control.trained_pool
     pools = {
@@ -180,6 +187,11 @@ def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> we
         add_admin_routes(app)
     add_admin_refusal(app, enabled=config.admin_key is not None)
     add_control_routes(app)
+    if cluster is not None:
+        app[CLUSTER] = cluster
+        lead = leader.install(app, app[CONTROL], cluster)
+        if lead is not None:
+            app[LEADER] = lead
     add_registration_routes(app, enabled=config.admin_key is not None)
     add_load_routes(app)
     add_openapi_route(app)
@@ -221,6 +233,11 @@ def create_admin_app(main: web.Application) -> web.Application:
     state; it takes the admin key only when one is set."""
     app = web.Application(middlewares=[error_middleware])
     app[STATE] = main[STATE]
+    cluster = main.get(CLUSTER)
+    if cluster is not None and cluster.is_leader:
+        add_barrier(app, main[CONTROL])
+    elif cluster is not None:
+        add_forwarding(app, cluster.socket("admin.sock"), main[STATE].config.control.timeout_s)
     add_admin_routes(app)
     add_registration_routes(app, enabled=True)
     add_admin_refusal(app, enabled=True)

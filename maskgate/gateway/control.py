@@ -105,6 +105,7 @@ async def pause_generation(request: web.Request) -> web.Response:
         raise ApiError("invalid_mode", "mode must be abort, retract or in_place", param="mode")
     async with ctl.lock:
         ctl.hold("paused")  # new requests wait at the gateway until /continue_generation
+        await ctl.shared()
         results = await _broadcast(state, ctl.pool, "POST", "/pause_generation", raw)
     ok = {"message": "Generation paused successfully.", "status": "ok"}
     return answer("pause_generation", "control_failed", results, ok)
@@ -114,6 +115,7 @@ async def continue_generation(request: web.Request) -> web.Response:
     state, ctl = _admin(request)
     raw, _ = await _object(request)
     async with ctl.lock:
+        await ctl.shared()  # versions and stale endpoints of updates made while paused
         try:
             results = await _broadcast(state, ctl.pool, "POST", "/continue_generation", raw)
         finally:
@@ -127,6 +129,7 @@ async def release_memory(request: web.Request) -> web.Response:
     raw, _ = await _object(request)
     async with ctl.lock:
         ctl.hold("released")  # a released worker must get no request until resumed
+        await ctl.shared()
         results = await _broadcast(state, ctl.pool, "POST", request.path, raw)
     return answer("release_memory_occupation", "control_failed", results)
 
@@ -311,6 +314,7 @@ _GET: dict[str, Handler] = {
     "/get_world_size": get_world_size,
 }
 CONTROL_PATHS = (*_POST, *_GET_OR_POST, *_GET)
+CHANGING_GET_PATHS = tuple(_GET_OR_POST)  # a GET of these changes state too
 
 
 def _only(methods: frozenset[str], handler: Handler) -> Handler:

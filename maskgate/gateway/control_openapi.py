@@ -21,6 +21,7 @@ CONTROL_CODES = (
     "invalid_min_weight_version",
     "unsupported_worker_type",
     "worker_not_found",
+    "control_leader_unavailable",
 )
 
 _ERROR = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -39,7 +40,10 @@ def _fan_out(summary: str) -> dict[str, Any]:
             "400": {"description": "Every endpoint refused it, or a bad body", **_ERROR},
             "401": {"description": "Missing or invalid admin key", **_ERROR},
             "502": {"description": "Some endpoints failed: `endpoints` says which", **_ERROR},
-            "503": {"description": "no_trained_endpoints", **_ERROR},
+            "503": {
+                "description": "no_trained_endpoints; control_leader_unavailable (workers > 1)",
+                **_ERROR,
+            },
         },
     }
 

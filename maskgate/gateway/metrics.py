@@ -191,6 +191,17 @@ class GatewayMetrics:
             ["pool"],
             registry=r,
         )
+        # --- several processes on one port (leader.py) ---
+        self.control_barrier_timeouts = Counter(
+            "maskgate_control_barrier_timeouts",
+            "Control-state changes that some gateway process did not acknowledge in time.",
+            registry=r,
+        )
+        self.control_leader_lost = Counter(
+            "maskgate_control_leader_lost",
+            "Times this process lost the control leader long enough to release its holds.",
+            registry=r,
+        )
         self._versions: dict[tuple[str, str], str] = {}
 
         # The request path looks labelled children up here: a dict hit instead of

@@ -110,6 +110,9 @@ class Pool:
         self.trained = trained
         self.version: str | None = None
         self.sync_epoch = 0
+        # Several gateway processes: this process mirrors the leader's versions and stale
+        # flags instead of deciding them from its own health checks (leader.py).
+        self.mirrored = False
         self.queue_wait = metrics.queue_wait.labels(name)  # bound once: the request path uses it
         self._rng = rng or random.Random()
         self._clock = clock or time.monotonic

@@ -17,8 +17,9 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from maskgate.gateway.app import create_admin_app, create_app, create_probe_app
+from maskgate.gateway.app import LEADER, create_admin_app, create_app, create_probe_app
 from maskgate.gateway.config import GatewayConfig
+from maskgate.gateway.leader import Cluster, start_leader_sites
 from maskgate.gateway.state import STATE, Resolver
 
 LOG = logging.getLogger("maskgate")
@@ -37,9 +38,10 @@ async def serve(
     reuse_port: bool = False,
     resolver: Resolver | None = None,
     on_listening: Callable[[int], None] | None = None,
+    cluster: Cluster | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then drain (see the module docstring)."""
-    app = create_app(config, resolver=resolver)
+    app = create_app(config, resolver=resolver, cluster=cluster)
     runner = web.AppRunner(
         app,
         handler_cancellation=True,  # a client that hangs up cancels its upstream request
@@ -60,6 +62,10 @@ async def serve(
         await admin_runner.setup()
         aport = await _start_site(admin_runner, config.admin_host, config.admin_port, reuse_port)
         LOG.info("admin listening", extra={"host": config.admin_host, "port": aport})
+    lead = app.get(LEADER)
+    leader_runner = None
+    if lead is not None:  # the control leader (leader.py)
+        leader_runner = await start_leader_sites(lead, runner, admin_runner)
     LOG.info("listening", extra={"host": config.host, "port": port})
     for name, pool in app[STATE].pools.items():
         if not pool.endpoints and pool.cfg.dns is None:
@@ -92,10 +98,12 @@ async def serve(
         await probe_runner.cleanup()
     if admin_runner is not None:
         await admin_runner.cleanup()
+    if leader_runner is not None:
+        await leader_runner.cleanup()
     LOG.info("stopped")
 
 
-def run(config: GatewayConfig, *, reuse_port: bool = False) -> None:
+def run(config: GatewayConfig, *, reuse_port: bool = False, cluster: Cluster | None = None) -> None:
     """Blocking entry point for one process; uses uvloop when it is installed."""
     try:
         import uvloop
@@ -104,4 +112,4 @@ def run(config: GatewayConfig, *, reuse_port: bool = False) -> None:
     except ImportError:
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(serve(config, reuse_port=reuse_port))
+        runner.run(serve(config, reuse_port=reuse_port, cluster=cluster))

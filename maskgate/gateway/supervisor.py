@@ -3,7 +3,9 @@
 The kernel spreads new connections over the processes. The parent only supervises: it
 restarts a child that dies (unless they die too fast, which means a bug or a bad host),
 and forwards SIGTERM/SIGINT so every child drains on its own (see serve.py).
-Each child has its own pools, metrics and admin state.
+Each child has its own pools and metrics; child 0 is the control leader, which answers the
+control, registration and admin API for all of them and publishes the control state the
+others copy (leader.py), through unix sockets in a private directory made here.
 """
 
 from __future__ import annotations
@@ -11,12 +13,16 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
+import tempfile
 import time
 from multiprocessing.process import BaseProcess
 from types import FrameType
+from typing import Any
 
 from maskgate.gateway.config import GatewayConfig
+from maskgate.gateway.leader import Cluster
 from maskgate.gateway.logs import configure_logging
 
 LOG = logging.getLogger("maskgate.supervisor")
@@ -24,22 +30,33 @@ _MAX_RESTARTS = 5  # within _RESTART_WINDOW_S; more means something is badly wro
 _RESTART_WINDOW_S = 60.0
 
 
-def _child(config: GatewayConfig) -> None:
+def _child(config: GatewayConfig, cluster: Cluster) -> None:
     from maskgate.gateway.serve import run
 
     configure_logging(config.log_level, config.access_log)
-    run(config, reuse_port=True)
+    run(config, reuse_port=True, cluster=cluster)
 
 
 def run_workers(config: GatewayConfig) -> int:
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited loop state
 
-    def start() -> BaseProcess:
-        proc = ctx.Process(target=_child, args=(config,), name="maskgate-gateway", daemon=False)
+    directory = tempfile.mkdtemp(prefix="maskgate-")  # 0700: only this user reaches the sockets
+    try:
+        return _supervise(config, ctx, directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _supervise(config: GatewayConfig, ctx: Any, directory: str) -> int:
+    def start(index: int) -> BaseProcess:
+        cluster = Cluster(directory, index, config.workers)
+        proc = ctx.Process(
+            target=_child, args=(config, cluster), name=f"maskgate-gateway-{index}", daemon=False
+        )
         proc.start()
         return proc
 
-    procs = [start() for _ in range(config.workers)]
+    procs = [start(i) for i in range(config.workers)]
     stopping = False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -68,7 +85,7 @@ def run_workers(config: GatewayConfig) -> int:
                 failed = True
                 on_signal(signal.SIGTERM, None)
                 break
-            procs[i] = start()
+            procs[i] = start(i)
 
     deadline = time.monotonic() + config.shutdown_delay_s + config.shutdown_grace_s + 10.0
     for proc in procs:

@@ -5,7 +5,7 @@ runs on every endpoint of the trained pool:
 
     hold the pool's admission -> pause every endpoint -> flush (retried while busy)
     -> the update itself -> check the version (set it where the update did not)
-    -> continue every endpoint -> mark the ones that failed stale -> admit again
+    -> mark the ones that failed stale -> continue every endpoint -> admit again
 
 When the trainer has paused the pool itself (`/pause_generation` on the gateway; needed when
 one sync is several update calls, such as bucketed broadcasts), only the update and the
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,9 @@ class PoolControl:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one state change at a time
     holds: set[str] = field(default_factory=set)  # "sync", "paused", "released"
     groups: dict[str, list[str]] = field(default_factory=dict)  # group -> urls by rank
+    # Several gateway processes (leader.py): publishes this state to every other process and
+    # waits until each has applied it. None in a single-process gateway.
+    barrier: Callable[[], Awaitable[None]] | None = None
 
     @property
     def paused(self) -> bool:
@@ -55,6 +59,11 @@ class PoolControl:
         self.holds.discard(reason)
         if not self.holds:
             self.pool.admission.resume()
+
+    async def shared(self) -> None:
+        """Return once every gateway process routes by the state as it is now."""
+        if self.barrier is not None:
+            await self.barrier()
 
 
 async def read_version(state: GatewayState, url: str) -> tuple[bool, str | None]:
@@ -76,6 +85,8 @@ async def poll_version(state: GatewayState, pool: Pool, ep: Endpoint) -> None:
     """Health-check hook for the trained pool: record the endpoint's version; a stale one
     serves again once it reports the pool's, and a fresh one reporting an older version (a
     restarted worker) goes stale."""
+    if pool.mirrored:
+        return  # another gateway process owns this state (leader.py)
     epoch = pool.sync_epoch
     answered, version = await read_version(state, ep.url)
     if not answered or ep.removed or epoch != pool.sync_epoch:
@@ -150,6 +161,7 @@ async def run_update(
         failed: dict[str, tuple[str, Reply]] = {}
         if wrap:
             ctl.hold("sync")
+            await ctl.shared()  # no process sends new requests into a pool being paused
         try:
             targets = urls
             if wrap:
@@ -168,6 +180,10 @@ async def run_update(
                     done[url] = reply
                 else:
                     failed[url] = (stage, reply)
+            _apply(state, pool, eps, done, failed, skipped, target)
+            # Every process knows the new version and which endpoints are stale before any
+            # endpoint generates again.
+            await ctl.shared()
             if wrap:
                 timeout = state.config.control.timeout_s
                 for reply in await fan_out(
@@ -175,7 +191,7 @@ async def run_update(
                 ):
                     if not reply.ok and reply.url in done:
                         failed[reply.url] = ("continue", done.pop(reply.url))
-            _apply(state, pool, eps, done, failed, skipped, target)
+                        _eject(state, pool, eps.get(reply.url), "continue", target)
         finally:
             if wrap:
                 ctl.unhold("sync")
@@ -219,6 +235,15 @@ async def run_update(
         for ep in skipped
     ]
     return results
+
+
+def _eject(
+    state: GatewayState, pool: Pool, ep: Endpoint | None, stage: str, target: str | None
+) -> None:
+    """An endpoint that failed after the versions were applied (its continue)."""
+    state.metrics.sync_endpoint_failures.labels(pool.name, stage).inc()
+    if ep is not None and not ep.removed:
+        ep.stale, ep.rejoin = True, target is not None
 
 
 def _apply(
