@@ -29,6 +29,7 @@ GATEWAY_CODES = (
     "upstream_unreachable",
     "upstream_timeout",
     "upstream_error",
+    "upstream_protocol_error",
     "upstream_stream_error",
     "unknown_pool",
     "unknown_endpoint",

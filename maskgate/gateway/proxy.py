@@ -21,7 +21,12 @@ from maskgate.gateway.logs import log_access
 from maskgate.gateway.pool import Endpoint, Pool
 from maskgate.gateway.relay import HOP_BY_HOP, RequestCtx, record_status, relay
 from maskgate.gateway.state import STATE, GatewayState
-from maskgate.gateway.upstream import ConnectError, DisconnectedError, UpstreamError
+from maskgate.gateway.upstream import (
+    ConnectError,
+    DisconnectedError,
+    ProtocolError,
+    UpstreamError,
+)
 from maskgate.protocol import policy
 from maskgate.protocol.errors import ApiError, ServerError
 
@@ -274,6 +279,14 @@ def _connect_failure(
             "upstream_timeout",
             f"the {pool.name} upstream sent no response within {state.config.timeouts.ttfb_s:g} s",
             status=504,
+        )
+    if isinstance(e, ProtocolError):
+        # Not a well-formed HTTP/1.1 answer (http1.py says what is refused); the connection
+        # is already closed. Not retried: the upstream may have acted on the request.
+        errors.labels(pool.name, ep.url, "protocol").inc()
+        ep.circuit.record_failure()
+        return ServerError(
+            "upstream_protocol_error", f"the {pool.name} upstream sent a malformed answer: {e}"
         )
     if isinstance(e, UpstreamError):
         errors.labels(pool.name, ep.url, "protocol").inc()
