@@ -6,7 +6,7 @@ and handed to the reader piece by piece. Past `_HIGH_WATER` unread bytes the soc
 being read until the reader catches up, so a slow client slows the upstream (backpressure).
 The connection pool that owns connections is in upstream.py.
 
-Strict by design (RFC 9112): whatever is not a well-formed response is a ProtocolError, the
+Strict by design (RFC 9112): whatever is not a well-formed response is a MalformedError, the
 request fails with a clean 502, and the connection is closed, never reused. That covers
 status codes outside 100-599, Content-Length or chunk sizes that are not plain ASCII digits
 (hex digits for chunks), any Transfer-Encoding but `chunked`, Content-Length together with
@@ -75,6 +75,11 @@ class DisconnectedError(UpstreamError):
 
 class ProtocolError(UpstreamError):
     """The upstream's bytes are not an HTTP/1.x response this client understands."""
+
+
+class MalformedError(ProtocolError):
+    """The bytes break RFC 9112 (the module docstring lists what is refused); a plain
+    ProtocolError is an answer cut off mid-head."""
 
 
 class BodyError(UpstreamError):
@@ -200,7 +205,7 @@ class Connection(asyncio.Protocol):
             else:
                 self._body(data)
         except Exception as e:
-            err = e if isinstance(e, ProtocolError) else ProtocolError(f"unparsable response: {e}")
+            err = e if isinstance(e, MalformedError) else MalformedError(f"unparsable: {e}")
             self._keep_alive = False
             if self._head is not None and not self._head.done():
                 self._head.set_exception(err)
@@ -265,23 +270,23 @@ class Connection(asyncio.Protocol):
         while True:  # loops only past 1xx interim responses
             end = self._buf.find(b"\r\n\r\n")
             if end < 0 and len(self._buf) + self._head_bytes > _MAX_HEAD:
-                raise ProtocolError("response headers are too large")
+                raise MalformedError("response headers are too large")
             if end < 0:
                 return
             self._head_bytes += end + 4
             if self._head_bytes > _MAX_HEAD:
-                raise ProtocolError("response headers are too large")
+                raise MalformedError("response headers are too large")
             lines = bytes(self._buf[:end]).split(b"\r\n")
             del self._buf[: end + 4]
             m = _STATUS_LINE.fullmatch(lines[0])
             if m is None:
-                raise ProtocolError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+                raise MalformedError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
             status = int(m[2])
             if not 100 <= status <= 599:
-                raise ProtocolError(f"status code {status} is outside 100-599")
+                raise MalformedError(f"status code {status} is outside 100-599")
             if status == 101:
                 # The proxy drops Upgrade (hop-by-hop), so no switch was ever asked for.
-                raise ProtocolError("101 Switching Protocols to a request that asked for none")
+                raise MalformedError("101 Switching Protocols to a request that asked for none")
             if status >= 200:
                 break
             # 100 Continue, 103 Early Hints: the real answer follows. Their fields are
@@ -330,29 +335,29 @@ class Connection(asyncio.Protocol):
         for line in lines[1:]:
             m = _FIELD_LINE.fullmatch(line)
             if m is None:
-                raise ProtocolError(f"malformed header line: {line[:80]!r}")
+                raise MalformedError(f"malformed header line: {line[:80]!r}")
             # UTF-8 strictly, so the client gets the very bytes again (aiohttp writes UTF-8).
             name, value = m[1].decode("ascii"), m[2].decode("utf-8")
             headers.append((name, value))
             lname = name.lower()
             if lname == "content-length":
                 if _DIGITS.fullmatch(m[2]) is None:
-                    raise ProtocolError(f"bad Content-Length: {value[:40]!r}")
+                    raise MalformedError(f"bad Content-Length: {value[:40]!r}")
                 if length is not None and length != int(value):
-                    raise ProtocolError("conflicting Content-Length headers")
+                    raise MalformedError("conflicting Content-Length headers")
                 length = int(value)
             elif lname == "transfer-encoding":
                 if chunked or value.lower() != "chunked":
-                    raise ProtocolError(f"unsupported Transfer-Encoding: {value[:40]!r}")
+                    raise MalformedError(f"unsupported Transfer-Encoding: {value[:40]!r}")
                 chunked = True
             elif lname == "connection":
                 connection += [t.strip() for t in value.lower().split(",")]
             elif lname == "content-type":
                 content_type = value.partition(";")[0].strip().lower()
         if chunked and length is not None:
-            raise ProtocolError("both Content-Length and Transfer-Encoding (RFC 9112 6.3)")
+            raise MalformedError("both Content-Length and Transfer-Encoding (RFC 9112 6.3)")
         if chunked and lines[0].startswith(b"HTTP/1.0"):
-            raise ProtocolError("Transfer-Encoding in an HTTP/1.0 response")
+            raise MalformedError("Transfer-Encoding in an HTTP/1.0 response")
         return headers, length, chunked, connection, content_type
 
     def _body(self, data: bytes) -> None:
@@ -379,12 +384,12 @@ class Connection(asyncio.Protocol):
             if self._chunk == _SIZE:
                 i = buf.find(b"\r\n")
                 if (i < 0 and len(buf) > _MAX_CHUNK_LINE) or i > _MAX_CHUNK_LINE:
-                    raise ProtocolError("chunk size line too long")
+                    raise MalformedError("chunk size line too long")
                 if i < 0:
                     return
                 m = _CHUNK_LINE.fullmatch(buf, 0, i)
                 if m is None:
-                    raise ProtocolError(f"bad chunk size line {bytes(buf[:i])[:20]!r}")
+                    raise MalformedError(f"bad chunk size line {bytes(buf[:i])[:20]!r}")
                 size = int(m[1], 16)
                 del buf[: i + 2]
                 self._remaining = size
@@ -400,20 +405,20 @@ class Connection(asyncio.Protocol):
                 if len(buf) < 2:
                     return
                 if buf[:2] != b"\r\n":
-                    raise ProtocolError("chunk data not followed by CRLF")
+                    raise MalformedError("chunk data not followed by CRLF")
                 del buf[:2]
                 self._chunk = _SIZE
             else:  # trailer fields (checked, then dropped), ended by an empty line
                 i = buf.find(b"\r\n")
                 if i < 0 and len(buf) + self._head_bytes > _MAX_HEAD:
-                    raise ProtocolError("response trailers are too large")
+                    raise MalformedError("response trailers are too large")
                 if i < 0:
                     return
                 self._head_bytes += i + 2
                 if self._head_bytes > _MAX_HEAD:
-                    raise ProtocolError("response trailers are too large")
+                    raise MalformedError("response trailers are too large")
                 if i and _FIELD_LINE.fullmatch(buf, 0, i) is None:
-                    raise ProtocolError(f"malformed trailer line: {bytes(buf[:i])[:80]!r}")
+                    raise MalformedError(f"malformed trailer line: {bytes(buf[:i])[:80]!r}")
                 del buf[: i + 2]
                 if i == 0:
                     self._end_body()

@@ -24,7 +24,7 @@ from maskgate.gateway.state import STATE, GatewayState
 from maskgate.gateway.upstream import (
     ConnectError,
     DisconnectedError,
-    ProtocolError,
+    MalformedError,
     UpstreamError,
 )
 from maskgate.protocol import policy
@@ -280,7 +280,7 @@ def _connect_failure(
             f"the {pool.name} upstream sent no response within {state.config.timeouts.ttfb_s:g} s",
             status=504,
         )
-    if isinstance(e, ProtocolError):
+    if isinstance(e, MalformedError):
         # Not a well-formed HTTP/1.1 answer (http1.py says what is refused); the connection
         # is already closed. Not retried: the upstream may have acted on the request.
         errors.labels(pool.name, ep.url, "protocol").inc()
