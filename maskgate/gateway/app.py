@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from maskgate.gateway import discovery, health, proxy
 from maskgate.gateway.admin import add_admin_routes
 from maskgate.gateway.config import POOL_NAMES, GatewayConfig
+from maskgate.gateway.connections import ConnectionGuard
 from maskgate.gateway.metrics import GatewayMetrics
 from maskgate.gateway.openapi import openapi_spec
 from maskgate.gateway.pool import Pool
@@ -136,6 +137,9 @@ def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> we
         ),
     )
     metrics.ready.set_function(lambda: 1.0 if state.ready else 0.0)
+    state.connections = ConnectionGuard(
+        config.clients, metrics.client_connections, metrics.client_connections_closed
+    )
     # The body limit is enforced by the proxy itself (413 body_too_large); aiohttp's own
     # check only has to stop anything larger from being buffered.
     app = web.Application(middlewares=[error_middleware], client_max_size=config.max_body_bytes)

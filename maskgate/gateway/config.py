@@ -53,6 +53,19 @@ class TimeoutsConfig(StrictModel):
     health_timeout_s: PositiveFloat = 2.0
 
 
+class ClientsConfig(StrictModel):
+    """Bounds on the connections clients open to the gateway, per process (connections.py).
+    Seconds."""
+
+    header_timeout_s: PositiveFloat = 10.0  # first byte of a request head -> its end (408)
+    body_timeout_s: PositiveFloat = 30.0  # longest silence while a request body is read (408)
+    idle_timeout_s: PositiveFloat = 75.0  # a kept-alive connection with no request in progress
+    # Open client connections. When full, a new one closes the longest-idle one; with none
+    # idle it gets 503 `too_many_connections`. Lowered at start to 3/4 of the open-file
+    # limit (`ulimit -n`) when that is smaller, so new clients are never reset for want of fds.
+    max_connections: int = Field(default=10000, ge=1)
+
+
 class RetriesConfig(StrictModel):
     """Retries happen only before the first byte reaches the client, on connect errors and
     502/503/504, each to another endpoint."""
@@ -139,6 +152,7 @@ class GatewayConfig(StrictModel):
     shutdown_delay_s: float = Field(default=0.0, ge=0)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    clients: ClientsConfig = Field(default_factory=ClientsConfig)
     retries: RetriesConfig = Field(default_factory=RetriesConfig)
     pools: PoolsConfig = Field(default_factory=PoolsConfig)
     policy: PolicySettings = Field(default_factory=PolicySettings)

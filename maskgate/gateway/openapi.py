@@ -37,6 +37,8 @@ GATEWAY_CODES = (
     "not_found",
     "method_not_allowed",
     "http_error",
+    "request_timeout",
+    "too_many_connections",
     "internal_error",
 )
 ERROR_CODES = (*sorted(POLICY_CODES), *GATEWAY_CODES)

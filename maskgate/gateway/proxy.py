@@ -92,7 +92,7 @@ async def _proxy(
     route: policy.Route | None,
 ) -> web.StreamResponse:
     key = authenticate(request.headers, state.api_keys)
-    raw = await _read_body(request, state.config.max_body_bytes)
+    raw = await _read_body(request, state)
     pool = state.pools["general"]
     mask = False
     if route is not None:
@@ -121,13 +121,39 @@ async def _proxy(
         pool.admission.release()
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+async def _read_body(request: web.Request, state: GatewayState) -> bytes:
+    limit = state.config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(request.content_length, limit)
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge as e:
-        raise _too_large(None, limit) from e
+    content = request.content
+    if content.is_eof():  # the whole body came with the head: the usual case
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge as e:
+            raise _too_large(None, limit) from e
+    # Still arriving: each piece within `body_timeout_s` of the last (a stalled client
+    # must not hold its connection, nor its admission slot, for ever).
+    gap_s = state.config.clients.body_timeout_s
+    pieces: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            async with asyncio.timeout(gap_s):
+                piece = await content.readany()
+        except TimeoutError as e:
+            if state.connections is not None:
+                state.connections.body_timed_out(request)
+            raise ApiError(
+                "request_timeout",
+                f"the request body stalled for {gap_s:g} s (body_timeout_s)",
+                status=408,
+            ) from e
+        if not piece:
+            return b"".join(pieces)
+        size += len(piece)
+        if size > limit:
+            raise _too_large(None, limit)
+        pieces.append(piece)
 
 
 def _too_large(size: int | None, limit: int) -> ApiError:

@@ -11,7 +11,9 @@ Shutdown timeline (SIGTERM):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import resource
 import signal
 from collections.abc import Callable
 
@@ -19,6 +21,7 @@ from aiohttp import web
 
 from maskgate.gateway.app import create_app, create_probe_app
 from maskgate.gateway.config import GatewayConfig
+from maskgate.gateway.connections import GuardedRunner
 from maskgate.gateway.state import STATE, Resolver
 
 LOG = logging.getLogger("maskgate")
@@ -40,8 +43,12 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM or SIGINT, then drain (see the module docstring)."""
     app = create_app(config, resolver=resolver)
-    runner = web.AppRunner(
+    guard = app[STATE].connections
+    assert guard is not None
+    guard.max_connections = _connection_cap(config.clients.max_connections)
+    runner = GuardedRunner(
         app,
+        guard,
         handler_cancellation=True,  # a client that hangs up cancels its upstream request
         shutdown_timeout=config.shutdown_grace_s,
         access_log=None,  # our own JSON access log replaces aiohttp's
@@ -85,6 +92,29 @@ async def serve(
     if probe_runner is not None:
         await probe_runner.cleanup()
     LOG.info("stopped")
+
+
+def _connection_cap(wanted: int) -> int:
+    """`max_connections`, lowered to 3/4 of the open-file limit (after raising the soft
+    limit to the hard one) so that upstream connections and files keep fds to spare."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    cap = max(16, soft * 3 // 4)
+    if cap < wanted:
+        LOG.warning(
+            "clients.max_connections lowered to %d: the open-file limit is %d (raise "
+            "`ulimit -n` to allow more)",
+            cap,
+            soft,
+            extra={"max_connections": cap, "nofile": soft},
+        )
+        return cap
+    return wanted
 
 
 def run(config: GatewayConfig, *, reuse_port: bool = False) -> None:
