@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from maskgate.gateway.cores import available_cpus
 from maskgate.protocol.policy import PolicyConfig
 
 POOL_NAMES = ("general", "mask")
@@ -111,6 +112,14 @@ class PoolConfig(StrictModel):
             raise ValueError("endpoints must not repeat")
         return self
 
+    def process_count(self) -> int:
+        """How many gateway processes `workers` asks for, `auto` resolved here."""
+        if self.workers != "auto":
+            return self.workers
+        if self.port == 0:
+            return 1
+        return min(256, available_cpus())
+
 
 class PoolsConfig(StrictModel):
     general: PoolConfig = Field(default_factory=PoolConfig)
@@ -140,7 +149,9 @@ class GatewayConfig(StrictModel):
     # None: /healthz, /readyz and /metrics on `port`. Else /metrics moves to this port
     # (probes answer on both).
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
-    workers: int = Field(default=1, ge=1, le=256)  # processes sharing `port` (SO_REUSEPORT)
+    # Processes sharing `port` (SO_REUSEPORT). `auto`: one per CPU this process may use, the
+    # cgroup CPU quota included (cores.py); one when `port` is 0 (nothing to share).
+    workers: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = "auto"
     api_keys: list[str] = Field(default_factory=list)  # empty: no client authentication
     # None: any authenticated caller may ask for masks. Else only these keys (rule 2).
     mask_allow_keys: list[str] | None = None
@@ -169,8 +180,16 @@ class GatewayConfig(StrictModel):
                 raise ValueError("mask_allow_keys must be a subset of api_keys")
         if self.mask_allow_keys is not None and not self.api_keys:
             raise ValueError("mask_allow_keys needs api_keys (callers must authenticate)")
-        if self.workers > 1 and self.port == 0:
+        if self.workers != "auto" and self.workers > 1 and self.port == 0:
             raise ValueError("workers > 1 needs a fixed port (the processes share it)")
         if self.metrics_port is not None and self.metrics_port == self.port != 0:
             raise ValueError("metrics_port must differ from port")
         return self
+
+    def process_count(self) -> int:
+        """How many gateway processes `workers` asks for, with `auto` resolved."""
+        if self.workers != "auto":
+            return self.workers
+        if self.port == 0:
+            return 1  # an ephemeral port cannot be shared
+        return min(256, available_cpus())

@@ -1,4 +1,5 @@
-"""`--workers N`: N gateway processes sharing one port through SO_REUSEPORT.
+"""`--workers N` (or `auto`, one per CPU: cores.py): N gateway processes sharing one port
+through SO_REUSEPORT.
 
 The kernel spreads new connections over the processes. The parent only supervises: it
 restarts a child that dies (unless they die too fast, which means a bug or a bad host),
@@ -31,7 +32,7 @@ def _child(config: GatewayConfig) -> None:
     run(config, reuse_port=True)
 
 
-def run_workers(config: GatewayConfig) -> int:
+def run_workers(config: GatewayConfig, processes: int) -> int:
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited loop state
 
     def start() -> BaseProcess:
@@ -39,7 +40,7 @@ def run_workers(config: GatewayConfig) -> int:
         proc.start()
         return proc
 
-    procs = [start() for _ in range(config.workers)]
+    procs = [start() for _ in range(processes)]
     stopping = False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -51,7 +52,7 @@ def run_workers(config: GatewayConfig) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    LOG.info("started workers", extra={"workers": config.workers, "pids": [p.pid for p in procs]})
+    LOG.info("started workers", extra={"workers": processes, "pids": [p.pid for p in procs]})
 
     restarts: list[float] = []
     failed = False
