@@ -43,34 +43,59 @@ def render_error(err: ApiError) -> web.Response:
     )
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise  # the client is gone (aiohttp's ClientConnectionResetError is both kinds)
-    except ApiError as e:
+def _error_answer(request: web.Request, e: Exception) -> web.Response | None:
+    """The answer for an exception out of a handler; None: re-raise it (the client is gone,
+    or an HTTPException that is not an error)."""
+    if isinstance(e, ConnectionResetError):
+        return None  # the client is gone (aiohttp's ClientConnectionResetError is both kinds)
+    if isinstance(e, ApiError):
         request.app[STATE].metrics.rejections.labels(e.code).inc()
         return render_error(e)
-    except web.HTTPException as e:
+    if isinstance(e, web.HTTPException):
         if e.status < 400:
-            raise
-        code = (
-            "not_found"
-            if e.status == 404
-            else "method_not_allowed"
-            if e.status == 405
-            else "http_error"
-        )
+            return None
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status, "http_error")
         return render_error(ApiError(code, e.reason, status=e.status))
-    except UpstreamError as e:  # an upstream failure nobody mapped more precisely
+    if isinstance(e, UpstreamError):  # an upstream failure nobody mapped more precisely
         request.app[STATE].metrics.rejections.labels("upstream_error").inc()
         return render_error(ServerError("upstream_error", f"upstream failed: {type(e).__name__}"))
-    except Exception:
-        LOG.exception("unhandled error", extra={"path": request.path})
-        return render_error(
-            ServerError("internal_error", "the gateway failed on this request", status=500)
-        )
+    LOG.exception("unhandled error", extra={"path": request.path})
+    return render_error(
+        ServerError("internal_error", "the gateway failed on this request", status=500)
+    )
+
+
+def with_errors(handler: Handler) -> Handler:
+    """`handler` with its exceptions answered by the one renderer."""
+
+    async def answered(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            answer = _error_answer(request, e)
+            if answer is None:
+                raise
+            return answer
+
+    return answered
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """For apps whose router can answer by itself (404, 405): the probe app."""
+    return await with_errors(handler)(request)
+
+
+def _answer_errors_per_route(app: web.Application) -> None:
+    """Every route's handler wrapped in `with_errors`, instead of a middleware: any
+    middleware makes aiohttp add two coroutine levels to every request (its own
+    `_fix_request_current_app` and ours), about 6 % of the gateway's throughput. The main
+    app needs no middleware for router answers: its catch-all route takes every path and
+    method, so its router never answers 404 or 405 by itself."""
+    for route in app.router.routes():
+        route._handler = with_errors(route.handler)  # aiohttp has no setter for it
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -142,7 +167,7 @@ def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> we
     )
     # The body limit is enforced by the proxy itself (413 body_too_large); aiohttp's own
     # check only has to stop anything larger from being buffered.
-    app = web.Application(middlewares=[error_middleware], client_max_size=config.max_body_bytes)
+    app = web.Application(client_max_size=config.max_body_bytes)
     app[STATE] = state
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_background)
@@ -154,6 +179,7 @@ def create_app(config: GatewayConfig, *, resolver: Resolver | None = None) -> we
     for path in proxy.HOT_PATHS:
         app.router.add_route("*", path, proxy.handle)
     app.router.add_route("*", "/{tail:.*}", proxy.handle)
+    _answer_errors_per_route(app)
     return app
 
 
