@@ -102,6 +102,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--profile-concurrency", type=int, default=64)
     p.add_argument("--profile-case", default="mask2k", choices=sorted(CASES))
     p.add_argument(
+        "--profile-only",
+        action="store_true",
+        help="only the py-spy run (writes {stem}_profile.*, leaves {stem}.json alone)",
+    )
+    p.add_argument(
         "--access-log",
         action="store_true",
         help="per-request logs on in both proxies (gateway default, router --log-level info); "
@@ -295,6 +300,9 @@ def run(args: argparse.Namespace, base_nice: int) -> None:
         f"maskgate gateway vs nginx direct and sglang-router {meta['sglang_router']} "
         f"({meta['cpus']}x {meta['cpu']}, {meta['started_utc']}, git {meta['git_commit']})"
     )
+    if args.profile_only:
+        profile_run(args)  # its files only: the results of the last full run stay
+        return
     runs = measure(args)
     summary = report.summarise(runs, min(args.concurrency))
     prof = profile_run(args) if args.profile_seconds > 0 else None

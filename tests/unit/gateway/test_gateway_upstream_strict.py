@@ -166,3 +166,39 @@ async def test_the_gateway_answers_a_clean_502(upstream):
         # The next request is served on a new connection with the canary.
         resp = await gw.post("/generate", json={"text": "x"})
         assert (resp.status, await resp.read()) == (200, b"canary")
+
+
+class EarlyAnswer(asyncio.Protocol):
+    """Answers 413 at once and never reads the request (as a server refusing a large body
+    does); later connections get CANARY."""
+
+    def __init__(self, server: dict) -> None:
+        self.server = server
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.server["conns"].append(self)
+        self.transport = transport
+        if len(self.server["conns"]) == 1:
+            transport.pause_reading()  # type: ignore[attr-defined]
+            transport.write(b"HTTP/1.1 413 Too Large\r\nContent-Length: 0\r\n\r\n")  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        if b"\r\n\r\n" in data:
+            self.transport.write(CANARY)  # type: ignore[attr-defined]
+
+
+async def test_an_answer_before_the_request_was_written_ends_the_connection():
+    server: dict = {"conns": []}
+    srv = await asyncio.get_running_loop().create_server(
+        lambda: EarlyAnswer(server), "127.0.0.1", 0
+    )
+    url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+    client = UpstreamClient(1.0)
+    r = await client.request(url, "POST", "/", [], b"x" * (16 << 20), timeout_s=2)
+    assert (r.status, await r.read()) == (413, b"")
+    r.release()  # the upstream never read the rest of the body: not reusable
+    second = await client.request(url, "GET", "/", [], None, timeout_s=2)
+    assert (second.status, await second.read()) == (200, b"canary")
+    assert len(server["conns"]) == 2
+    await client.close()
+    srv.close()
