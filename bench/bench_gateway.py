@@ -283,6 +283,20 @@ def profile_run(args: argparse.Namespace) -> dict[str, str]:
     return files
 
 
+def _argv_without_paths(argv: list[str]) -> list[str]:
+    """The command line for the results, less `--out DIR` (no machine paths in results)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out="):
+            out.append(a)
+    return out
+
+
 def main() -> None:
     args = parse_args()
     restore = set_priority(args.nice)
@@ -327,7 +341,7 @@ def run(args: argparse.Namespace, base_nice: int) -> None:
         else None,
         # No absolute paths in the results: they are committed.
         "gateway_root": "." if args.gateway_root == procs.REPO else args.gateway_root.name,
-        "argv": sys.argv[1:],
+        "argv": _argv_without_paths(sys.argv[1:]),
     }
     result = {
         "meta": meta,
