@@ -21,11 +21,19 @@ GET = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 @contextlib.asynccontextmanager
-async def gateway(**clients: float) -> AsyncIterator[tuple[int, web.Application]]:
+async def gateway(
+    upstream: str | None = None, **clients: float
+) -> AsyncIterator[tuple[int, web.Application]]:
     defaults = {"header_timeout_s": 0.4, "body_timeout_s": 0.4, "idle_timeout_s": 0.6}
+    pools = {"general": {"endpoints": [upstream] if upstream else [], "health_path": None}}
     config = load_settings(
         GatewayConfig,
-        overrides={"access_log": False, "port": 0, "clients": defaults | clients},
+        overrides={
+            "access_log": False,
+            "port": 0,
+            "clients": defaults | clients,
+            "pools": pools,
+        },
     )
     app = create_app(config)
     runner = GuardedRunner(app, app[STATE].connections, access_log=None)
@@ -158,3 +166,51 @@ async def test_the_cap_refuses_new_connections_when_none_is_idle():
         assert closes(app, "refused") == 1
         busy[0][1].write(b"Host: x\r\n\r\n")  # the held ones finish their requests
         assert (await answer(busy[0][0]))[0] == 200
+
+
+@contextlib.asynccontextmanager
+async def slow_upstream(delay_s: float) -> AsyncIterator[str]:
+    """Answers every request after `delay_s`: a generation longer than every client timeout."""
+
+    async def answer_late(request: web.Request) -> web.Response:
+        await request.read()
+        await asyncio.sleep(delay_s)
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer_late)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_request_in_progress_outlives_every_client_timeout():
+    async with slow_upstream(1.5) as url, gateway(url, max_connections=1) as (port, app):
+        reader, writer = await connect(port)
+        body = b'{"model": "m", "messages": []}'
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await asyncio.sleep(0.1)
+        late, _ = await connect(port)  # the cap is reached by a busy connection: refused
+        assert (await answer(late))[0] == 503
+        status, got = await answer(reader)
+        assert (status, orjson.loads(got)) == (200, {"ok": True})
+        for reason in ("header_timeout", "body_timeout", "idle_timeout", "shed_idle"):
+            assert closes(app, reason) == 0
+
+
+async def test_pipelined_requests_are_all_answered():
+    async with gateway() as (port, app):
+        reader, writer = await connect(port)
+        writer.write(GET * 3)
+        for _ in range(3):
+            assert (await answer(reader))[0] == 200
+        assert await closed_within(reader, 3) == b""  # then idle, then closed
+        assert closes(app, "idle_timeout") == 1
