@@ -23,7 +23,7 @@ at the oldest entries of each and stops at the first one still in time.
 from __future__ import annotations
 
 import asyncio
-import time
+from time import monotonic as time_now
 from typing import Any
 
 from aiohttp import web
@@ -88,7 +88,7 @@ class ConnectionGuard:
                 self.close(conn, "refused", _FULL)
                 return
         self.open.add(conn)
-        self.idle[conn] = time.monotonic()
+        self.idle[conn] = time_now()
 
     def lost(self, conn: GuardedHandler) -> None:
         self.open.discard(conn)
@@ -115,7 +115,7 @@ class ConnectionGuard:
         tick = min(cfg.header_timeout_s, cfg.idle_timeout_s, 4.0) / 4
         while True:
             await asyncio.sleep(tick)
-            now = time.monotonic()
+            now = time_now()
             for conns, limit, reason in (
                 (self.heads, cfg.header_timeout_s, "header_timeout"),
                 (self.idle, cfg.idle_timeout_s, "idle_timeout"),
@@ -154,16 +154,19 @@ class GuardedHandler(RequestHandler):
             if guard.idle.pop(self, None) is None:
                 return  # closed by the guard: nothing more is read
             self.state = _HEAD
-            guard.heads[self] = time.monotonic()
+            guard.heads[self] = time_now()
         super().data_received(data)
         if self.state == _HEAD and self._messages:  # a whole head was parsed
             self.state = _BUSY
             guard.heads.pop(self, None)
 
-    async def finish_response(
-        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
-    ) -> tuple[web.StreamResponse, bool]:
-        out = await super().finish_response(request, resp, start_time)
+    def log_access(
+        self, request: web.BaseRequest, response: web.StreamResponse, time: float | None
+    ) -> None:
+        # aiohttp calls this once per request, right after the answer is written (the end of
+        # `finish_response`): a plain call, where overriding that coroutine would add a
+        # coroutine level to every request.
+        super().log_access(request, response, time)
         if self.close_after:
             self.force_close()
         elif not self._messages and request.content.is_eof() and self.transport is not None:
@@ -171,8 +174,7 @@ class GuardedHandler(RequestHandler):
             # (An unread body is drained by aiohttp for up to its lingering time first; its
             # own keep-alive timer, see GuardedRunner, covers that connection.)
             self.state = _IDLE
-            self.guard.idle[self] = time.monotonic()
-        return out
+            self.guard.idle[self] = time_now()
 
 
 class GuardedServer(web.Server):

@@ -214,3 +214,17 @@ async def test_pipelined_requests_are_all_answered():
             assert (await answer(reader))[0] == 200
         assert await closed_within(reader, 3) == b""  # then idle, then closed
         assert closes(app, "idle_timeout") == 1
+
+
+def test_the_cap_is_lowered_to_the_open_file_limit(monkeypatch):
+    import resource
+
+    from maskgate.gateway import serve
+
+    limits = {"now": (1024, 1024)}
+    monkeypatch.setattr(resource, "getrlimit", lambda _: limits["now"])
+    monkeypatch.setattr(resource, "setrlimit", lambda _, v: limits.update(now=v))
+    assert serve._connection_cap(10000) == 768  # 3/4 of 1024: fds left for upstreams
+    assert serve._connection_cap(500) == 500
+    limits["now"] = (1024, 65536)  # the soft limit is raised to the hard one first
+    assert serve._connection_cap(10000) == 10000 and limits["now"] == (65536, 65536)
