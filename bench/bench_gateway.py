@@ -70,6 +70,10 @@ PLAN = [
 EXTRA = [
     ("gateway-w1", "shared", "chat2k"),
     ("gateway-w2", "shared", "chat2k"),
+    # A/B of one process on the mask path: this checkout against `--base-root`.
+    ("direct", "split", "mask2k"),
+    ("gateway-w1", "split", "mask2k"),
+    ("gateway-w1-base", "split", "mask2k"),
     *[(f"aiohttp-{m}", "split", "chat") for m in ("answer", "proxy", "lean")],
 ]
 
@@ -125,6 +129,12 @@ def parse_args() -> argparse.Namespace:
         default=procs.REPO,
         help="run the gateway from this checkout (to compare versions); default this one",
     )
+    p.add_argument(
+        "--base-root",
+        type=Path,
+        default=None,
+        help="another checkout for the gateway-w1-base set-up (an A/B against this one)",
+    )
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     p.add_argument("--stem", default="gateway", help="output file name stem under --out")
     args = p.parse_args()
@@ -149,14 +159,19 @@ def make_proxy(
         return procs.floor(upstream, cpus, setup.removeprefix("aiohttp-"))
     if setup == "router":
         return procs.router(upstream, cpus, args.access_log)
-    workers = setup.removeprefix("gateway-")
-    return procs.gateway(
+    workers = setup.removeprefix("gateway-").removesuffix("-base")
+    root = args.base_root if setup.endswith("-base") else args.gateway_root
+    if root is None:
+        raise SystemExit(f"{setup} needs --base-root")
+    proxy = procs.gateway(
         upstream,
         cpus,
         None if workers == "auto" else int(workers.removeprefix("w")),
         args.access_log,
-        args.gateway_root,
+        root,
     )
+    proxy.name = setup
+    return proxy
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -205,6 +220,10 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 r["rps_all"] = [x["rps"] for x in rs]
                 r["p50_ms_all"] = [x["p50_ms"] for x in rs]
                 r["cpu_foreign_all"] = [x["cpu_foreign"] for x in rs]
+                # CPU time per request (us): less sensitive to neighbours than req/s.
+                r["proxy_cpu_us_per_req_all"] = [
+                    round(x["cpu_proxy"] / x["rps"] * 1e6, 1) for x in rs if x["rps"]
+                ]
                 runs.append(r)
     shutil.rmtree(body_dir, ignore_errors=True)
     return runs
@@ -341,6 +360,7 @@ def run(args: argparse.Namespace, base_nice: int) -> None:
         else None,
         # No absolute paths in the results: they are committed.
         "gateway_root": "." if args.gateway_root == procs.REPO else args.gateway_root.name,
+        "base_root": args.base_root.name if args.base_root else None,
         "argv": _argv_without_paths(sys.argv[1:]),
     }
     result = {

@@ -38,13 +38,16 @@ _LOW_WATER = 128 * 1024
 # optional here: many servers leave it out). Reason: HTAB, SP, VCHAR, obs-text.
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [\t\x20-\x7e\x80-\xff]*)?")
 # RFC 9110 5.1, 5.5: token ":" OWS field-value OWS CRLF, where the value starts and ends with
-# a visible character and holds no control character but HTAB. Matched on the decoded block
-# of all field lines at once (one pass in C: the head of every answer goes through here). A
-# line that starts with whitespace (obs-fold) has no token before its colon and fails.
+# a visible character and holds no control character but HTAB. Found in the decoded block of
+# all field lines at once, each match anchored at a line start (one regex pass in C: the head
+# of every answer goes through here); the block is well-formed when every line matched, that
+# is when the matches, the CRLFs and the LFs are as many (a bare CR or LF, or a line that is
+# not a field, leaves a line unmatched). A line that starts with whitespace (obs-fold) has no
+# token before its colon and fails.
 _TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
 _VALUE = r"(?:[^\x00-\x20\x7f](?:[^\x00-\x08\x0a-\x1f\x7f]*[^\x00-\x20\x7f])?)?"
-_FIELD = re.compile(rf"({_TOKEN}):[ \t]*({_VALUE})[ \t]*\r\n")
-_FIELDS = re.compile(rf"(?:{_TOKEN}:[ \t]*{_VALUE}[ \t]*\r\n)*")
+_FIELD = re.compile(rf"^({_TOKEN}):[ \t]*({_VALUE})[ \t]*\r\n", re.MULTILINE)
+_FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "content-type"})
 _FIELD_LINE = re.compile(
     rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[ \t]*[\t\x20-\x7e\x80-\xff]*"
 )  # a trailer line (bytes; trailers are checked, then dropped)
@@ -430,19 +433,22 @@ def _fields(
 ) -> tuple[list[tuple[str, str]], int | None, bool, list[str], str]:
     """The field lines of one head (`block`, each line with its CRLF), strictly checked:
     (headers in order, Content-Length, chunked, Connection tokens, content type)."""
-    if _FIELDS.fullmatch(block) is None:
+    headers: list[tuple[str, str]] = _FIELD.findall(block)
+    lines = block.count("\r\n")
+    if len(headers) != lines or block.count("\n") != lines:
         bad = next(
             (ln for ln in block.split("\r\n") if ln and not _FIELD.fullmatch(ln + "\r\n")),
             block,
         )
         raise MalformedError(f"malformed header line: {bad[:80]!r}")
-    headers: list[tuple[str, str]] = _FIELD.findall(block)
     length: int | None = None
     chunked = False
     connection: list[str] = []
     content_type = ""
     for name, value in headers:
         lname = name.lower()
+        if lname not in _FRAMING:
+            continue
         if lname == "content-length":
             if _DIGITS.fullmatch(value) is None:
                 raise MalformedError(f"bad Content-Length: {value[:40]!r}")
