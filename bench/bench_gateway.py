@@ -303,16 +303,13 @@ def profile_run(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _argv_without_paths(argv: list[str]) -> list[str]:
-    """The command line for the results, less `--out DIR` (no machine paths in results)."""
+    """The command line for the results, with no machine paths: `--out DIR` left out, the
+    checkouts named by their last component."""
     out: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--out":
-            skip = True
-        elif not a.startswith("--out="):
-            out.append(a)
+    for i, a in enumerate(argv):
+        if a == "--out" or a.startswith("--out=") or (i and argv[i - 1] == "--out"):
+            continue
+        out.append(Path(a).name if i and argv[i - 1] in ("--base-root", "--gateway-root") else a)
     return out
 
 
