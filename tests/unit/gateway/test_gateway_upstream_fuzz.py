@@ -16,14 +16,20 @@ from __future__ import annotations
 import asyncio
 import re
 
+import orjson
+from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from maskgate.gateway import GatewayConfig, create_app
+from maskgate.gateway.relay import HOP_BY_HOP
 from maskgate.gateway.upstream import UpstreamClient, UpstreamError
+from maskgate.protocol.settings import load_settings
 
 CANARY = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nX-Canary: 1\r\n\r\ncanary"
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CTL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_LENGTH = re.compile(rb"\r\ncontent-length: *([0-9]+)", re.IGNORECASE)
 
 token = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCXYZ0123456789-_.!#$%&'*+^`|~", min_size=1)
 value = st.text(
@@ -110,8 +116,13 @@ class Upstream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        while b"\r\n\r\n" in self.buf:  # GET and HEAD only: no request bodies
-            _, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        while b"\r\n\r\n" in self.buf:
+            head, _, rest = self.buf.partition(b"\r\n\r\n")
+            length = _LENGTH.search(head)
+            size = int(length[1]) if length else 0
+            if len(rest) < size:
+                return
+            self.buf = rest[size:]
             self.server["on"].append(self.index)
             if len(self.server["on"]) == 1:
                 asyncio.get_running_loop().create_task(self.first())
@@ -241,3 +252,81 @@ def test_mutated_answers_fail_cleanly_and_are_never_reused(
         exchange(bytes(raw), cuts, pause, answer["framing"] == "close", answer["head_request"])
     )
     check_common(seen)
+
+
+# --- through the gateway: what its client gets ---
+
+_NOT_RELAYED = HOP_BY_HOP | {"content-length", "date", "server", "x-request-id"}
+
+
+async def via_gateway(data: bytes, cuts: list[int], close: bool) -> dict:
+    """POST /generate (general pool) twice through the gateway app; the upstream answers the
+    first with `data` and the second with CANARY."""
+    loop = asyncio.get_running_loop()
+    loop_errors: list[dict] = []
+    loop.set_exception_handler(lambda _loop, ctx: loop_errors.append(ctx))
+    server = {"first": data, "cuts": cuts, "pause": False, "close": close, "connections": 0}
+    server["on"] = []
+    srv = await loop.create_server(lambda: Upstream(server), "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+    pools = {"general": {"endpoints": [url], "health_path": None}, "mask": {"endpoints": []}}
+    config = load_settings(
+        GatewayConfig,
+        overrides={
+            "access_log": False,
+            "pools": pools,
+            "retries": {"max_attempts": 1},
+            "timeouts": {"ttfb_s": 0.3, "idle_s": 0.3},
+        },
+    )
+    seen: dict = {}
+    try:
+        async with TestClient(TestServer(create_app(config))) as gw:
+            resp = await gw.post("/generate", json={"text": "x"})
+            seen["first"] = (resp.status, resp.headers.copy(), await resp.read())
+            resp = await gw.post("/generate", json={"text": "x"})
+            seen["second"] = (resp.status, await resp.read())
+    finally:
+        srv.close()
+    seen["loop_errors"] = loop_errors
+    return seen
+
+
+_GATEWAY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_GATEWAY
+@given(answer=answers(), data=st.data())
+def test_the_gateway_relays_well_formed_answers_exactly(answer: dict, data: st.DataObject):
+    if answer["head_request"]:
+        return  # the gateway's client sends POST here
+    raw = answer["raw"] + answer["stray"]
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(raw) - 1)), max_size=4)))
+    seen = asyncio.run(via_gateway(raw, cuts, answer["framing"] == "close"))
+    assert seen["loop_errors"] == []
+    status, fields, body = answer["expect"]
+    got_status, got_headers, got_body = seen["first"]
+    assert (got_status, got_body) == (status, body)
+    for name, value in fields:
+        if name.lower() not in _NOT_RELAYED:
+            assert value in got_headers.getall(name, [])
+    assert seen["second"] == (200, b"canary")
+
+
+@_GATEWAY
+@given(answer=answers(), data=st.data())
+def test_the_gateway_answers_mutated_answers_or_a_clean_error(answer: dict, data: st.DataObject):
+    if answer["head_request"] or answer["framing"] != "length":
+        return  # streamed answers are relayed as they come (their errors are stream events)
+    raw = bytearray(answer["raw"] + answer["stray"])
+    at = data.draw(st.integers(0, len(raw)))
+    raw[at:at] = data.draw(st.sampled_from(_NASTY))
+    seen = asyncio.run(via_gateway(bytes(raw), [], False))
+    assert seen["loop_errors"] == []
+    status, headers, body = seen["first"]
+    if status in (502, 504) and headers.get("Content-Type", "").startswith("application/json"):
+        code = orjson.loads(body).get("error", {}).get("code")
+        if code is not None:  # the gateway's own answer: one of its upstream codes
+            assert code in ("upstream_protocol_error", "upstream_error", "upstream_timeout")
+    assert 100 <= status <= 599
+    assert seen["second"] == (200, b"canary")
