@@ -72,12 +72,15 @@ class ConnectionGuard:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._sweep())
+        """Start the sweeper (once: the traffic and the metrics listener share the guard)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._sweep())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     def opened(self, conn: GuardedHandler) -> None:
         if len(self.open) >= self.max_connections:

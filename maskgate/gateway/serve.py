@@ -57,7 +57,8 @@ async def serve(
     port = await _start_site(runner, config.host, config.port, reuse_port)
     probe_runner = None
     if config.metrics_port is not None:
-        probe_runner = web.AppRunner(create_probe_app(app), access_log=None)
+        # The same guard: the cap and the timeouts cover both listeners together.
+        probe_runner = GuardedRunner(create_probe_app(app), guard, access_log=None)
         await probe_runner.setup()
         mport = await _start_site(probe_runner, config.host, config.metrics_port, reuse_port)
         LOG.info("metrics listening", extra={"host": config.host, "port": mport})
