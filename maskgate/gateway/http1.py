@@ -17,9 +17,12 @@ beyond a response's end, after an answer that came before the request was fully 
 and after any answer with no body of its own (204, 304, HEAD): an upstream that sent a body
 anyway would have it read as the next request's answer.
 
-(A well-kept parser, llhttp through `httptools`, was the alternative. This one stays: it
-is small, its rules are the ones above and are fuzzed byte by byte in the tests, and it
-takes the head in one pass instead of one Python callback per header.)
+(A well-kept parser, llhttp through `httptools`, was the alternative. Measured on an
+nginx-like head of 5 fields, httptools parses in about 2 us against about 7 us for this
+module's whole round (request future, parse, Response, release): a client on httptools
+would still need that round, so the saving is 1-2 us of the ~160 us a proxied mask request
+costs, for a compiled dependency and per-header callbacks that can arrive in fragments.
+This parser stays: small, with the rules above, fuzzed byte by byte in the tests.)
 """
 
 from __future__ import annotations
