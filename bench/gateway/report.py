@@ -46,6 +46,12 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
+def _p50(r: Run) -> float:
+    """The median over the rounds of their p50s (the median-throughput round's own p50 moves
+    with whatever else ran during that round)."""
+    return float(statistics.median(r.get("p50_ms_all") or [r["p50_ms"]]))
+
+
 def spread(r: Run) -> float | None:
     """(max - min) / median of the rounds' req/s: how noisy this point was."""
     rates = r.get("rps_all") or []
@@ -57,8 +63,8 @@ def summarise(runs: list[Run], c1: int) -> dict[str, Any]:
 
     Throughput is judged on peak throughput (the best of each set-up over the concurrencies):
     a proxy that sheds throughput past its knee would otherwise flatter the other. Added
-    latency is p50 minus nginx direct's p50 (same layout, same case) at c=1, where queueing
-    does not hide the per-request cost.
+    latency is p50 minus nginx direct's p50 (same layout, same case; each the median of the
+    rounds' p50s) at c=1, where queueing does not hide the per-request cost.
     """
     for r in runs:
         r["rps_spread"] = spread(r)
@@ -69,7 +75,7 @@ def summarise(runs: list[Run], c1: int) -> dict[str, Any]:
         setup, layout, case = k.split("/")
         own, direct = _find(runs, k, c1), _find(runs, f"direct/{layout}/{case}", c1)
         if setup != "direct" and own and direct:
-            added[k] = round(own["p50_ms"] - direct["p50_ms"], 4)
+            added[k] = round(_p50(own) - _p50(direct), 4)
     out: dict[str, Any] = {"peak_rps": peaks, f"added_p50_ms_at_c{c1}": added, "targets": {}}
     defaults, router = "gateway-auto/shared/chat2k", "router/shared/chat2k"
     checks = [

@@ -28,35 +28,21 @@ This parser stays: small, with the rules above, fuzzed byte by byte in the tests
 from __future__ import annotations
 
 import asyncio
-import re
 from collections import deque
 from typing import Protocol, cast
+
+from maskgate.gateway.http1_grammar import (
+    CHUNK_LINE,
+    STATUS_LINE,
+    TRAILER_LINE,
+    GrammarError,
+    fields,
+)
 
 _MAX_HEAD = 64 * 1024  # bytes of status lines + headers of one response (interim ones included)
 _MAX_CHUNK_LINE = 1024  # bytes of one chunk-size line (size and extensions)
 _HIGH_WATER = 512 * 1024  # buffered body bytes at which the socket stops being read
 _LOW_WATER = 128 * 1024
-
-# RFC 9112 4: HTTP-version SP 3DIGIT SP reason-phrase (the SP before an empty reason is
-# optional here: many servers leave it out). Reason: HTAB, SP, VCHAR, obs-text.
-_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [\t\x20-\x7e\x80-\xff]*)?")
-# RFC 9110 5.1, 5.5: token ":" OWS field-value OWS CRLF, where the value starts and ends with
-# a visible character and holds no control character but HTAB. Found in the decoded block of
-# all field lines at once, each match anchored at a line start (one regex pass in C: the head
-# of every answer goes through here); the block is well-formed when every line matched, that
-# is when the matches, the CRLFs and the LFs are as many (a bare CR or LF, or a line that is
-# not a field, leaves a line unmatched). A line that starts with whitespace (obs-fold) has no
-# token before its colon and fails.
-_TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-_VALUE = r"(?:[^\x00-\x20\x7f](?:[^\x00-\x08\x0a-\x1f\x7f]*[^\x00-\x20\x7f])?)?"
-_FIELD = re.compile(rf"^({_TOKEN}):[ \t]*({_VALUE})[ \t]*\r\n", re.MULTILINE)
-_FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "content-type"})
-_FIELD_LINE = re.compile(
-    rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[ \t]*[\t\x20-\x7e\x80-\xff]*"
-)  # a trailer line (bytes; trailers are checked, then dropped)
-_DIGITS = re.compile(r"[0-9]{1,18}")
-# RFC 9112 7.1: chunk-size (hex digits) [ BWS ";" chunk-ext ], no whitespace before a CRLF.
-_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})(?:[ \t]*;[\t\x20-\x7e\x80-\xff]*)?")
 
 # Parser modes.
 _HEAD, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _DONE = range(5)
@@ -216,7 +202,12 @@ class Connection(asyncio.Protocol):
             else:
                 self._body(data)
         except Exception as e:
-            err = e if isinstance(e, MalformedError) else MalformedError(f"unparsable: {e}")
+            if isinstance(e, MalformedError):
+                err = e
+            elif isinstance(e, GrammarError):
+                err = MalformedError(str(e))
+            else:
+                err = MalformedError(f"unparsable: {e}")
             self._keep_alive = False
             if self._head is not None and not self._head.done():
                 self._head.set_exception(err)
@@ -289,7 +280,7 @@ class Connection(asyncio.Protocol):
             if self._head_bytes > _MAX_HEAD:
                 raise MalformedError("response headers are too large")
             line_end = buf.find(b"\r\n")
-            m = _STATUS_LINE.fullmatch(buf, 0, line_end)
+            m = STATUS_LINE.fullmatch(buf, 0, line_end)
             if m is None:
                 raise MalformedError(f"not an HTTP/1.x status line: {bytes(buf[:80])!r}")
             # The field lines, each with its CRLF; strict UTF-8, so that the client gets the
@@ -306,8 +297,8 @@ class Connection(asyncio.Protocol):
                 break
             # 100 Continue, 103 Early Hints: the real answer follows. Their fields are
             # checked all the same (a malformed interim head is a malformed response).
-            _fields(block, version)
-        headers, length, chunked, connection, content_type = _fields(block, version)
+            fields(block, version)
+        headers, length, chunked, connection, content_type = fields(block, version)
         self._keep_alive = version == b"1" and "close" not in connection
         if self.transport is not None and self.transport.get_write_buffer_size():
             # An answer before the request was fully written (an early 413, say): what the
@@ -365,7 +356,7 @@ class Connection(asyncio.Protocol):
                     raise MalformedError("chunk size line too long")
                 if i < 0:
                     return
-                m = _CHUNK_LINE.fullmatch(buf, 0, i)
+                m = CHUNK_LINE.fullmatch(buf, 0, i)
                 if m is None:
                     raise MalformedError(f"bad chunk size line {bytes(buf[:i])[:20]!r}")
                 size = int(m[1], 16)
@@ -395,7 +386,7 @@ class Connection(asyncio.Protocol):
                 self._head_bytes += i + 2
                 if self._head_bytes > _MAX_HEAD:
                     raise MalformedError("response trailers are too large")
-                if i and _FIELD_LINE.fullmatch(buf, 0, i) is None:
+                if i and TRAILER_LINE.fullmatch(buf, 0, i) is None:
                     raise MalformedError(f"malformed trailer line: {bytes(buf[:i])[:80]!r}")
                 del buf[: i + 2]
                 if i == 0:
@@ -429,45 +420,3 @@ class Connection(asyncio.Protocol):
         waiter, self._data = self._data, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-
-
-def _fields(
-    block: str, version: bytes
-) -> tuple[list[tuple[str, str]], int | None, bool, list[str], str]:
-    """The field lines of one head (`block`, each line with its CRLF), strictly checked:
-    (headers in order, Content-Length, chunked, Connection tokens, content type)."""
-    headers: list[tuple[str, str]] = _FIELD.findall(block)
-    lines = block.count("\r\n")
-    if len(headers) != lines or block.count("\n") != lines:
-        bad = next(
-            (ln for ln in block.split("\r\n") if ln and not _FIELD.fullmatch(ln + "\r\n")),
-            block,
-        )
-        raise MalformedError(f"malformed header line: {bad[:80]!r}")
-    length: int | None = None
-    chunked = False
-    connection: list[str] = []
-    content_type = ""
-    for name, value in headers:
-        lname = name.lower()
-        if lname not in _FRAMING:
-            continue
-        if lname == "content-length":
-            if _DIGITS.fullmatch(value) is None:
-                raise MalformedError(f"bad Content-Length: {value[:40]!r}")
-            if length is not None and length != int(value):
-                raise MalformedError("conflicting Content-Length headers")
-            length = int(value)
-        elif lname == "transfer-encoding":
-            if chunked or value.lower() != "chunked":
-                raise MalformedError(f"unsupported Transfer-Encoding: {value[:40]!r}")
-            chunked = True
-        elif lname == "connection":
-            connection += [t.strip() for t in value.lower().split(",")]
-        elif lname == "content-type":
-            content_type = value.partition(";")[0].strip().lower()
-    if chunked and length is not None:
-        raise MalformedError("both Content-Length and Transfer-Encoding (RFC 9112 6.3)")
-    if chunked and version == b"0":
-        raise MalformedError("Transfer-Encoding in an HTTP/1.0 response")
-    return headers, length, chunked, connection, content_type
