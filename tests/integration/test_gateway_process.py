@@ -32,7 +32,7 @@ async def start_gateway(*args: str) -> tuple[asyncio.subprocess.Process, int]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "gateway",
+        "maskgate.gateway",
         *args,
         cwd=ROOT,
         env=clean_env(),
@@ -134,7 +134,7 @@ async def test_workers_share_one_port(upstreams):
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "gateway",
+        "maskgate.gateway",
         "--workers",
         "2",
         "--host",
