@@ -294,7 +294,9 @@ def profile_run(args: argparse.Namespace) -> dict[str, str]:
                 if spy_proc.returncode != 0:
                     raise SystemExit(f"py-spy failed: {err.decode()[-2000:]}")
                 # The flame graph's title holds the command line: no absolute paths in results.
-                path.write_text(path.read_text().replace(f"{procs.REPO}/", ""))
+                path.write_text(
+                    path.read_text().replace(f"{procs.REPO}/", "").replace(spy, "py-spy")
+                )
                 files[fmt] = path.name
         finally:
             proxy.stop()

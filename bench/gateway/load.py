@@ -12,6 +12,7 @@ import os
 import resource
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def run_wrk(
     upstream: list[psutil.Process],
     proxy: list[psutil.Process],
     case: Case = CASES["chat"],
-    body_dir: Path = Path("/tmp"),
+    body_dir: Path = Path(tempfile.gettempdir()),
 ) -> dict[str, object]:
     """One wrk run POSTing `case` to {url}{case.path}; returns throughput, latency and CPU use."""
     if shutil.which("wrk") is None:
