@@ -23,6 +23,7 @@ from bench.gateway.cases import CASES, Case
 from bench.gateway.procs import taskset
 
 LUA = Path(__file__).with_name("post_body.lua")
+_TMP = Path(tempfile.gettempdir())  # where the request body files go by default
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def run_wrk(
     upstream: list[psutil.Process],
     proxy: list[psutil.Process],
     case: Case = CASES["chat"],
-    body_dir: Path = Path(tempfile.gettempdir()),
+    body_dir: Path = _TMP,
 ) -> dict[str, object]:
     """One wrk run POSTing `case` to {url}{case.path}; returns throughput, latency and CPU use."""
     if shutil.which("wrk") is None:
