@@ -1,22 +1,25 @@
 """Gateway overhead: nginx direct vs the maskgate gateway vs sglang-router, driven by wrk.
 
 All set-ups sit in front of the same fixed-response nginx (bench/gateway/nginx.conf.template)
-and get the same load: wrk, one thread, POSTing a small non-mask chat completion at each
-concurrency after a warm-up. Two core layouts on a 2-core machine, identical across the
-set-ups that are compared with each other:
+and get the same load: wrk, one thread, POSTing one request case (bench/gateway/cases.py:
+`chat` 110 B, `chat2k` a 1.9 KB chat completion, `mask2k` a 2 KB `/generate` mask request) at
+each concurrency after a warm-up. Two core layouts on a 2-core machine:
 
-  split   wrk + nginx on cpu 0, the proxy alone on cpu 1. The single-process gateway is
-          compared with sglang-router restricted to one core (its tokio runtime then runs one
-          worker thread), and both with nginx direct (cpu 1 idle).
-  shared  wrk, nginx and the proxy all on cpus 0-1, scheduled by the kernel. `--workers 2`
-          is compared with sglang-router free to use both cores.
+  shared  wrk, nginx and the proxy all on cpus 0-1, scheduled by the kernel: the gateway
+          with its defaults (`workers: auto`, one process per CPU) against sglang-router free
+          to use both cores, on chat2k, and the gateway's mask path on mask2k. This is the
+          default plan: the throughput and added-latency targets are judged on it.
+  split   wrk + nginx on cpu 0, the proxy alone on cpu 1 (`--layouts split`): one gateway
+          process against sglang-router restricted to one core, on `chat`.
 
-Then an RSS run: the single-process gateway (split layout) under load for --rss-seconds,
-sampled once a second. Optionally a py-spy profile of the gateway under load.
+Measurements are interleaved: all proxies of a layout run side by side (idle when not
+loaded), and each round measures every (set-up, case, concurrency) once, `--repeat` rounds;
+the median by req/s is kept and every round is recorded, so the spread shows how noisy the
+machine was. Each run also records the CPU used by anything else on the machine (`foreign`).
 
-    .venv/bin/python -m bench.gateway_overhead --profile-seconds 15  # everything (~13 min)
-    .venv/bin/python -m bench.gateway_overhead --rss-seconds 0       # skip the RSS run
-    .venv/bin/python -m bench.gateway_overhead --setups direct,router --rss-seconds 0
+    .venv/bin/python -m bench.gateway_overhead                      # the shared plan (~6 min)
+    .venv/bin/python -m bench.gateway_overhead --layouts split,shared --profile-seconds 15
+    .venv/bin/python -m bench.gateway_overhead --rss-seconds 300    # add the RSS run
 
 Needs nginx and wrk (apt-get install -y nginx wrk) and, for the router set-up,
 `pip install sglang-router`; py-spy for --profile-seconds.
@@ -30,6 +33,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -38,6 +42,7 @@ from typing import Any
 import psutil
 
 from bench.gateway import procs, report
+from bench.gateway.cases import CASES
 from bench.gateway.load import Load, run_wrk
 from bench.gateway.machine import set_priority, versions
 from bench.gateway.rss import RssSampler, tree_rss_mib
@@ -45,25 +50,36 @@ from bench.gateway.upstream import Nginx
 
 # layout -> (cpus for wrk and nginx, cpus for the proxy)
 LAYOUTS = {"split": ("0", "1"), "shared": ("0,1", "0,1")}
-# (set-up, layout) in run order; direct runs in both layouts so each comparison has a baseline.
+# (set-up, layout, case) in run order; direct runs for every layout and case, so each
+# added latency has its baseline.
 PLAN = [
-    ("direct", "split"),
-    ("gateway-w1", "split"),
-    ("router", "split"),
-    ("direct", "shared"),
-    ("gateway-w1", "shared"),
-    ("gateway-w2", "shared"),
-    ("router", "shared"),
+    ("direct", "split", "chat"),
+    ("gateway-w1", "split", "chat"),
+    ("router", "split", "chat"),
+    ("direct", "shared", "chat2k"),
+    ("router", "shared", "chat2k"),
+    ("gateway-auto", "shared", "chat2k"),
+    ("direct", "shared", "mask2k"),
+    ("gateway-auto", "shared", "mask2k"),
 ]
-# Not run unless named in --setups: bare aiohttp processes that show the gateway's floor.
-FLOORS = [(f"aiohttp-{m}", "split") for m in ("answer", "proxy", "lean")]
+# Not run unless named in --setups: one process and two processes on the shared layout, and
+# bare aiohttp processes that show the gateway's floor.
+EXTRA = [
+    ("gateway-w1", "shared", "chat2k"),
+    ("gateway-w2", "shared", "chat2k"),
+    # A/B of one process on the mask path: this checkout against `--base-root`.
+    ("direct", "split", "mask2k"),
+    ("gateway-w1", "split", "mask2k"),
+    ("gateway-w1-base", "split", "mask2k"),
+    *[(f"aiohttp-{m}", "split", "chat") for m in ("answer", "proxy", "lean")],
+]
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated wrk connection counts")
     # Whole seconds throughout: wrk takes no fractions.
-    p.add_argument("--seconds", type=int, default=5, help="seconds per measured wrk run")
+    p.add_argument("--seconds", type=int, default=4, help="seconds per measured wrk run")
     p.add_argument(
         "--repeat",
         type=int,
@@ -71,20 +87,26 @@ def parse_args() -> argparse.Namespace:
         help="measured runs per point; the median by req/s is kept (all are recorded)",
     )
     p.add_argument(
-        "--warmup", type=int, default=3, help="discarded seconds before each measurement"
+        "--warmup", type=int, default=1, help="discarded seconds before each measurement"
     )
     p.add_argument(
-        "--setups", default=",".join(sorted({s for s, _ in PLAN})), help="subset of set-ups to run"
+        "--setups",
+        default=",".join(sorted({s for s, _, _ in PLAN})),
+        help="subset of set-ups to run (also: gateway-w1/w2 on shared, aiohttp-* floors)",
     )
-    p.add_argument("--layouts", default="split,shared", help="subset of core layouts to run")
-    p.add_argument(
-        "--rss-seconds", type=int, default=300, help="gateway RSS run length; 0 skips it"
-    )
+    p.add_argument("--layouts", default="shared", help="subset of core layouts: shared,split")
+    p.add_argument("--rss-seconds", type=int, default=0, help="gateway RSS run length; 0 skips it")
     p.add_argument("--rss-concurrency", type=int, default=64)
     p.add_argument(
         "--profile-seconds", type=int, default=0, help="py-spy the gateway under load; 0 skips"
     )
     p.add_argument("--profile-concurrency", type=int, default=64)
+    p.add_argument("--profile-case", default="mask2k", choices=sorted(CASES))
+    p.add_argument(
+        "--profile-only",
+        action="store_true",
+        help="only the py-spy run (writes {stem}_profile.*, leaves {stem}.json alone)",
+    )
     p.add_argument(
         "--access-log",
         action="store_true",
@@ -104,13 +126,20 @@ def parse_args() -> argparse.Namespace:
         default=procs.REPO,
         help="run the gateway from this checkout (to compare versions); default this one",
     )
+    p.add_argument(
+        "--base-root",
+        type=Path,
+        default=None,
+        help="another checkout for the gateway-w1-base set-up (an A/B against this one)",
+    )
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     p.add_argument("--stem", default="gateway", help="output file name stem under --out")
     args = p.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.setups_named = any(a.startswith("--setups") for a in sys.argv[1:])
     args.setups = set(args.setups.split(","))
     args.layouts = set(args.layouts.split(","))
-    unknown = (args.setups - {s for s, _ in PLAN + FLOORS}) | (args.layouts - set(LAYOUTS))
+    unknown = (args.setups - {s for s, _, _ in PLAN + EXTRA}) | (args.layouts - set(LAYOUTS))
     if unknown:
         p.error(f"unknown set-up or layout: {', '.join(sorted(unknown))}")
     if os.cpu_count() is None or os.cpu_count() < 2:  # type: ignore[operator]
@@ -127,49 +156,73 @@ def make_proxy(
         return procs.floor(upstream, cpus, setup.removeprefix("aiohttp-"))
     if setup == "router":
         return procs.router(upstream, cpus, args.access_log)
-    return procs.gateway(
-        upstream, cpus, int(setup.removeprefix("gateway-w")), args.access_log, args.gateway_root
+    workers = setup.removeprefix("gateway-").removesuffix("-base")
+    root = args.base_root if setup.endswith("-base") else args.gateway_root
+    if root is None:
+        raise SystemExit(f"{setup} needs --base-root")
+    proxy = procs.gateway(
+        upstream,
+        cpus,
+        None if workers == "auto" else int(workers.removeprefix("w")),
+        args.access_log,
+        root,
     )
+    proxy.name = setup
+    return proxy
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     runs: list[dict[str, Any]] = []
+    body_dir = Path(tempfile.mkdtemp(prefix="bench-bodies-"))
     for layout in ("split", "shared"):
-        plan = [s for s, lay in PLAN + FLOORS if lay == layout and s in args.setups]
+        entries = PLAN + (EXTRA if args.setups_named else [])
+        plan = [(s, c) for s, lay, c in entries if lay == layout and s in args.setups]
         if layout not in args.layouts or not plan:
             continue
         load_cpus, proxy_cpus = LAYOUTS[layout]
-        with Nginx(load_cpus) as nginx:
+        with Nginx(load_cpus) as nginx, ExitStack() as stack:
             upstream = psutil.Process(nginx.proc.pid)  # type: ignore[union-attr]
             up_procs = [upstream, *upstream.children()]
-            for setup in plan:
-                with ExitStack() as stack:
-                    proxy = make_proxy(setup, nginx.url, proxy_cpus, args)
-                    if proxy is not None:
-                        stack.callback(proxy.stop)
-                        proxy.start()
+            proxies: dict[str, procs.Proxy | None] = {}
+            for setup in dict.fromkeys(s for s, _ in plan):  # all side by side, idle until used
+                proxy = proxies[setup] = make_proxy(setup, nginx.url, proxy_cpus, args)
+                if proxy is not None:
+                    stack.callback(proxy.stop)
+                    proxy.start()
+            reps: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+            for rnd in range(args.repeat):
+                for setup, case in plan:
+                    proxy = proxies[setup]
                     target = proxy.url if proxy else nginx.url
                     px_procs = proxy.processes() if proxy else []
-                    threads = sum(p.num_threads() for p in px_procs)
                     for c in args.concurrency:
                         load = Load(load_cpus)
-                        run_wrk(load, target, c, args.warmup, up_procs, px_procs)
-                        reps = [
-                            run_wrk(load, target, c, args.seconds, up_procs, px_procs)
-                            for _ in range(args.repeat)
-                        ]
-                        reps.sort(key=lambda r: r["rps"])
-                        r = {"setup": setup, "layout": layout, **reps[len(reps) // 2]}
-                        r["rps_all"] = [x["rps"] for x in reps]
-                        r["p50_ms_all"] = [x["p50_ms"] for x in reps]
-                        r["proxy_processes"], r["proxy_threads"] = len(px_procs), threads
-                        runs.append(r)
+                        kw = {"case": CASES[case], "body_dir": body_dir}
+                        run_wrk(load, target, c, args.warmup, up_procs, px_procs, **kw)
+                        r = run_wrk(load, target, c, args.seconds, up_procs, px_procs, **kw)
+                        r["round"] = rnd
+                        r["proxy_processes"] = len(px_procs)
+                        r["proxy_threads"] = sum(p.num_threads() for p in px_procs)
+                        reps.setdefault((setup, case, c), []).append(r)
                         print(
-                            f"{setup:<12} {layout:<7} c={c:<3} {r['rps']:>8.0f} req/s  "
-                            f"p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms  "
-                            f"errors {r['errors']}  foreign cpu {r['cpu_foreign']:.2f}",
+                            f"round {rnd} {setup:<12} {layout:<6} {case:<6} c={c:<3} "
+                            f"{r['rps']:>8.0f} req/s  p50 {r['p50_ms']:.3f} ms  "
+                            f"p99 {r['p99_ms']:.3f} ms  errors {r['errors']}  "
+                            f"foreign cpu {r['cpu_foreign']:.2f}",
                             flush=True,
                         )
+            for (setup, _case, _c), rs in reps.items():
+                rs.sort(key=lambda r: r["rps"])
+                r = {"setup": setup, "layout": layout, **rs[len(rs) // 2]}
+                r["rps_all"] = [x["rps"] for x in rs]
+                r["p50_ms_all"] = [x["p50_ms"] for x in rs]
+                r["cpu_foreign_all"] = [x["cpu_foreign"] for x in rs]
+                # CPU time per request (us): less sensitive to neighbours than req/s.
+                r["proxy_cpu_us_per_req_all"] = [
+                    round(x["cpu_proxy"] / x["rps"] * 1e6, 1) for x in rs if x["rps"]
+                ]
+                runs.append(r)
+    shutil.rmtree(body_dir, ignore_errors=True)
     return runs
 
 
@@ -201,7 +254,8 @@ def rss_run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def profile_run(args: argparse.Namespace) -> dict[str, str]:
-    """py-spy the single-process gateway (split layout) under load: a flame graph and raw stacks."""
+    """py-spy one gateway process (split layout) under load on `--profile-case`: a flame
+    graph and raw stacks."""
     if shutil.which("py-spy") is None and not (Path(sys.executable).parent / "py-spy").exists():
         raise SystemExit("py-spy not found: pip install py-spy")
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -229,17 +283,33 @@ def profile_run(args: argparse.Namespace) -> dict[str, str]:
                     args.profile_seconds,
                     [up],
                     [],
+                    case=CASES[args.profile_case],
+                    body_dir=args.out,
                 )
+                (args.out / f"body_{args.profile_case}.json").unlink(missing_ok=True)
                 _, err = spy_proc.communicate(timeout=60)
                 if spy_proc.returncode != 0:
                     raise SystemExit(f"py-spy failed: {err.decode()[-2000:]}")
                 # The flame graph's title holds the command line: no absolute paths in results.
-                path.write_text(path.read_text().replace(f"{procs.REPO}/", ""))
+                path.write_text(
+                    path.read_text().replace(f"{procs.REPO}/", "").replace(spy, "py-spy")
+                )
                 files[fmt] = path.name
         finally:
             proxy.stop()
     print(f"profile: {files}")
     return files
+
+
+def _argv_without_paths(argv: list[str]) -> list[str]:
+    """The command line for the results, with no machine paths: `--out DIR` left out, the
+    checkouts named by their last component."""
+    out: list[str] = []
+    for i, a in enumerate(argv):
+        if a == "--out" or a.startswith("--out=") or (i and argv[i - 1] == "--out"):
+            continue
+        out.append(Path(a).name if i and argv[i - 1] in ("--base-root", "--gateway-root") else a)
+    return out
 
 
 def main() -> None:
@@ -256,11 +326,14 @@ def run(args: argparse.Namespace, base_nice: int) -> None:
     started = datetime.datetime.now(datetime.UTC)
     meta = {"started_utc": started.isoformat(timespec="seconds"), **versions()}
     meta["title"] = (
-        f"maskgate gateway overhead vs nginx direct and sglang-router {meta['sglang_router']} "
+        f"maskgate gateway vs nginx direct and sglang-router {meta['sglang_router']} "
         f"({meta['cpus']}x {meta['cpu']}, {meta['started_utc']}, git {meta['git_commit']})"
     )
+    if args.profile_only:
+        profile_run(args)  # its files only: the results of the last full run stay
+        return
     runs = measure(args)
-    summary = report.summarise(runs, args.concurrency)
+    summary = report.summarise(runs, min(args.concurrency))
     prof = profile_run(args) if args.profile_seconds > 0 else None
     rss = None
     if args.rss_seconds > 0:
@@ -274,6 +347,8 @@ def run(args: argparse.Namespace, base_nice: int) -> None:
         "warmup": args.warmup,
         "layouts": {k: {"wrk_nginx_cpus": v[0], "proxy_cpus": v[1]} for k, v in LAYOUTS.items()},
         "wrk_threads": 1,
+        "cases": {name: {"path": c.path, "body_bytes": len(c.body)} for name, c in CASES.items()},
+        "interleaved": True,
         "access_log": args.access_log,
         "nice": args.nice,
         "autogroup": Path("/proc/self/autogroup").read_text().strip()
@@ -281,7 +356,8 @@ def run(args: argparse.Namespace, base_nice: int) -> None:
         else None,
         # No absolute paths in the results: they are committed.
         "gateway_root": "." if args.gateway_root == procs.REPO else args.gateway_root.name,
-        "argv": sys.argv[1:],
+        "base_root": args.base_root.name if args.base_root else None,
+        "argv": _argv_without_paths(sys.argv[1:]),
     }
     result = {
         "meta": meta,

@@ -8,18 +8,22 @@ disturbed by other processes shows it.
 
 from __future__ import annotations
 
+import os
 import resource
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 import psutil
 
+from bench.gateway.cases import CASES, Case
 from bench.gateway.procs import taskset
 
-LUA = Path(__file__).with_name("post_chat.lua")
+LUA = Path(__file__).with_name("post_body.lua")
+_TMP = Path(tempfile.gettempdir())  # where the request body files go by default
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,10 @@ def run_wrk(
     duration_s: float,
     upstream: list[psutil.Process],
     proxy: list[psutil.Process],
+    case: Case = CASES["chat"],
+    body_dir: Path = _TMP,
 ) -> dict[str, object]:
-    """One wrk run against {url}/v1/chat/completions; returns throughput, latency and CPU use."""
+    """One wrk run POSTing `case` to {url}{case.path}; returns throughput, latency and CPU use."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk not found: apt-get install -y wrk")
     argv = [
@@ -63,11 +69,12 @@ def run_wrk(
         "-d", f"{duration_s:g}s",
         "--timeout", f"{load.timeout_s}s",
         "-s", str(LUA),
-        url + "/v1/chat/completions",
+        url + case.path,
     ]  # fmt: skip
+    env = {**os.environ, "BENCH_BODY_FILE": str(case.write(body_dir))}
     wrk0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy0, up0, px0 = _busy_s(), _proc_cpu_s(upstream), _proc_cpu_s(proxy)
-    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    out = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
     busy1, up1, px1 = _busy_s(), _proc_cpu_s(upstream), _proc_cpu_s(proxy)
     wrk1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("WRK_JSON ")), None)
@@ -80,6 +87,7 @@ def run_wrk(
     busy, up, px = busy1 - busy0, up1 - up0, px1 - px0
     lat = raw["latency_us"]
     return {
+        "case": case.name,
         "concurrency": concurrency,
         "seconds": round(seconds, 3),
         "requests": raw["requests"],

@@ -77,8 +77,11 @@ class Proxy:
         stop(self.proc, 15, group=True)
 
 
-def gateway(upstream: str, cpus: str, workers: int, access_log: bool, root: Path = REPO) -> Proxy:
-    """`python -m maskgate.gateway` run from `root` (a checkout: compare two versions of the gateway)."""
+def gateway(
+    upstream: str, cpus: str, workers: int | None, access_log: bool, root: Path = REPO
+) -> Proxy:
+    """`python -m maskgate.gateway` run from `root` (a checkout: compare two versions of the
+    gateway). `workers` None: the default (`auto`, one process per CPU it may use)."""
     port = free_port()
     argv = [
         sys.executable, "-m", "maskgate.gateway",
@@ -86,10 +89,12 @@ def gateway(upstream: str, cpus: str, workers: int, access_log: bool, root: Path
         "--port", str(port),
         "--general-endpoint", upstream,
         "--mask-endpoint", upstream,
-        "--workers", str(workers),
+        *([] if workers is None else ["--workers", str(workers)]),
         *([] if access_log else ["--no-access-log"]),
     ]  # fmt: skip
-    return Proxy(f"gateway-w{workers}", argv, cpus, port, cwd=root)
+    return Proxy(
+        f"gateway-{'auto' if workers is None else f'w{workers}'}", argv, cpus, port, cwd=root
+    )
 
 
 def floor(upstream: str, cpus: str, mode: str) -> Proxy:

@@ -4,7 +4,7 @@ Each line of `py-spy record --format raw` is `frame;frame;...;leaf COUNT`, a fra
 `function (file:line)`. Self time is counted at the leaf, inclusive time once per stack for
 every distinct function in it.
 
-    .venv/bin/python -m bench.gateway.stacks bench/results/gateway_profile.txt
+    .venv/bin/python -m bench.gateway.stacks bench/results/gateway_mask_profile.txt
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The fixed-response upstream: a private nginx started from a generated config in a temp dir.
 
-nginx answers every POST with one canned chat completion from memory, so its cost per request
+nginx answers every POST with one canned chat completion from memory (`/generate` with a
+canned mask answer: cases.py), so its cost per request
 is a small fraction of any proxy's and the three set-ups differ only in what sits in front.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import orjson
 
+from bench.gateway.cases import GENERATE_ANSWER
 from bench.gateway.procs import free_port, taskset
 
 TEMPLATE = Path(__file__).with_name("nginx.conf.template")
@@ -53,9 +55,10 @@ class Nginx:
 
     def start(self) -> Nginx:
         body = orjson.dumps(COMPLETION).decode()
-        assert "'" not in body and "$" not in body
+        generate = orjson.dumps(GENERATE_ANSWER).decode()
+        assert "'" not in body + generate and "$" not in body + generate
         conf = string.Template(TEMPLATE.read_text()).substitute(
-            dir=self._dir, port=self.port, completion=body
+            dir=self._dir, port=self.port, completion=body, generate=generate
         )
         (self._dir / "nginx.conf").write_text(conf)
         log = (self._dir / "stdout.log").open("wb")

@@ -30,7 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="listen address (default 0.0.0.0)")
     p.add_argument("--port", type=int, help="listen port (default 8080)")
     p.add_argument("--metrics-port", type=int, help="serve /metrics on this port instead")
-    p.add_argument("--workers", type=int, help="processes sharing the port (SO_REUSEPORT)")
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        help="processes sharing the port (SO_REUSEPORT); `auto` (default): one per CPU",
+    )
+    p.add_argument("--client-header-timeout", type=float, metavar="S", help="request head (10)")
+    p.add_argument("--client-body-timeout", type=float, metavar="S", help="body silence (30)")
+    p.add_argument("--client-idle-timeout", type=float, metavar="S", help="keep-alive idle (75)")
+    p.add_argument("--max-client-connections", type=int, metavar="N", help="open (10000)")
     p.add_argument(
         "--general-endpoint",
         action="append",
@@ -66,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor 'auto'") from None
+
+
 def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
     """Turn the given flags into the nested dict `load_settings` merges last."""
     a = vars(args)
@@ -88,6 +105,18 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
             out[key] = a[flag]
     if a.get("no_access_log"):
         out["access_log"] = False
+    clients = {
+        key: a[flag]
+        for flag, key in (
+            ("client_header_timeout", "header_timeout_s"),
+            ("client_body_timeout", "body_timeout_s"),
+            ("client_idle_timeout", "idle_timeout_s"),
+            ("max_client_connections", "max_connections"),
+        )
+        if flag in a
+    }
+    if clients:
+        out["clients"] = clients
     if "max_mask_tokens" in a:
         out["policy"] = {"max_mask_tokens": a["max_mask_tokens"]}
     pools: dict[str, dict[str, Any]] = {}
@@ -121,10 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     from maskgate.gateway.logs import configure_logging
 
     configure_logging(config.log_level, config.access_log)
-    if config.workers > 1:
+    processes = config.process_count()
+    if processes > 1:
         from maskgate.gateway.supervisor import run_workers
 
-        return run_workers(config)
+        return run_workers(config, processes)
     from maskgate.gateway.serve import run
 
     run(config)

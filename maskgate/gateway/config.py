@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from maskgate.gateway.cores import available_cpus
 from maskgate.protocol.policy import PolicyConfig
 
 POOL_NAMES = ("general", "mask")
@@ -52,6 +53,19 @@ class TimeoutsConfig(StrictModel):
     idle_s: PositiveFloat = 120.0  # longest gap between two chunks of a streamed body
     health_interval_s: PositiveFloat = 5.0
     health_timeout_s: PositiveFloat = 2.0
+
+
+class ClientsConfig(StrictModel):
+    """Bounds on the connections clients open to the gateway, per process (connections.py).
+    Seconds."""
+
+    header_timeout_s: PositiveFloat = 10.0  # first byte of a request head -> its end (408)
+    body_timeout_s: PositiveFloat = 30.0  # longest silence while a request body is read (408)
+    idle_timeout_s: PositiveFloat = 75.0  # a kept-alive connection with no request in progress
+    # Open client connections. When full, a new one closes the longest-idle one; with none
+    # idle it gets 503 `too_many_connections`. Lowered at start to 3/4 of the open-file
+    # limit (`ulimit -n`) when that is smaller, so new clients are never reset for want of fds.
+    max_connections: int = Field(default=10000, ge=1)
 
 
 class RetriesConfig(StrictModel):
@@ -177,7 +191,9 @@ class GatewayConfig(StrictModel):
     # None: /healthz, /readyz and /metrics on `port`. Else /metrics moves to this port
     # (probes answer on both).
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
-    workers: int = Field(default=1, ge=1, le=256)  # processes sharing `port` (SO_REUSEPORT)
+    # Processes sharing `port` (SO_REUSEPORT). `auto`: one per CPU this process may use, the
+    # cgroup CPU quota included (cores.py); one when `port` is 0 (nothing to share).
+    workers: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = "auto"
     api_keys: list[str] = Field(default_factory=list)  # empty: no client authentication
     # None: any authenticated caller may ask for masks. Else only these keys (rule 2).
     mask_allow_keys: list[str] | None = None
@@ -200,6 +216,7 @@ class GatewayConfig(StrictModel):
     shutdown_delay_s: float = Field(default=0.0, ge=0)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    clients: ClientsConfig = Field(default_factory=ClientsConfig)
     retries: RetriesConfig = Field(default_factory=RetriesConfig)
     pools: PoolsConfig = Field(default_factory=PoolsConfig)
     policy: PolicySettings = Field(default_factory=PolicySettings)
@@ -218,7 +235,7 @@ class GatewayConfig(StrictModel):
                 raise ValueError("mask_allow_keys must be a subset of api_keys")
         if self.mask_allow_keys is not None and not self.api_keys:
             raise ValueError("mask_allow_keys needs api_keys (callers must authenticate)")
-        if self.workers > 1 and self.port == 0:
+        if self.workers != "auto" and self.workers > 1 and self.port == 0:
             raise ValueError("workers > 1 needs a fixed port (the processes share it)")
         if self.metrics_port is not None and self.metrics_port == self.port != 0:
             raise ValueError("metrics_port must differ from port")
@@ -227,3 +244,11 @@ class GatewayConfig(StrictModel):
         if self.admin_key == "":
             raise ValueError("admin_key must not be empty")
         return self
+
+    def process_count(self) -> int:
+        """How many gateway processes `workers` asks for, with `auto` resolved."""
+        if self.workers != "auto":
+            return self.workers
+        if self.port == 0:
+            return 1  # an ephemeral port cannot be shared
+        return min(256, available_cpus())

@@ -10,7 +10,7 @@ format is the same as prometheus_client's Counter and Histogram.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -39,6 +39,12 @@ class HistogramChild:
         # bisect_left: the first bound >= value, matching Prometheus' `le` buckets.
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
+
+    def observe_counts(self, counts: Mapping[float, int]) -> None:
+        """`n` observations of `value` for each item: one bucket lookup per distinct value."""
+        for value, n in counts.items():
+            self.counts[bisect_left(self.bounds, value)] += n
+            self.sum += value * n
 
 
 class LoopCounter(Collector):

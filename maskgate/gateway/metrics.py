@@ -59,6 +59,18 @@ class GatewayMetrics:
             registry=r,
         )
         self.ready = Gauge("maskgate_ready", "1 while the gateway accepts traffic.", registry=r)
+        # --- client connections (connections.py) ---
+        self.client_connections = Gauge(
+            "maskgate_client_connections", "Open client connections.", registry=r
+        )
+        self.client_connections_closed = Counter(
+            "maskgate_client_connections_closed",
+            "Client connections the gateway closed, by reason: header_timeout, body_timeout, "
+            "idle_timeout, shed_idle (the cap was reached), refused (the cap was reached and "
+            "none was idle).",
+            ["reason"],
+            registry=r,
+        )
 
         # --- admission (per pool) ---
         self.inflight = Gauge(

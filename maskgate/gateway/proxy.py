@@ -26,7 +26,12 @@ from maskgate.gateway.pool import Endpoint, Pool
 from maskgate.gateway.relay import RequestCtx, record_status, relay
 from maskgate.gateway.routes import HOT_PATHS, classify
 from maskgate.gateway.state import STATE, GatewayState
-from maskgate.gateway.upstream import ConnectError, DisconnectedError, UpstreamError
+from maskgate.gateway.upstream import (
+    ConnectError,
+    DisconnectedError,
+    MalformedError,
+    UpstreamError,
+)
 from maskgate.protocol import policy
 from maskgate.protocol.errors import ApiError, ServerError, VersionUnavailable
 
@@ -84,7 +89,7 @@ async def _proxy(
 ) -> web.StreamResponse:
     key = authenticate(request.headers, state.api_keys)
     limit = state.config.max_body_bytes
-    raw = await _read_body(request, limit)
+    raw = await _read_body(request, state)
     pool = state.pools["general"]
     mask = False
     decoded = False
@@ -125,15 +130,47 @@ async def _proxy(
         pool.admission.release()
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+async def _read_body(request: web.Request, state: GatewayState) -> bytes:
+    limit = state.config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(request.content_length, limit)
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge as e:
-        raise _too_large(None, limit) from e
-    except RequestPayloadError as e:  # a broken chunked framing, a short body
-        raise ApiError("invalid_body", f"the request body could not be read: {e}") from e
+    content = request.content
+    if content.is_eof():  # the whole body came with the head: the usual case
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge as e:
+            raise _too_large(None, limit) from e
+        except RequestPayloadError as e:  # a broken chunked framing, a short body
+            raise _unreadable(e) from e
+    # Still arriving: each piece within `body_timeout_s` of the last (a stalled client
+    # must not hold its connection, nor its admission slot, for ever).
+    gap_s = state.config.clients.body_timeout_s
+    pieces: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            async with asyncio.timeout(gap_s):
+                piece = await content.readany()
+        except TimeoutError as e:
+            if state.connections is not None:
+                state.connections.body_timed_out(request)
+            raise ApiError(
+                "request_timeout",
+                f"the request body stalled for {gap_s:g} s (body_timeout_s)",
+                status=408,
+            ) from e
+        except RequestPayloadError as e:
+            raise _unreadable(e) from e
+        if not piece:
+            return b"".join(pieces)
+        size += len(piece)
+        if size > limit:
+            raise _too_large(None, limit)
+        pieces.append(piece)
+
+
+def _unreadable(e: RequestPayloadError) -> ApiError:
+    return ApiError("invalid_body", f"the request body could not be read: {e}")
 
 
 def _min_version(value: object) -> str | None:
@@ -270,6 +307,14 @@ def _connect_failure(
             "upstream_timeout",
             f"the {pool.name} upstream sent no response within {state.config.timeouts.ttfb_s:g} s",
             status=504,
+        )
+    if isinstance(e, MalformedError):
+        # Not a well-formed HTTP/1.1 answer (http1.py says what is refused); the connection
+        # is already closed. Not retried: the upstream may have acted on the request.
+        errors.labels(pool.name, ep.url, "protocol").inc()
+        ep.circuit.record_failure()
+        return ServerError(
+            "upstream_protocol_error", f"the {pool.name} upstream sent a malformed answer: {e}"
         )
     if isinstance(e, UpstreamError):
         errors.labels(pool.name, ep.url, "protocol").inc()

@@ -15,7 +15,7 @@ from multidict import CIMultiDict
 from maskgate.gateway.maskcheck import check_mask_response
 from maskgate.gateway.pool import Endpoint, Pool
 from maskgate.gateway.state import GatewayState
-from maskgate.gateway.upstream import Response, UpstreamError
+from maskgate.gateway.upstream import MalformedError, Response, UpstreamError
 from maskgate.protocol.errors import ServerError, error_event
 
 # RFC 9110 7.6.1: meaningful for one connection only, never forwarded either way.
@@ -108,6 +108,11 @@ async def relay(
         except (UpstreamError, TimeoutError) as e:
             state.metrics.upstream_errors.labels(pool.name, ep.url, "body").inc()
             ep.circuit.record_failure()
+            if isinstance(e, MalformedError):
+                raise ServerError(
+                    "upstream_protocol_error",
+                    f"the {pool.name} upstream sent a malformed answer: {e}",
+                ) from e
             raise ServerError(
                 "upstream_error", f"the {pool.name} upstream failed mid-answer: {type(e).__name__}"
             ) from e

@@ -11,7 +11,9 @@ Shutdown timeline (SIGTERM):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import resource
 import signal
 from collections.abc import Callable
 
@@ -19,6 +21,7 @@ from aiohttp import web
 
 from maskgate.gateway.app import LEADER, create_admin_app, create_app, create_probe_app
 from maskgate.gateway.config import GatewayConfig
+from maskgate.gateway.connections import GuardedRunner
 from maskgate.gateway.leader import Cluster, start_leader_sites
 from maskgate.gateway.state import STATE, Resolver
 
@@ -42,8 +45,12 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM or SIGINT, then drain (see the module docstring)."""
     app = create_app(config, resolver=resolver, cluster=cluster)
-    runner = web.AppRunner(
+    guard = app[STATE].connections
+    assert guard is not None
+    guard.max_connections = _connection_cap(config.clients.max_connections)
+    runner = GuardedRunner(
         app,
+        guard,
         handler_cancellation=True,  # a client that hangs up cancels its upstream request
         shutdown_timeout=config.shutdown_grace_s,
         access_log=None,  # our own JSON access log replaces aiohttp's
@@ -52,13 +59,14 @@ async def serve(
     port = await _start_site(runner, config.host, config.port, reuse_port)
     probe_runner = None
     if config.metrics_port is not None:
-        probe_runner = web.AppRunner(create_probe_app(app), access_log=None)
+        # The same guard: the cap and the timeouts cover both listeners together.
+        probe_runner = GuardedRunner(create_probe_app(app), guard, access_log=None)
         await probe_runner.setup()
         mport = await _start_site(probe_runner, config.host, config.metrics_port, reuse_port)
         LOG.info("metrics listening", extra={"host": config.host, "port": mport})
     admin_runner = None
     if config.admin_port is not None:  # loopback only (config.py checks admin_host)
-        admin_runner = web.AppRunner(create_admin_app(app), access_log=None)
+        admin_runner = GuardedRunner(create_admin_app(app), guard, access_log=None)
         await admin_runner.setup()
         aport = await _start_site(admin_runner, config.admin_host, config.admin_port, reuse_port)
         LOG.info("admin listening", extra={"host": config.admin_host, "port": aport})
@@ -101,6 +109,29 @@ async def serve(
     if leader_runner is not None:
         await leader_runner.cleanup()
     LOG.info("stopped")
+
+
+def _connection_cap(wanted: int) -> int:
+    """`max_connections`, lowered to 3/4 of the open-file limit (after raising the soft
+    limit to the hard one) so that upstream connections and files keep fds to spare."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    cap = max(16, soft * 3 // 4)
+    if cap < wanted:
+        LOG.warning(
+            "clients.max_connections lowered to %d: the open-file limit is %d (raise "
+            "`ulimit -n` to allow more)",
+            cap,
+            soft,
+            extra={"max_connections": cap, "nofile": soft},
+        )
+        return cap
+    return wanted
 
 
 def run(config: GatewayConfig, *, reuse_port: bool = False, cluster: Cluster | None = None) -> None:

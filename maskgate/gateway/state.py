@@ -16,6 +16,7 @@ from aiohttp import web
 
 from maskgate.gateway.bodycheck import BodyChecker
 from maskgate.gateway.config import GatewayConfig
+from maskgate.gateway.connections import ConnectionGuard
 from maskgate.gateway.metrics import GatewayMetrics
 from maskgate.gateway.pool import Pool
 from maskgate.gateway.upstream import UpstreamClient
@@ -33,6 +34,8 @@ class GatewayState:
     pools: dict[str, Pool]
     resolver: Resolver | None = None  # None: the event loop's getaddrinfo
     upstream: UpstreamClient | None = None  # set by the cleanup context
+    # Client connection bounds; in force where serve.py's GuardedRunner serves the app.
+    connections: ConnectionGuard | None = None
     draining: bool = False  # SIGTERM seen: readiness fails, in-flight work finishes
     started: bool = False  # the first round of health checks has answered
     api_keys: frozenset[str] = field(default_factory=frozenset)

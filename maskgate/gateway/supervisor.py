@@ -1,4 +1,5 @@
-"""`--workers N`: N gateway processes sharing one port through SO_REUSEPORT.
+"""`--workers N` (or `auto`, one per CPU: cores.py): N gateway processes sharing one port
+through SO_REUSEPORT.
 
 The kernel spreads new connections over the processes. The parent only supervises: it
 restarts a child that dies (unless they die too fast, which means a bug or a bad host),
@@ -37,26 +38,28 @@ def _child(config: GatewayConfig, cluster: Cluster) -> None:
     run(config, reuse_port=True, cluster=cluster)
 
 
-def run_workers(config: GatewayConfig) -> int:
+def run_workers(config: GatewayConfig, processes: int) -> int:
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited loop state
 
     directory = tempfile.mkdtemp(prefix="maskgate-")  # 0700: only this user reaches the sockets
     try:
-        return _supervise(config, ctx, directory)
+        return _supervise(config, ctx, directory, processes)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _supervise(config: GatewayConfig, ctx: Any, directory: str) -> int:
+def _supervise(config: GatewayConfig, ctx: Any, directory: str, processes: int) -> int:
     def start(index: int) -> BaseProcess:
-        cluster = Cluster(directory, index, config.workers)
+        # `processes` is `workers` with `auto` resolved: the leader's barrier waits for
+        # processes - 1 followers, so it must be the number actually started here.
+        cluster = Cluster(directory, index, processes)
         proc = ctx.Process(
             target=_child, args=(config, cluster), name=f"maskgate-gateway-{index}", daemon=False
         )
         proc.start()
         return proc
 
-    procs = [start(i) for i in range(config.workers)]
+    procs = [start(i) for i in range(processes)]
     stopping = False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -68,7 +71,7 @@ def _supervise(config: GatewayConfig, ctx: Any, directory: str) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    LOG.info("started workers", extra={"workers": config.workers, "pids": [p.pid for p in procs]})
+    LOG.info("started workers", extra={"workers": processes, "pids": [p.pid for p in procs]})
 
     restarts: list[float] = []
     failed = False

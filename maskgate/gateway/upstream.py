@@ -10,8 +10,8 @@ close), pausing the socket when the reader falls behind (backpressure).
 
 Errors are typed so the proxy can decide about retries and ejection: `ConnectError` (no
 connection), `DisconnectedError` (closed before a response started: nothing was answered),
-`ProtocolError` (not HTTP we understand), `BodyError` (the connection broke mid-body), and
-`TimeoutError` from the deadlines the caller gives. A request on a kept-alive connection that
+`ProtocolError` (an answer cut off mid-head; its subclass `MalformedError`: bytes that break
+RFC 9112), `BodyError` (the connection broke mid-body), and `TimeoutError` from the deadlines the caller gives. A request on a kept-alive connection that
 closes before any response byte (the upstream timed the idle connection out as the request
 went) is sent once more on a new connection, and the caller is told (`on_resend`).
 """
@@ -29,6 +29,7 @@ from maskgate.gateway.http1 import (
     ConnectError,
     Connection,
     DisconnectedError,
+    MalformedError,
     ProtocolError,
     Response,
     UpstreamError,
@@ -38,6 +39,7 @@ __all__ = [
     "BodyError",
     "ConnectError",
     "DisconnectedError",
+    "MalformedError",
     "ProtocolError",
     "Response",
     "UpstreamClient",

@@ -24,6 +24,7 @@ GATEWAY_CODES = (  # the policy's own are policy.POLICY_CODES
     "upstream_unreachable",
     "upstream_timeout",
     "upstream_error",
+    "upstream_protocol_error",
     "upstream_stream_error",
     "unknown_pool",
     "unknown_endpoint",
@@ -37,6 +38,8 @@ GATEWAY_CODES = (  # the policy's own are policy.POLICY_CODES
     "unsafe_endpoint",
     "admin_key_required",
     "http_error",
+    "request_timeout",
+    "too_many_connections",
     "internal_error",
 )
 

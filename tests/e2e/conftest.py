@@ -113,6 +113,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         # The gateway starts once its upstreams answer, so its first health checks pass.
         gw_args = ["gateway", "--general-endpoint", procs[1].url, "--mask-endpoint", procs[0].url]
         gw_args += ["--max-mask-tokens", str(MASK_CAP), "--log-level", "warning"]
+        # One process (not `auto`): the tests read /metrics, which is per process.
+        gw_args += ["--workers", "1"]
         procs.append(_start("gateway", gw_args, _free_port(), log_dir))
         _wait(procs[2:], "/readyz")
         yield Cluster(gateway=procs[2].url, mask=procs[0].url, general=procs[1].url)

@@ -82,8 +82,10 @@ async def gateway_without_upstreams(kit) -> AsyncIterator[TestServer]:
     await server.close()
 
 
-async def scrape(url: str) -> str:
-    async with aiohttp.ClientSession() as s, s.get(url) as r:
+async def scrape(url: str, key: str | None = None) -> str:
+    """GET /metrics; the gateway's, on the traffic port with `api_keys` set, takes a key."""
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    async with aiohttp.ClientSession() as s, s.get(url, headers=headers) as r:
         assert r.status == 200, f"GET {url}: {r.status}"
         return await r.text()
 
@@ -91,7 +93,7 @@ async def scrape(url: str) -> str:
 async def test_gateway_exports_every_gateway_metric_the_deploy_uses(
     gateway_without_upstreams: TestServer, referenced: dict[str, set[str]]
 ) -> None:
-    text = await scrape(str(gateway_without_upstreams.make_url("/metrics")))
+    text = await scrape(str(gateway_without_upstreams.make_url("/metrics")), API_KEY)
     names = exported_names(text)
     wanted = {n for n in referenced if not n.startswith("maskgate_worker_")}
     missing = {n: sorted(referenced[n]) for n in wanted - names}
@@ -164,7 +166,7 @@ async def test_worker_exports_every_worker_metric_the_deploy_uses(
         masks = answer["meta_info"]["output_token_sampling_mask"]
         assert masks and all(1 <= len(m) <= 5 for m in masks)
 
-        gateway_text = await scrape(str(gateway.make_url("/metrics")))
+        gateway_text = await scrape(str(gateway.make_url("/metrics")), API_KEY)
         samples = {
             s.name: s.value
             for fam in text_string_to_metric_families(gateway_text)

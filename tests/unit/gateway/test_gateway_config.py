@@ -15,7 +15,8 @@ def load(**kw):
 
 def test_defaults_are_a_valid_config():
     c = load()
-    assert (c.port, c.workers, c.policy.max_mask_tokens) == (8080, 1, 4096)
+    assert (c.port, c.workers, c.policy.max_mask_tokens) == (8080, "auto", 4096)
+    assert (c.clients.header_timeout_s, c.clients.max_connections) == (10.0, 10000)
     assert c.pools.mask.max_concurrency == 256 and c.pools.general.health_path == "/health"
     assert c.pools.general.unhealthy_threshold == 3 and c.pools.general.healthy_threshold == 2
 
@@ -35,13 +36,23 @@ def test_flags_map_onto_config_fields():
     args = build_parser().parse_args(
         ["--general-endpoint", "http://a:1", "--general-endpoint", "http://b:2",
          "--max-mask-tokens", "64", "--api-key", "k1", "--api-key", "k2", "--workers", "3",
-         "--mask-dns", "mask.svc", "--no-access-log"]
+         "--mask-dns", "mask.svc", "--no-access-log", "--client-header-timeout", "2.5",
+         "--client-body-timeout", "4", "--client-idle-timeout", "9",
+         "--max-client-connections", "77"]
     )  # fmt: skip
     c = load(overrides=overrides_from(args))
     assert c.pools.general.endpoints == ["http://a:1", "http://b:2"]
     assert c.policy.max_mask_tokens == 64 and c.policy.to_policy().max_mask_tokens == 64
     assert c.api_keys == ["k1", "k2"] and c.workers == 3 and not c.access_log
     assert c.pools.mask.dns == "mask.svc"
+    assert c.clients.model_dump() == {
+        "header_timeout_s": 2.5, "body_timeout_s": 4.0, "idle_timeout_s": 9.0,
+        "max_connections": 77,
+    }  # fmt: skip
+    assert (
+        load(overrides=overrides_from(build_parser().parse_args(["--workers", "auto"]))).workers
+        == "auto"
+    )
     assert overrides_from(build_parser().parse_args([])) == {}  # absent flags change nothing
 
 
@@ -57,6 +68,10 @@ def test_flags_map_onto_config_fields():
         ({"timeouts": {"idle_s": 0}}, "timeouts.idle_s"),
         ({"policy": {"max_mask_tokens": "many"}}, "policy.max_mask_tokens"),
         ({"workers": 2, "port": 0}, "workers > 1 needs a fixed port"),
+        ({"workers": "many"}, "workers"),
+        ({"workers": 0}, "workers"),
+        ({"clients": {"header_timeout_s": 0}}, "clients.header_timeout_s"),
+        ({"clients": {"max_connections": 0}}, "clients.max_connections"),
         ({"api_keys": ["a"], "mask_allow_keys": ["b"]}, "subset of api_keys"),
         ({"mask_allow_keys": ["b"]}, "needs api_keys"),
     ],

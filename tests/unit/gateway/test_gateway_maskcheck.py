@@ -49,6 +49,15 @@ def test_each_violation_kind():
     assert check("generate", {"meta_info": meta([[1]], length=4)})[0] == {"mask_count"}
 
 
+def test_malformed_masks_among_good_ones_are_one_kind_each():
+    mixed = meta([[3], "x", [], {"a": 1}, [5, 6]])
+    found, text = check("generate", {"output_ids": [3, 4, 4, 4, 6], "meta_info": mixed})
+    assert found == {"malformed"}  # counts agree; the good masks hold their tokens
+    assert 'maskgate_mask_support_size_count{pool="mask"} 2.0' in text  # [3] and [5, 6]
+    found, _ = check("generate", {"output_ids": [3, 4, 4, 4, 7], "meta_info": mixed})
+    assert found == {"malformed", "token_outside_mask"}
+
+
 def test_chat_shape_and_missing_token_ids():
     ok = {"choices": [{"index": 0, "meta_info": meta([[1, 2], [3]]), "token_ids": [2, 3]}]}
     assert check("chat", ok)[0] == set()

@@ -148,7 +148,9 @@ async def test_interim_responses_are_skipped_and_empty_bodies(serve):
     r = await client.request(s.url, "HEAD", "/", [], None, timeout_s=2)
     assert (r.status, await r.read()) == (200, b"")
     r.release()
-    assert s.connections == 1
+    # The 204 and the HEAD answer have no body of their own: a body sent anyway would be
+    # read as the next answer, so their connections are never reused.
+    assert s.connections == 2
     await client.close()
 
 

@@ -1,9 +1,12 @@
--- wrk script for gateway_overhead.py: POST a small non-mask chat completion on every request,
--- and print one JSON line with the latency percentiles (microseconds) when the run ends, so
--- the Python side never parses wrk's human-readable report.
+-- wrk script for gateway_overhead.py: POST the body in the file named by BENCH_BODY_FILE (a
+-- case of bench/gateway/cases.py) on every request, and print one JSON line with the latency
+-- percentiles (microseconds) when the run ends, so the Python side never parses wrk's
+-- human-readable report.
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"model":"bench-model","messages":[{"role":"user","content":"Say hello."}],"max_tokens":8,"temperature":0.7}'
+local f = assert(io.open(os.getenv("BENCH_BODY_FILE"), "rb"))
+wrk.body = f:read("*a")
+f:close()
 
 function done(summary, latency, requests)
   local e = summary.errors
