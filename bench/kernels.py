@@ -107,6 +107,15 @@ def kernels_package(tree: pathlib.Path) -> str:
     raise SystemExit(f"{tree}: neither maskgate/kernels nor kernels/ (not a maskgate tree)")
 
 
+def tree_label(tree: pathlib.Path) -> str:
+    """How results name a tree: `this tree`, or its path inside this one, or its folder name;
+    never a machine's absolute path."""
+    tree = tree.resolve()
+    if tree == ROOT:
+        return "this tree"
+    return str(tree.relative_to(ROOT)) if tree.is_relative_to(ROOT) else tree.name
+
+
 def bench_us(fn, rep_ms: int) -> float:
     """fn's median time in microseconds (triton.testing.do_bench)."""
     return triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median") * 1e3
@@ -169,7 +178,7 @@ def time_batch(path, inputs, tree: pathlib.Path, batch: int, rep_ms: int, sort: 
     row = {
         "B": batch,
         "V": VOCAB,
-        "tree": str(tree),
+        "tree": tree_label(tree),
         "steady_us": graph_us(sample, rep_ms, CALLS),
         "floor_steady_us": min(graph_us(lambda c=c: floor(c), rep_ms, CALLS) for c in (2048, 4096)),
         "replay_us": graph_us(lambda: path.sample_triton(inps[0], index=index), rep_ms, 1),
@@ -309,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
                 r["round"] = rnd
                 print(json.dumps(r), flush=True)
             rows += got
-    summary = summarise(rows, [str(t) for t in trees])
+    summary = summarise(rows, [tree_label(t) for t in trees])
     print_table(summary)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
