@@ -1,4 +1,4 @@
-"""How long one request holds the gateway's event loop in the policy path (issue 47).
+"""How long one request holds the gateway's event loop in the policy path.
 
 Two measurements per body, at the limits: `max_body_bytes` (8 MiB by default) and
 `max_batch_items` (4096) prompts, plus the 2.8M-item batch that used to stall the loop for
