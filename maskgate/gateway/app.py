@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from hmac import compare_digest
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -41,6 +42,8 @@ CLUSTER = web.AppKey("maskgate_cluster", Cluster)
 LEADER = web.AppKey("maskgate_leader", Leader)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# what aiohttp stores as a route's handler: an `async def`, not any awaitable-returning callable
+RouteHandler = Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]
 
 
 def render_error(err: ApiError) -> web.Response:
@@ -75,7 +78,7 @@ def _error_answer(request: web.Request, e: Exception) -> web.Response | None:
     )
 
 
-def with_errors(handler: Handler) -> Handler:
+def with_errors(handler: Handler) -> RouteHandler:
     """`handler` with its exceptions answered by the one renderer."""
 
     async def answered(request: web.Request) -> web.StreamResponse:

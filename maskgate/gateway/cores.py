@@ -58,8 +58,7 @@ def _candidates(root: Path, proc_cgroup: Path) -> list[Path]:
             for base in (root, root / "cpu", root / "cpu,cpuacct"):
                 out.append(base / rel.lstrip("/"))
     out += [root, root / "cpu", root / "cpu,cpuacct"]
-    seen: set[Path] = set()
-    return [p for p in out if not (p in seen or seen.add(p))]
+    return list(dict.fromkeys(out))  # first occurrence of each, in order
 
 
 def _read(path: Path) -> str:

@@ -40,7 +40,7 @@ class HistogramChild:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
 
-    def observe_counts(self, counts: Mapping[float, int]) -> None:
+    def observe_counts(self, counts: Mapping[int, int] | Mapping[float, int]) -> None:
         """`n` observations of `value` for each item: one bucket lookup per distinct value."""
         for value, n in counts.items():
             self.counts[bisect_left(self.bounds, value)] += n

@@ -212,7 +212,7 @@ async def loads(request: web.Request) -> web.Response:
     replies = await fan_out(
         state, [ep.url for _, ep in members], "GET", path, None, _LOADS_TIMEOUT_S
     )
-    out = []
+    out: list[dict[str, Any]] = []
     for (pool, ep), reply in zip(members, replies, strict=True):
         running, waiting = _load(reply.json()) if reply.status == 200 else (-1, -1)
         load = -1 if running < 0 else running + waiting
@@ -239,8 +239,13 @@ async def loads(request: web.Request) -> web.Response:
     )
 
 
-REGISTRATION_PATHS = ("/workers", "/workers/{worker_id:.+}", "/add_worker", "/remove_worker")
-REGISTRATION_PATHS += ("/list_workers",)
+REGISTRATION_PATHS = (
+    "/workers",
+    "/workers/{worker_id:.+}",
+    "/add_worker",
+    "/remove_worker",
+    "/list_workers",
+)
 
 
 def add_registration_routes(app: web.Application, *, enabled: bool) -> None:

@@ -228,7 +228,9 @@ def batch_size(body: Mapping[str, Any]) -> int | None:
     if isinstance(ids, list) and ids and isinstance(ids[0], list):
         return len(ids)
     embeds = body.get("input_embeds")  # [items][tokens][hidden] for a batch
-    first = embeds[0] if isinstance(embeds, list) and embeds else None
+    if not isinstance(embeds, list) or not embeds:
+        return None
+    first = embeds[0]
     if isinstance(first, list) and first and isinstance(first[0], list):
         return len(embeds)
     return None
