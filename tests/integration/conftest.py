@@ -32,6 +32,7 @@ from maskgate.protocol.settings import load_settings
 # Test modules import shared bodies by name (pytest runs with --import-mode=importlib).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from rl_worker import RLWorker  # found through the path above
 
 _PROBES = frozenset({"/health", "/get_model_info", "/model_info", "/get_weight_version"})
 
@@ -301,6 +302,23 @@ async def upstreams() -> AsyncIterator[Callable[..., Awaitable[FakeUpstream]]]:
     yield make
     for up in started:
         await up.stop()
+
+
+@pytest.fixture
+async def workers() -> AsyncIterator[Callable[..., Awaitable[RLWorker]]]:
+    """`await workers(**knobs)` starts a fake RL engine (rl_worker.py); all stop after the
+    test."""
+    started: list[RLWorker] = []
+
+    async def make(**knobs: Any) -> RLWorker:
+        worker = RLWorker(**knobs)
+        await worker.start()
+        started.append(worker)
+        return worker
+
+    yield make
+    for worker in started:
+        await worker.stop()
 
 
 @pytest.fixture

@@ -6,14 +6,13 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 from aiohttp import web
-from rl_worker import RLWorker
 
 from maskgate.gateway import leader
 from maskgate.gateway.app import LEADER, create_app
@@ -26,21 +25,6 @@ pytestmark = pytest.mark.integration
 MASK_GEN = {"text": "x", "return_sampling_mask": True, "sampling_params": {"top_k": 3}}
 KEY = "admin-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-@pytest.fixture
-async def workers() -> AsyncIterator[Callable[..., Awaitable[RLWorker]]]:
-    started: list[RLWorker] = []
-
-    async def make(**knobs: Any) -> RLWorker:
-        worker = RLWorker(**knobs)
-        await worker.start()
-        started.append(worker)
-        return worker
-
-    yield make
-    for worker in started:
-        await worker.stop()
 
 
 @pytest.fixture

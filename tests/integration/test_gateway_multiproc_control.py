@@ -19,7 +19,6 @@ import orjson
 import psutil
 import pytest
 import yaml
-from rl_worker import RLWorker
 from test_gateway_process import ROOT, clean_env, free_port
 
 pytestmark = pytest.mark.integration
@@ -58,21 +57,6 @@ class Gateway:
         return list(
             await asyncio.gather(*(self.call("POST", "/generate", MASK_GEN) for _ in range(n)))
         )
-
-
-@pytest.fixture
-async def workers() -> AsyncIterator[Callable[..., Awaitable[RLWorker]]]:
-    started: list[RLWorker] = []
-
-    async def make(**knobs: Any) -> RLWorker:
-        worker = RLWorker(**knobs)
-        await worker.start()
-        started.append(worker)
-        return worker
-
-    yield make
-    for worker in started:
-        await worker.stop()
 
 
 @pytest.fixture

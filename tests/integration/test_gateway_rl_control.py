@@ -4,32 +4,15 @@ requests held behind a sync, min_weight_version routing, distributed init, regis
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from rl_worker import RLWorker
 
 pytestmark = pytest.mark.integration
 
 MASK_GEN = {"text": "x", "return_sampling_mask": True, "sampling_params": {"top_k": 3}}
 DISK = "/update_weights_from_disk"
 CONTROL = {"control": {"flush_interval_s": 0.01}}
-
-
-@pytest.fixture
-async def workers() -> AsyncIterator[Callable[..., Awaitable[RLWorker]]]:
-    started: list[RLWorker] = []
-
-    async def make(**knobs: Any) -> RLWorker:
-        worker = RLWorker(**knobs)
-        await worker.start()
-        started.append(worker)
-        return worker
-
-    yield make
-    for worker in started:
-        await worker.stop()
 
 
 async def get(gw, path: str, **kw: Any) -> tuple[int, Any]:
