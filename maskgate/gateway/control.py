@@ -87,6 +87,17 @@ async def _broadcast(
     return [r.result() for r in replies]
 
 
+async def _hold_and_broadcast(
+    state: GatewayState, ctl: PoolControl, reason: str, path: str, raw: bytes
+) -> list[dict[str, Any]]:
+    """Holds new requests for `reason` (lifted by the matching resume call), shares the hold
+    with the other processes, then POSTs `path` to the trained pool."""
+    async with ctl.lock:
+        ctl.hold(reason)
+        await ctl.shared()
+        return await _broadcast(state, ctl.pool, "POST", path, raw)
+
+
 async def update_weights(request: web.Request) -> web.Response:
     state, ctl = _admin(request)
     kind, required = UPDATE_PATHS[request.path]
@@ -103,10 +114,8 @@ async def pause_generation(request: web.Request) -> web.Response:
     raw, body = await _object(request)
     if body.get("mode", "abort") not in ("abort", "retract", "in_place"):
         raise ApiError("invalid_mode", "mode must be abort, retract or in_place", param="mode")
-    async with ctl.lock:
-        ctl.hold("paused")  # new requests wait at the gateway until /continue_generation
-        await ctl.shared()
-        results = await _broadcast(state, ctl.pool, "POST", "/pause_generation", raw)
+    # new requests wait at the gateway until /continue_generation
+    results = await _hold_and_broadcast(state, ctl, "paused", "/pause_generation", raw)
     ok = {"message": "Generation paused successfully.", "status": "ok"}
     return answer("pause_generation", "control_failed", results, ok)
 
@@ -127,10 +136,8 @@ async def continue_generation(request: web.Request) -> web.Response:
 async def release_memory(request: web.Request) -> web.Response:
     state, ctl = _admin(request)
     raw, _ = await _object(request)
-    async with ctl.lock:
-        ctl.hold("released")  # a released worker must get no request until resumed
-        await ctl.shared()
-        results = await _broadcast(state, ctl.pool, "POST", request.path, raw)
+    # a released worker must get no request until resumed
+    results = await _hold_and_broadcast(state, ctl, "released", request.path, raw)
     return answer("release_memory_occupation", "control_failed", results)
 
 

@@ -114,12 +114,24 @@ async def _memory_tags(request: web.Request) -> list[str]:
     return tags
 
 
+async def _change_memory(state: WorkerState, change: Callable[[], None]) -> web.Response:
+    """`change` on the engine thread under the update lock; the engine then sees which
+    memory is held."""
+
+    def run() -> None:
+        change()
+        state.engine.held = state.sync.memory.held
+
+    async with state.update_lock:
+        await on_engine(state, run)
+    return web.json_response(None)
+
+
 async def handle_release_memory(request: web.Request) -> web.Response:
     state, tags = _state(request), await _memory_tags(request)
-    engine = state.engine
 
     def release() -> None:
-        if engine.scheduler.has_work():
+        if state.engine.scheduler.has_work():
             raise ApiError(
                 "worker_busy",
                 "requests are running or queued; pause generation (mode abort) or wait for "
@@ -127,24 +139,13 @@ async def handle_release_memory(request: web.Request) -> web.Response:
                 status=400,
             )
         state.sync.memory.release(tags)
-        engine.held = state.sync.memory.held
 
-    async with state.update_lock:
-        await on_engine(state, release)
-    return web.json_response(None)
+    return await _change_memory(state, release)
 
 
 async def handle_resume_memory(request: web.Request) -> web.Response:
     state, tags = _state(request), await _memory_tags(request)
-    engine = state.engine
-
-    def resume() -> None:
-        state.sync.memory.resume(tags)
-        engine.held = state.sync.memory.held
-
-    async with state.update_lock:
-        await on_engine(state, resume)
-    return web.json_response(None)
+    return await _change_memory(state, lambda: state.sync.memory.resume(tags))
 
 
 async def handle_model_info(request: web.Request) -> web.Response:
