@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from maskgate.protocol.fields import is_int, json_type
-from maskgate.worker.params import invalid
+from maskgate.worker.params import invalid, per_item
 
 # The most top log-probs a position may ask for: each costs a topk over the vocabulary and a
 # decoded string per position in the response. OpenAI allows 20 (chat and completions).
@@ -37,9 +37,9 @@ def parse_generate_logprobs(
 ) -> list[LogprobOptions | None]:
     """/generate body -> per-prompt options (None where return_logprob is off)."""
     size = len(prompt_lens)
-    flags = _per_item(body.get("return_logprob"), size, is_batch, "return_logprob")
-    tops = _per_item(body.get("top_logprobs_num"), size, is_batch, "top_logprobs_num")
-    starts = _per_item(body.get("logprob_start_len"), size, is_batch, "logprob_start_len")
+    flags = per_item(body.get("return_logprob"), size, is_batch, "return_logprob")
+    tops = per_item(body.get("top_logprobs_num"), size, is_batch, "top_logprobs_num")
+    starts = per_item(body.get("logprob_start_len"), size, is_batch, "logprob_start_len")
     text = body.get("return_text_in_logprobs")
     if text is not None and not isinstance(text, bool):
         raise invalid("return_text_in_logprobs", f"must be a bool, not {json_type(text)}")
@@ -79,12 +79,3 @@ def _int(value: Any, name: str, default: int, lo: int, hi: int) -> int:
     if not lo <= value <= hi:
         raise invalid(name, f"must be in [{lo}, {hi}], got {value}")
     return int(value)
-
-
-def _per_item(value: Any, size: int, is_batch: bool, name: str) -> list[Any]:
-    if isinstance(value, list):
-        if not is_batch or len(value) != size:
-            want = f"a list of {size} values (one per prompt)" if is_batch else "not a list"
-            raise invalid(name, f"must be {want} here")
-        return value
-    return [value] * size

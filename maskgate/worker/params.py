@@ -69,6 +69,17 @@ def invalid(param: str, problem: str) -> ApiError:
     return ApiError("invalid_parameter", f"{param} {problem}", param=param)
 
 
+def per_item(value: Any, size: int, is_batch: bool, name: str) -> list[Any]:
+    """A /generate field as one value per prompt: a batch may send a list of `size` values,
+    a single request must not send a list; a scalar applies to every prompt."""
+    if isinstance(value, list):
+        if not is_batch or len(value) != size:
+            want = f"a list of {size} values (one per prompt)" if is_batch else "not a list"
+            raise invalid(name, f"must be {want} here")
+        return value
+    return [value] * size
+
+
 def unsupported(param: str, what: str) -> ApiError:
     return ApiError(
         "unsupported_parameter", f"{param}: {what} is not supported by this worker", param=param

@@ -23,6 +23,7 @@ from maskgate.worker.params import (
     invalid,
     opt_bool,
     parse_generate_params,
+    per_item,
     unsupported,
 )
 from maskgate.worker.sequence import Sequence
@@ -123,12 +124,12 @@ def parse_request(
         raise unsupported(name, f"the field {name!r}")
     prompts, is_batch = _prompts(body, state)
     size = len(prompts)
-    params = _per_item(body.get("sampling_params"), size, is_batch, "sampling_params")
+    params = per_item(body.get("sampling_params"), size, is_batch, "sampling_params")
     parsed = [
         parse_generate_params(sp, f"sampling_params[{i}]" if size > 1 else "sampling_params")
         for i, sp in enumerate(params)
     ]
-    flags = _per_item(body.get("return_sampling_mask"), size, is_batch, "return_sampling_mask")
+    flags = per_item(body.get("return_sampling_mask"), size, is_batch, "return_sampling_mask")
     mode = body.get("sampling_mask_mode")
     if mode not in (None, "exact", "bounded"):
         raise invalid("sampling_mask_mode", f"must be 'exact' or 'bounded', got {mode!r}")
@@ -160,15 +161,6 @@ def _prompts(body: dict[str, Any], state: WorkerState) -> tuple[list[list[int]],
     if isinstance(ids, list):
         return [check_prompt(ids, state, "input_ids")], False
     raise invalid("input_ids", "must be a list of token ids or a non-empty list of such lists")
-
-
-def _per_item(value: Any, size: int, is_batch: bool, name: str) -> list[Any]:
-    if isinstance(value, list):
-        if not is_batch or len(value) != size:
-            want = f"a list of {size} values (one per prompt)" if is_batch else "not a list"
-            raise invalid(name, f"must be {want} here")
-        return value
-    return [value] * size
 
 
 def _rids(value: Any, size: int, is_batch: bool, default: str) -> list[str]:
