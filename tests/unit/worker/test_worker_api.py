@@ -3,16 +3,13 @@ tiny-random model: request validation, finish rules, endpoint shapes and metrics
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from maskgate.worker.config import WorkerConfig
-from maskgate.worker.server import create_app
-from maskgate.worker.server.backend import Backend, load_backend
 
 CONFIG = WorkerConfig(
     model="tiny-random", device="cpu", max_model_len=64, max_num_seqs=4, max_body_bytes=4096
@@ -21,14 +18,8 @@ GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def backend() -> Backend:
-    return load_backend(CONFIG)
-
-
-@pytest.fixture
-async def client(backend: Backend) -> AsyncIterator[TestClient]:
-    async with TestClient(TestServer(create_app(CONFIG, backend=backend))) as c:
-        yield c
+def worker_config() -> WorkerConfig:
+    return CONFIG
 
 
 async def post(client: TestClient, path: str, body: Any) -> tuple[int, Any]:

@@ -7,21 +7,19 @@ from __future__ import annotations
 import base64
 import io
 import pickle
-from collections.abc import AsyncIterator
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from safetensors.torch import save_file
 
 from maskgate.worker.config import WorkerConfig
 from maskgate.worker.model import save_tiny_random
 from maskgate.worker.model.tiny_random import tiny_weights
-from maskgate.worker.server import create_app
-from maskgate.worker.server.backend import Backend, load_backend
+from maskgate.worker.server.backend import Backend
 from maskgate.worker.weights import WeightMap, WeightUpdateError, apply, parse_dtype
 
 CONFIG = WorkerConfig(model="tiny-random", device="cpu", max_model_len=64, max_num_seqs=4)
@@ -29,14 +27,8 @@ GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def backend() -> Backend:
-    return load_backend(CONFIG)
-
-
-@pytest.fixture
-async def client(backend: Backend) -> AsyncIterator[TestClient]:
-    async with TestClient(TestServer(create_app(CONFIG, backend=backend))) as c:
-        yield c
+def worker_config() -> WorkerConfig:
+    return CONFIG
 
 
 async def post(client: TestClient, path: str, body: Any) -> tuple[int, Any]:
