@@ -13,3 +13,15 @@ MASK_CHAT: dict[str, Any] = {
     "top_k": 20,
     "max_tokens": 8,
 }
+
+# A /generate mask request every rule accepts (top_k bounds the support).
+MASK_GEN: dict[str, Any] = {
+    "text": "x",
+    "return_sampling_mask": True,
+    "sampling_params": {"top_k": 3},
+}
+# The same with a small token cap.
+MASK_GEN_CAPPED: dict[str, Any] = {**MASK_GEN, "sampling_params": {"top_k": 3, "max_new_tokens": 4}}
+# Breaks rule 7 (full vocabulary): refused on every path and method that reaches /generate,
+# never forwarded to any pool.
+BAD_GEN: dict[str, Any] = {"text": "x", "return_sampling_mask": True, "sampling_params": {}}

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from mask_bodies import MASK_GEN
 
 pytestmark = pytest.mark.integration
-
-MASK_GEN = {"text": "x", "return_sampling_mask": True, "sampling_params": {"top_k": 3}}
 
 
 def bearer(key: str) -> dict[str, str]:

@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import gzip
 import zlib
-from typing import Any
 
 import orjson
 import pytest
+from mask_bodies import BAD_GEN, MASK_GEN_CAPPED
 from raw_http import raw
 
 pytestmark = pytest.mark.integration
-
-MASK_GEN: dict[str, Any] = {
-    "text": "x",
-    "return_sampling_mask": True,
-    "sampling_params": {"top_k": 3, "max_new_tokens": 4},
-}
-BAD_GEN: dict[str, Any] = {"text": "x", "return_sampling_mask": True, "sampling_params": {}}
 
 
 @pytest.mark.parametrize(
@@ -37,7 +30,7 @@ async def test_compressed_bodies_are_decoded_and_checked(
 ):
     mask = await upstreams()
     async with gateway(make_config([], [mask.url])) as gw:
-        for body, want in ((BAD_GEN, 400), (MASK_GEN, 200)):
+        for body, want in ((BAD_GEN, 400), (MASK_GEN_CAPPED, 200)):
             status, _, _ = await raw(
                 gw.url,
                 "POST",

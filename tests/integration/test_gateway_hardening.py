@@ -5,23 +5,13 @@ to a body upstream. Raw sockets send targets an HTTP client would tidy."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import orjson
 import pytest
-from mask_bodies import MASK_CHAT
+from mask_bodies import BAD_GEN, MASK_CHAT, MASK_GEN_CAPPED
 from raw_http import raw
 
 pytestmark = pytest.mark.integration
-
-MASK_GEN: dict[str, Any] = {
-    "text": "x",
-    "return_sampling_mask": True,
-    "sampling_params": {"top_k": 3, "max_new_tokens": 4},
-}
-# Breaks rule 7 (full vocabulary): must be refused on every path and method that reaches
-# /generate, never forwarded to any pool.
-BAD_GEN: dict[str, Any] = {"text": "x", "return_sampling_mask": True, "sampling_params": {}}
 
 
 @pytest.mark.parametrize(
@@ -49,7 +39,7 @@ async def test_every_spelling_and_method_of_generate_is_checked(
     async with gateway(make_config([general.url], [mask.url])) as gw:
         status, _, body = await raw(gw.url, method, target, orjson.dumps(BAD_GEN))
         assert (status, body["error"]["code"]) == (400, "sampling_mask_full_vocabulary")
-        status, _, _ = await raw(gw.url, method, target, orjson.dumps(MASK_GEN))
+        status, _, _ = await raw(gw.url, method, target, orjson.dumps(MASK_GEN_CAPPED))
         assert status == 200
     assert general.requests == []
     # The canonical path is what goes upstream, so the policy and the router agree.
@@ -91,7 +81,7 @@ async def test_methods_an_inference_route_does_not_take_get_405(
     general = await upstreams()
     mask = await upstreams()
     async with gateway(make_config([general.url], [mask.url])) as gw:
-        status, headers, body = await raw(gw.url, method, target, orjson.dumps(MASK_GEN))
+        status, headers, body = await raw(gw.url, method, target, orjson.dumps(MASK_GEN_CAPPED))
         assert (status, body["error"]["code"]) == (405, "method_not_allowed")
         assert headers["allow"] == allow
         assert set(body["error"]) == {"message", "type", "param", "code"}
@@ -235,7 +225,7 @@ async def test_put_generate_is_subject_to_the_mask_allow_list(upstreams, gateway
     mask = await upstreams()
     config = make_config([], [mask.url], api_keys=["k-train", "k-app"], mask_allow_keys=["k-train"])
     async with gateway(config) as gw:
-        body = orjson.dumps(MASK_GEN)
+        body = orjson.dumps(MASK_GEN_CAPPED)
         status, _, answer = await raw(
             gw.url, "PUT", "/generate", body, {"Authorization": "Bearer k-app"}
         )

@@ -13,6 +13,7 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from mask_bodies import MASK_GEN
 
 from maskgate.gateway import leader
 from maskgate.gateway.app import LEADER, create_app
@@ -22,7 +23,6 @@ from maskgate.gateway.state import STATE, GatewayState
 
 pytestmark = pytest.mark.integration
 
-MASK_GEN = {"text": "x", "return_sampling_mask": True, "sampling_params": {"top_k": 3}}
 KEY = "admin-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 

@@ -19,6 +19,7 @@ import orjson
 import psutil
 import pytest
 import yaml
+from mask_bodies import MASK_GEN
 from test_gateway_process import ROOT, clean_env, free_port
 
 pytestmark = pytest.mark.integration
@@ -26,7 +27,6 @@ pytestmark = pytest.mark.integration
 PROCESSES = 3
 KEY = "admin-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-MASK_GEN = {"text": "x", "return_sampling_mask": True, "sampling_params": {"top_k": 3}}
 DISK = "/update_weights_from_disk"
 
 

@@ -7,11 +7,11 @@ import socket
 from collections import deque
 
 import pytest
+from mask_bodies import MASK_GEN
 
 pytestmark = pytest.mark.integration
 
 BODY = {"model": "m", "prompt": "x"}
-MASK_GEN = {"text": "x", "return_sampling_mask": True, "sampling_params": {"top_k": 3}}
 
 
 def dead_url() -> str:

@@ -7,10 +7,10 @@ import asyncio
 from typing import Any
 
 import pytest
+from mask_bodies import MASK_GEN
 
 pytestmark = pytest.mark.integration
 
-MASK_GEN = {"text": "x", "return_sampling_mask": True, "sampling_params": {"top_k": 3}}
 DISK = "/update_weights_from_disk"
 CONTROL = {"control": {"flush_interval_s": 0.01}}
 
