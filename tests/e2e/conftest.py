@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from child_env import REPO, child_env, free_port
+
 MASK_CAP = 32  # the mask worker's max_mask_tokens: small, so overflows are easy to provoke
 MAX_MODEL_LEN = 2048
 START_TIMEOUT_S = 180.0
@@ -49,20 +50,12 @@ class Cluster:
     max_model_len: int = MAX_MODEL_LEN
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start(name: str, args: list[str], port: int, log_dir: Path) -> Proc:
     log = log_dir / f"{name}.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MASKGATE_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "maskgate.cli", *args, "--host", "127.0.0.1", "--port", str(port)],
         cwd=REPO,
-        env=env,
+        env=child_env(),
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
     )
@@ -105,8 +98,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     common = ["--model", "tiny-random", "--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN)]
     common += ["--max-num-seqs", "8", "--max-mask-tokens", str(MASK_CAP), "--cpu-threads", "1"]
     procs = [
-        _start("mask-worker", ["worker", *common, "--role", "mask"], _free_port(), log_dir),
-        _start("general-worker", ["worker", *common, "--role", "general"], _free_port(), log_dir),
+        _start("mask-worker", ["worker", *common, "--role", "mask"], free_port(), log_dir),
+        _start("general-worker", ["worker", *common, "--role", "general"], free_port(), log_dir),
     ]
     try:
         _wait(procs, "/health")
@@ -115,7 +108,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         gw_args += ["--max-mask-tokens", str(MASK_CAP), "--log-level", "warning"]
         # One process (not `auto`): the tests read /metrics, which is per process.
         gw_args += ["--workers", "1"]
-        procs.append(_start("gateway", gw_args, _free_port(), log_dir))
+        procs.append(_start("gateway", gw_args, free_port(), log_dir))
         _wait(procs[2:], "/readyz")
         yield Cluster(gateway=procs[2].url, mask=procs[0].url, general=procs[1].url)
     finally:
@@ -149,7 +142,7 @@ def smollm2_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config.write_text(f"cache_dir: {json.dumps(str(cache_root()))}\n")
     args = ["worker", "--config", str(config), "--model", "smollm2", "--device", "cpu"]
     args += ["--max-model-len", "512", "--max-num-seqs", "4", "--cpu-threads", "1"]
-    proc = _start("smollm2-worker", args, _free_port(), log_dir)
+    proc = _start("smollm2-worker", args, free_port(), log_dir)
     try:
         _wait([proc], "/health")
         yield proc.url

@@ -11,41 +11,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rl_trainer import perturbed_weights
+from rl_trainer import call_json, distributed_body, form_group, in_thread, perturbed_weights
 
 GROUP = "gateway-rl"
 
 
-def request(url: str, path: str, body: Any, key: str, timeout: float = 180) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
-    req = urllib.request.Request(
-        url + path, data, headers, method="GET" if body is None else "POST"
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
-
-
-def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
-    box: list[Any] = []
-    thread = threading.Thread(target=lambda: box.append(fn()), daemon=True)
-    thread.start()
-    return thread, box
+def request(url: str, path: str, body: Any, key: str) -> tuple[int, Any]:
+    return call_json(url, path, body, key, timeout=180)
 
 
 def main() -> None:
-    from maskgate.worker.weight_group import create_group
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", required=True)
     ap.add_argument("--port", type=int, required=True)
@@ -57,18 +36,12 @@ def main() -> None:
     _, world = request(args.url, "/get_world_size", None, args.key)
     ranks = world["world_size"]
     out["ranks"] = ranks
-    init = {"master_address": "127.0.0.1", "master_port": args.port, "rank_offset": 1,
-            "world_size": 1 + ranks, "group_name": GROUP, "backend": "gloo"}  # fmt: skip
-    # Every worker blocks in the rendezvous until rank 0 joins: call first, then join.
-    thread, box = in_thread(lambda: request(args.url, "/init_weights_update_group", init, args.key))
-    group = create_group(master_address="127.0.0.1", master_port=args.port, rank=0,
-                         world_size=1 + ranks, group_name=GROUP, backend="gloo", timeout_s=120)  # fmt: skip
-    thread.join()
-    out["init"] = box[0]
+    # Every worker blocks in the rendezvous until rank 0 joins.
+    group, out["init"] = form_group(
+        lambda path, body: request(args.url, path, body, args.key), args.port, ranks, GROUP, 120
+    )
     tensors = perturbed_weights(args.seed)
-    body = {"names": list(tensors), "dtypes": ["float32"] * len(tensors),
-            "shapes": [list(t.shape) for t in tensors.values()], "group_name": GROUP,
-            "weight_version": args.version}  # fmt: skip
+    body = distributed_body(tensors, GROUP, weight_version=args.version)
     # The gateway pauses and flushes every worker, then forwards the update to all of them
     # at once; they receive while rank 0 broadcasts, in the same order as `names`.
     thread, box = in_thread(

@@ -7,7 +7,8 @@ Long-lived mode (`serve`): one JSON command per stdin line, one JSON result per 
 so a test starts one trainer for many updates. `die` / `stall` modes break off a broadcast
 halfway (exit, or sleep until killed) to show the worker does not hang.
 
-Also imported by the tests for the same weights and the offline greedy reference.
+Also imported by the tests and gateway_trainer.py for the same weights, the offline greedy
+reference, the JSON calls and rank 0 of the weight group.
 """
 
 from __future__ import annotations
@@ -67,9 +68,17 @@ def offline_greedy(spec: str, prompt: list[int], n: int, device: str = "cpu") ->
     return out
 
 
-def post(url: str, path: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, Any]:
+def call_json(
+    url: str, path: str, body: Any = None, key: str | None = None, timeout: float = 120
+) -> tuple[int, Any]:
+    """(status, parsed body) of a POST of `body` as JSON, or a GET when `body` is None; with
+    `key`, as a bearer token. Error statuses are answers too, not exceptions."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
     req = urllib.request.Request(
-        url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        url + path, data, headers, method="GET" if body is None else "POST"
     )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -78,11 +87,41 @@ def post(url: str, path: str, body: dict[str, Any], timeout: float = 120) -> tup
         return e.code, json.loads(e.read() or b"null")
 
 
-def _in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
+def post(url: str, path: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, Any]:
+    return call_json(url, path, body, timeout=timeout)
+
+
+def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
+    """`fn()` started on a daemon thread; its result lands in the box once joined."""
     box: list[Any] = []
     t = threading.Thread(target=lambda: box.append(fn()), daemon=True)
     t.start()
     return t, box
+
+
+def form_group(
+    call: Any, port: int, ranks: int, group_name: str, timeout_s: float
+) -> tuple[Any, Any]:
+    """Rank 0 of a gloo group with `ranks` engine ranks (1..ranks): `call(path, body)` sends
+    /init_weights_update_group, which blocks in the rendezvous until rank 0 joins, so it runs
+    on a thread while this process joins. Returns (the group, that call's answer)."""
+    from maskgate.worker.weight_group import create_group
+
+    body = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
+            "world_size": 1 + ranks, "group_name": group_name, "backend": "gloo"}  # fmt: skip
+    t, box = in_thread(lambda: call("/init_weights_update_group", body))
+    group = create_group(master_address="127.0.0.1", master_port=port, rank=0,
+                         world_size=1 + ranks, group_name=group_name, backend="gloo",
+                         timeout_s=timeout_s)  # fmt: skip
+    t.join()
+    return group, box[0]
+
+
+def distributed_body(tensors: dict[str, torch.Tensor], group_name: str, **extra: Any) -> dict:
+    """/update_weights_from_distributed for float32 `tensors`, broadcast in their order."""
+    return {"names": list(tensors), "dtypes": ["float32"] * len(tensors),
+            "shapes": [list(t.shape) for t in tensors.values()], "group_name": group_name,
+            **extra}  # fmt: skip
 
 
 class Trainer:
@@ -91,26 +130,20 @@ class Trainer:
         self.group: Any = None
 
     def init_group(self, port: int) -> Any:
-        from maskgate.worker.weight_group import create_group
-
-        body = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
-                "world_size": 2, "group_name": GROUP, "backend": "gloo"}  # fmt: skip
-        t, box = _in_thread(lambda: post(self.url, "/init_weights_update_group", body))
-        self.group = create_group(master_address="127.0.0.1", master_port=port, rank=0,
-                                  world_size=2, group_name=GROUP, backend="gloo", timeout_s=10)  # fmt: skip
-        t.join()
-        return box[0]
+        self.group, answer = form_group(
+            lambda path, body: post(self.url, path, body), port, 1, GROUP, timeout_s=10
+        )
+        return answer
 
     def distributed(self, cmd: dict[str, Any], halt: str | None = None) -> Any:
         tensors = perturbed_weights(cmd["seed"])
-        names = list(tensors)
-        body = {"names": names, "dtypes": ["float32"] * len(names),
-                "shapes": [list(t.shape) for t in tensors.values()], "group_name": GROUP,
-                "flush_cache": False, "weight_version": cmd.get("version")}  # fmt: skip
+        body = distributed_body(
+            tensors, GROUP, flush_cache=False, weight_version=cmd.get("version")
+        )
         for key in ("names", "dtypes", "shapes"):  # a bad entry, to be refused
             if key in cmd.get("override", {}):
                 body[key][0] = cmd["override"][key]
-        t, box = _in_thread(lambda: post(self.url, "/update_weights_from_distributed", body))
+        t, box = in_thread(lambda: post(self.url, "/update_weights_from_distributed", body))
         values = list(tensors.values())
         if halt is not None:
             self.group.broadcast(values[: len(values) // 2])

@@ -8,9 +8,7 @@ at the new version, and mask requests through the gateway carry it."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,40 +22,21 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rl_trainer import offline_greedy, perturbed_weights, save_checkpoint
+from child_env import REPO, child_env, free_port
+from rl_trainer import call_json, offline_greedy, perturbed_weights, save_checkpoint
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
 ADMIN = "e2e-admin"
 PROMPT = [5, 17, 33, 101, 7]
 N = 12
 START_S = 180.0
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MASKGATE_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
-
-
 def call(url: str, path: str, body: Any = None, timeout: float = 60) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN}"}
-    req = urllib.request.Request(
-        url + path, data, headers, method="GET" if body is None else "POST"
-    )
+    """As the admin; status 0 while nothing listens yet."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+        return call_json(url, path, body, ADMIN, timeout)
     except (urllib.error.URLError, ConnectionError):
         return 0, None
 
@@ -71,6 +50,13 @@ def _until(check: Any, procs: list[tuple[subprocess.Popen[bytes], Path]], what: 
         time.sleep(0.3)
 
 
+def _versions(gateway: str) -> list[Any] | None:
+    """Each endpoint's weight version; None while the gateway answers an error (an endpoint
+    not probed yet)."""
+    status, body = call(gateway, "/get_weight_version")
+    return [e["weight_version"] for e in body["endpoints"]] if status == 200 else None
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("gw-rl")
@@ -80,18 +66,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         log = tmp / f"{name}.log"
         proc = subprocess.Popen(
             [sys.executable, "-m", "maskgate.cli", *args],
-            cwd=REPO, env=_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT,
+            cwd=REPO, env=child_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT,
         )  # fmt: skip
         procs.append((proc, log))
 
     workers = []
     for i in range(2):
-        port = _port()
+        port = free_port()
         args = ["worker", "--model", "tiny-random", "--device", "cpu", "--max-model-len", "512"]
         args += ["--max-num-seqs", "4", "--cpu-threads", "1", "--weight-version", "0"]
         start(f"worker{i}", [*args, "--host", "127.0.0.1", "--port", str(port)])
         workers.append(f"http://127.0.0.1:{port}")
-    gw_port = _port()
+    gw_port = free_port()
     config = {
         "host": "127.0.0.1",
         "port": gw_port,
@@ -107,14 +93,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     gateway = f"http://127.0.0.1:{gw_port}"
     try:
         _until(lambda: call(gateway, "/get_weight_version")[1] is not None, procs, "gateway up")
-        _until(
-            lambda: (
-                [e["weight_version"] for e in call(gateway, "/get_weight_version")[1]["endpoints"]]
-                == ["0", "0"]
-            ),
-            procs,
-            "both workers reporting version 0",
-        )
+        _until(lambda: _versions(gateway) == ["0", "0"], procs, "both workers reporting version 0")
         yield {"gateway": gateway, "workers": workers, "tmp": tmp, "procs": procs}
     finally:
         for proc, _ in reversed(procs):
@@ -129,8 +108,8 @@ def test_distributed_sync_through_the_gateway(cluster: dict[str, Any]) -> None:
     gateway, workers = cluster["gateway"], cluster["workers"]
     trainer = subprocess.run(
         [sys.executable, str(Path(__file__).parent / "gateway_trainer.py"), "--url", gateway,
-         "--port", str(_port()), "--seed", "7", "--version", "1", "--key", ADMIN],
-        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
+         "--port", str(free_port()), "--seed", "7", "--version", "1", "--key", ADMIN],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert trainer.returncode == 0, trainer.stderr[-3000:]
     out = json.loads(trainer.stdout.strip().splitlines()[-1])
@@ -178,7 +157,7 @@ def test_rl_loop_example(cluster: dict[str, Any]) -> None:
         [sys.executable, str(REPO / "examples" / "rl_loop.py"), "--gateway", cluster["gateway"],
          "--admin-key", ADMIN, "--steps", "2", "--batch", "3", "--max-new-tokens", "8",
          "--json", str(out)],
-        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=400,
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     print(run.stdout)  # the per-step table, for the log

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -25,28 +24,16 @@ import orjson
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from child_env import REPO, child_env, free_port
 from rl_trainer import offline_greedy, perturbed_weights, save_checkpoint
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
 PROMPT = [5, 17, 33, 101, 7]
 N = 12
 TIMEOUT_S = 5.0  # the worker's weight_update_timeout_s
 GREEDY = {"temperature": 0, "max_new_tokens": N, "ignore_eos": True}
 LONG = {"temperature": 0, "max_new_tokens": 1500, "ignore_eos": True}
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MASKGATE_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
 
 
 @dataclass
@@ -78,19 +65,19 @@ class RL:
 @pytest.fixture(scope="module")
 def rl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RL]:
     tmp = tmp_path_factory.mktemp("rl")
-    port = _port()
+    port = free_port()
     args = ["--model", "tiny-random", "--device", "cpu", "--max-model-len", "2048"]
     args += ["--max-num-seqs", "8", "--cpu-threads", "1", "--weight-version", "v0"]
     args += ["--weight-update-timeout-s", str(TIMEOUT_S), "--host", "127.0.0.1"]
     log = (tmp / "worker.log").open("wb")
     worker = subprocess.Popen(
         [sys.executable, "-m", "maskgate.cli", "worker", *args, "--port", str(port)],
-        cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+        cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     trainer = subprocess.Popen(
         [sys.executable, str(Path(__file__).parent / "rl_trainer.py"), "serve", "--url", url],
-        cwd=REPO, env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        cwd=REPO, env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 180
@@ -147,7 +134,7 @@ async def test_initial_weights_and_version(rl: RL) -> None:
 
 
 async def test_update_from_distributed(rl: RL) -> None:
-    init = rl.command({"op": "init", "port": _port()})
+    init = rl.command({"op": "init", "port": free_port()})
     assert init[0] == 200 and init[1]["success"], init
     res = rl.command({"op": "distributed", "seed": 1, "version": "v1"})
     assert res["status"] == 200 and res["body"]["success"], res
@@ -184,7 +171,7 @@ async def test_update_from_shared_memory_tensors(rl: RL) -> None:
     ],
 )
 async def test_bad_distributed_update_is_refused(rl: RL, override: dict[str, Any]) -> None:
-    init = rl.command({"op": "init", "port": _port()})
+    init = rl.command({"op": "init", "port": free_port()})
     assert init[0] == 200, init
     res = rl.command({"op": "distributed", "seed": 4, "version": "bad", "override": override})
     assert res["status"] == 400 and res["body"]["success"] is False, res
@@ -217,8 +204,8 @@ async def test_bad_checkpoints_are_refused(rl: RL) -> None:
 def _halting_trainer(rl: RL, mode: str) -> subprocess.Popen[str]:
     script = str(Path(__file__).parent / "rl_trainer.py")
     return subprocess.Popen(
-        [sys.executable, script, mode, "--url", rl.url, "--port", str(_port())],
-        cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True,
+        [sys.executable, script, mode, "--url", rl.url, "--port", str(free_port())],
+        cwd=REPO, env=child_env(), stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 
