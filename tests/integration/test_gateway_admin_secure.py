@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
+from local_site import serve_app
 from mask_bodies import MASK_CHAT
 
 from maskgate.gateway.app import create_admin_app
@@ -24,14 +25,8 @@ def bearer(key: str) -> dict[str, str]:
 @contextlib.asynccontextmanager
 async def admin_listener(main: web.Application) -> AsyncIterator[str]:
     """The `admin_port` listener as serve.py starts it, on 127.0.0.1 and a free port."""
-    runner = web.AppRunner(create_admin_app(main), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(create_admin_app(main)) as url:
+        yield url
 
 
 async def test_no_admin_api_by_default(upstreams, gateway, make_config):

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import orjson
 from aiohttp import web
+from local_site import serve_app
 
 from maskgate.gateway import GatewayConfig, create_app
 from maskgate.gateway.connections import GuardedRunner
@@ -179,14 +180,8 @@ async def slow_upstream(delay_s: float) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", answer_late)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url
 
 
 async def test_a_request_in_progress_outlives_every_client_timeout():
