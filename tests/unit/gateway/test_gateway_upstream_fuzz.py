@@ -20,6 +20,7 @@ import orjson
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from raw_upstream import RawUpstream
 
 from maskgate.gateway import GatewayConfig, create_app
 from maskgate.gateway.relay import HOP_BY_HOP
@@ -29,7 +30,6 @@ from maskgate.protocol.settings import load_settings
 CANARY = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nX-Canary: 1\r\n\r\ncanary"
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CTL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-_LENGTH = re.compile(rb"\r\ncontent-length: *([0-9]+)", re.IGNORECASE)
 
 token = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCXYZ0123456789-_.!#$%&'*+^`|~", min_size=1)
 value = st.text(
@@ -102,37 +102,15 @@ def answers(draw: st.DrawFn) -> dict:
     }
 
 
-class Upstream(asyncio.Protocol):
-    """Answers the first request of the server with `first` and every later one with CANARY."""
+class Upstream(RawUpstream):
+    """The server's first request gets `first`, cut at `cuts`; every later one gets CANARY."""
 
-    def __init__(self, server: dict) -> None:
-        self.server = server
-        self.buf = b""
-        self.index = server["connections"]
-        server["connections"] += 1
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while b"\r\n\r\n" in self.buf:
-            head, _, rest = self.buf.partition(b"\r\n\r\n")
-            length = _LENGTH.search(head)
-            size = int(length[1]) if length else 0
-            if len(rest) < size:
-                return
-            self.buf = rest[size:]
-            self.server["on"].append(self.index)
-            if len(self.server["on"]) == 1:
-                asyncio.get_running_loop().create_task(self.first())
-            else:
-                self.transport.write(CANARY)  # type: ignore[attr-defined]
+    canary = CANARY
 
     async def first(self) -> None:
         data, cuts, pause = self.server["first"], self.server["cuts"], self.server["pause"]
         for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True):
-            self.transport.write(data[a:b])  # type: ignore[attr-defined]
+            self.transport.write(data[a:b])
             if pause:
                 await asyncio.sleep(0.001)
         if self.server["close"]:

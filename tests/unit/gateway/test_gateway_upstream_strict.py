@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from raw_upstream import RawUpstream
 
 from maskgate.gateway import GatewayConfig, create_app
 from maskgate.gateway.http1 import _MAX_HEAD
@@ -61,41 +62,17 @@ REFUSED = {
 }
 
 
-class Upstream(asyncio.Protocol):
-    """The first request (of the whole server) gets `first`, written in `pieces` pieces with
-    a pause between them; every later request gets CANARY."""
+class Upstream(RawUpstream):
+    """The server's first request gets `first`, written in `pieces` pieces with a pause
+    between them; every later request gets CANARY."""
 
-    def __init__(self, server: dict) -> None:
-        self.server = server
-        self.index = len(server["conns"])
-        server["conns"].append(self)
-        self.buf = b""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while b"\r\n\r\n" in self.buf:
-            head, _, rest = self.buf.partition(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            if len(rest) < length:
-                return
-            self.buf = rest[length:]
-            self.server["on"].append(self.index)
-            if len(self.server["on"]) == 1:
-                asyncio.get_running_loop().create_task(self.first())
-            else:
-                self.transport.write(CANARY)  # type: ignore[attr-defined]
+    canary = CANARY
 
     async def first(self) -> None:
         data, n = self.server["first"], self.server["pieces"]
         step = max(1, -(-len(data) // n))
         for i in range(0, len(data), step):
-            self.transport.write(data[i : i + step])  # type: ignore[attr-defined]
+            self.transport.write(data[i : i + step])
             await asyncio.sleep(0.002)
 
 
@@ -104,7 +81,7 @@ async def upstream() -> AsyncIterator:
     servers = []
 
     async def start(first: bytes, pieces: int = 1) -> tuple[str, dict]:
-        server = {"first": first, "pieces": pieces, "conns": [], "on": []}
+        server = {"first": first, "pieces": pieces, "connections": 0, "on": []}
         srv = await asyncio.get_running_loop().create_server(
             lambda: Upstream(server), "127.0.0.1", 0
         )

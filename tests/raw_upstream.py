@@ -1,0 +1,47 @@
+"""A fake upstream on raw sockets for the gateway's HTTP client tests: it writes exactly the
+bytes a test gives, which no HTTP server library would. Imported by name (tests/conftest.py
+puts tests/ on the path)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import cast
+
+_LENGTH = re.compile(rb"\r\ncontent-length: *([0-9]+)", re.IGNORECASE)
+
+
+class RawUpstream(asyncio.Protocol):
+    """One connection of a fake upstream. The first request the server gets (over all its
+    connections) is answered by `first()`, every later one with `canary`. `server` is the
+    state its connections share: "connections" counts them, and "on" gets, per request, the
+    index of the connection it came on (so a test sees which connection was reused)."""
+
+    canary: bytes
+
+    def __init__(self, server: dict) -> None:
+        self.server = server
+        self.buf = b""
+        self.index = server["connections"]
+        server["connections"] += 1
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while b"\r\n\r\n" in self.buf:
+            head, _, rest = self.buf.partition(b"\r\n\r\n")
+            length = _LENGTH.search(head)
+            size = int(length[1]) if length else 0
+            if len(rest) < size:
+                return
+            self.buf = rest[size:]
+            self.server["on"].append(self.index)
+            if len(self.server["on"]) == 1:
+                asyncio.get_running_loop().create_task(self.first())
+            else:
+                self.transport.write(self.canary)
+
+    async def first(self) -> None:
+        raise NotImplementedError
