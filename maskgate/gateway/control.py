@@ -70,13 +70,13 @@ def _members(pool: Pool) -> list[Endpoint]:
     """The endpoints a control call reaches: every one not known to be down."""
     members = [ep for ep in pool.endpoints if ep.healthy is not False]
     if not members:
-        raise ServerError(
-            "no_trained_endpoints",
-            f"the trained pool ({pool.name}) has no healthy endpoint",
-            status=503,
-            headers={"Retry-After": "5"},
-        )
+        raise _no_trained(f"the trained pool ({pool.name}) has no healthy endpoint")
     return members
+
+
+def _no_trained(problem: str) -> ServerError:
+    """503 with a retry hint: no endpoint of the trained pool can take the call now."""
+    return ServerError("no_trained_endpoints", problem, status=503, headers={"Retry-After": "5"})
 
 
 async def _broadcast(
@@ -283,12 +283,7 @@ async def model_info(request: web.Request) -> web.Response:
             info = data
             break
     if not info:
-        raise ServerError(
-            "no_trained_endpoints",
-            f"no endpoint of the trained pool ({pool.name}) answered /model_info",
-            status=503,
-            headers={"Retry-After": "5"},
-        )
+        raise _no_trained(f"no endpoint of the trained pool ({pool.name}) answered /model_info")
     versions = _versions(pool)
     info["weight_version"] = versions["weight_version"]
     info["weight_version_mixed"] = versions["weight_version"] == MIXED

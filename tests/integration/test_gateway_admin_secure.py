@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -20,6 +21,14 @@ pytestmark = pytest.mark.integration
 
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+async def add_mask_endpoint(gw: Any, url: str) -> tuple[int, Any]:
+    """POST /admin/pools/mask/endpoints with admin key "adm"."""
+    async with gw.client.post(
+        gw.url + "/admin/pools/mask/endpoints", json={"url": url}, headers=bearer("adm")
+    ) as resp:
+        return resp.status, await resp.json()
 
 
 @contextlib.asynccontextmanager
@@ -74,13 +83,8 @@ async def test_runtime_endpoints_take_no_traffic_before_a_passing_check(
 ):
     rollout = await upstreams(healthy=False)
     async with gateway(make_config([], [], admin_key="adm")) as gw:
-        async with gw.client.post(
-            gw.url + "/admin/pools/mask/endpoints",
-            json={"url": rollout.url},
-            headers=bearer("adm"),
-        ) as resp:
-            assert resp.status == 201
-            body = await resp.json()
+        status, body = await add_mask_endpoint(gw, rollout.url)
+        assert status == 201
         assert body["pool"]["endpoints"][0]["healthy"] is False  # its first check failed
         status, answer, _ = await gw.post("/v1/chat/completions", MASK_CHAT)
         assert (status, answer["error"]["code"]) == (503, "mask_pool_unavailable")
@@ -98,12 +102,7 @@ async def test_a_healthy_runtime_endpoint_is_usable_when_the_add_answers(
 ):
     rollout = await upstreams()
     async with gateway(make_config([], [], admin_key="adm")) as gw:
-        async with gw.client.post(
-            gw.url + "/admin/pools/mask/endpoints",
-            json={"url": rollout.url},
-            headers=bearer("adm"),
-        ) as resp:
-            body = await resp.json()
+        _, body = await add_mask_endpoint(gw, rollout.url)
         assert body["pool"]["endpoints"][0]["healthy"] is True
         status, _, _ = await gw.post("/v1/chat/completions", MASK_CHAT)
         assert status == 200
