@@ -1,7 +1,7 @@
 """The bench's outputs: a printed table, the speed targets, and JSON/CSV/PNG files.
 
-Targets: issue 47 (the shared layout: the gateway's defaults against sglang-router on the
-1.9 KB chat case) and, where the split layout ran, issue 2's one-process targets.
+Targets: on the shared layout, the gateway's defaults against sglang-router on the 1.9 KB chat
+case; where the split layout ran, the one-process targets.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import orjson
 
 Run = dict[str, Any]
 
-# Issue 47: defaults at least the router's peak throughput; added p50 at c=1 within 0.1 ms
+# Shared layout: defaults at least the router's peak throughput; added p50 at c=1 within 0.1 ms
 # of the router's own.
 MIN_DEFAULTS_OVER_ROUTER = 1.0
 MAX_ADDED_P50_OVER_ROUTER_MS = 0.1
-# Issue 2 (split layout, one process).
+# Split layout, one process.
 MAX_ADDED_P50_MS = 0.3
 MIN_RATIO_W1 = 0.6
 CSV_FIELDS = [

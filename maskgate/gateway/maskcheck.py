@@ -1,4 +1,4 @@
-"""Checks on mask responses that do not stream (issue 2, item 7).
+"""Checks on mask responses that do not stream.
 
 The body is parsed once with orjson to record each token's support size and any broken
 invariant: one mask and one log-prob per generated token, and each sampled token inside its

@@ -1,4 +1,4 @@
-"""The admin API and /metrics, secure by default (issue 47): no admin API without a key or a
+"""The admin API and /metrics, secure by default: no admin API without a key or a
 loopback listener, runtime endpoints gated on a health check, unsafe URLs refused, and
 /metrics behind the client keys on the traffic port."""
 

@@ -1,4 +1,4 @@
-"""Request bodies with Content-Encoding on the inference routes (issue 47): decoded within
+"""Request bodies with Content-Encoding on the inference routes: decoded within
 the body limit and checked, or refused with a clear code; never a 500."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Classes of gateway holes through HTTP (issue 47): every method and spelling of an inference
+"""Classes of gateway holes through HTTP: every method and spelling of an inference
 path is classified, client-address and Connection-listed headers, and what the gateway adds
 to a body upstream. Raw sockets send targets an HTTP client would tidy."""
 

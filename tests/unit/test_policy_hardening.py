@@ -1,4 +1,4 @@
-"""Classes of policy holes (issue 47): every multiplier in the payload bound, tool calling as a
+"""Classes of policy holes: every multiplier in the payload bound, tool calling as a
 logit transform, float32 full-vocabulary and range checks, and the batch-item cap."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pure pieces behind issue 47's gateway fixes: path classification, body decoding,
+"""The pure pieces behind the gateway's hardening: path classification, body decoding,
 hop-by-hop and client-address headers, unsafe endpoint addresses, and their settings."""
 
 from __future__ import annotations
