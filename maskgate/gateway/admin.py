@@ -26,10 +26,7 @@ from maskgate.gateway.health import check_endpoint
 from maskgate.gateway.pool import Pool
 from maskgate.gateway.state import STATE, GatewayState
 from maskgate.protocol.errors import ApiError
-
-
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+from maskgate.protocol.responses import json_response
 
 
 def _authorized(request: web.Request) -> GatewayState:
@@ -86,7 +83,7 @@ async def _urls(request: web.Request) -> list[str]:
 
 async def list_pools(request: web.Request) -> web.Response:
     state = _authorized(request)
-    return _json({"pools": [pool.describe() for pool in state.pools.values()]})
+    return json_response({"pools": [pool.describe() for pool in state.pools.values()]})
 
 
 async def add_endpoints(request: web.Request) -> web.Response:
@@ -99,7 +96,7 @@ async def add_endpoints(request: web.Request) -> web.Response:
     if pool.cfg.health_path is not None and new:
         await asyncio.gather(*(check_endpoint(state, pool, ep) for ep in new))
     added = [ep.url for ep in new]
-    return _json({"added": added, "pool": pool.describe()}, status=201 if added else 200)
+    return json_response({"added": added, "pool": pool.describe()}, status=201 if added else 200)
 
 
 async def remove_endpoints(request: web.Request) -> web.Response:
@@ -116,7 +113,7 @@ async def remove_endpoints(request: web.Request) -> web.Response:
         )
     for url in urls:
         pool.remove(url)
-    return _json({"removed": urls, "pool": pool.describe()})
+    return json_response({"removed": urls, "pool": pool.describe()})
 
 
 async def admin_disabled(request: web.Request) -> web.Response:

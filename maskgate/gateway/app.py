@@ -35,6 +35,7 @@ from maskgate.gateway.registration import add_load_routes, add_registration_rout
 from maskgate.gateway.state import STATE, GatewayState, Resolver
 from maskgate.gateway.upstream import UpstreamClient, UpstreamError
 from maskgate.protocol.errors import ApiError, ServerError
+from maskgate.protocol.responses import error_response
 
 LOG = logging.getLogger("maskgate")
 _FIRST_LOOKUP_S = 5.0  # the first DNS lookup may hold the start this long, no longer
@@ -46,16 +47,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RouteHandler = Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]
 
 
-def render_error(err: ApiError) -> web.Response:
-    """The one renderer: an ApiError as an OpenAI-style JSON error answer."""
-    return web.Response(
-        status=err.status,
-        body=err.to_bytes(),
-        content_type="application/json",
-        headers=err.headers,
-    )
-
-
 def _error_answer(request: web.Request, e: Exception) -> web.Response | None:
     """The answer for an exception out of a handler; None: re-raise it (the client is gone,
     or an HTTPException that is not an error)."""
@@ -63,17 +54,17 @@ def _error_answer(request: web.Request, e: Exception) -> web.Response | None:
         return None  # the client is gone (aiohttp's ClientConnectionResetError is both kinds)
     if isinstance(e, ApiError):
         request.app[STATE].metrics.rejections.labels(e.code).inc()
-        return render_error(e)
+        return error_response(e)
     if isinstance(e, web.HTTPException):
         if e.status < 400:
             return None
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status, "http_error")
-        return render_error(ApiError(code, e.reason, status=e.status))
+        return error_response(ApiError(code, e.reason, status=e.status))
     if isinstance(e, UpstreamError):  # an upstream failure nobody mapped more precisely
         request.app[STATE].metrics.rejections.labels("upstream_error").inc()
-        return render_error(ServerError("upstream_error", f"upstream failed: {type(e).__name__}"))
+        return error_response(ServerError("upstream_error", f"upstream failed: {type(e).__name__}"))
     LOG.exception("unhandled error", extra={"path": request.path})
-    return render_error(
+    return error_response(
         ServerError("internal_error", "the gateway failed on this request", status=500)
     )
 

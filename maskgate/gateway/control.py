@@ -21,6 +21,7 @@ from maskgate.gateway.state import STATE, GatewayState
 from maskgate.gateway.versions import MIXED, normalize, pool_version
 from maskgate.gateway.weight_sync import PoolControl, run_update, set_version
 from maskgate.protocol.errors import ApiError, ServerError
+from maskgate.protocol.responses import json_response
 
 CONTROL = web.AppKey("maskgate_control", PoolControl)
 _INFO_TIMEOUT_S = 5.0  # one endpoint's /model_info
@@ -36,10 +37,6 @@ def _admin(request: web.Request) -> tuple[GatewayState, PoolControl]:
     state = request.app[STATE]
     check_control(request.headers, state.config.admin_key, state.api_keys)
     return state, request.app[CONTROL]
-
-
-def _json(data: Any) -> web.Response:
-    return web.Response(body=orjson.dumps(data), content_type="application/json")
 
 
 async def _object(request: web.Request, required: tuple[str, ...] = ()) -> tuple[bytes, dict]:
@@ -257,7 +254,7 @@ def _versions(pool: Pool) -> dict[str, Any]:
 async def get_weight_version(request: web.Request) -> web.Response:
     state = request.app[STATE]
     authenticate(request.headers, state.api_keys)
-    return _json(_versions(request.app[CONTROL].pool))
+    return json_response(_versions(request.app[CONTROL].pool))
 
 
 async def get_world_size(request: web.Request) -> web.Response:
@@ -266,7 +263,9 @@ async def get_world_size(request: web.Request) -> web.Response:
     authenticate(request.headers, state.api_keys)
     pool = request.app[CONTROL].pool
     members = [ep.url for ep in pool.endpoints if ep.healthy is not False]
-    return _json({"world_size": len(members), "num_ranks": len(members), "endpoints": members})
+    return json_response(
+        {"world_size": len(members), "num_ranks": len(members), "endpoints": members}
+    )
 
 
 async def model_info(request: web.Request) -> web.Response:
@@ -291,7 +290,7 @@ async def model_info(request: web.Request) -> web.Response:
         e["url"]: e["weight_version"] for e in versions["endpoints"]
     }
     info["num_ranks"] = sum(1 for ep in pool.endpoints if ep.healthy is not False)
-    return _json(info)
+    return json_response(info)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -18,6 +18,7 @@ from aiohttp import web
 from maskgate.gateway.state import GatewayState
 from maskgate.gateway.upstream import UpstreamError
 from maskgate.protocol.errors import ServerError
+from maskgate.protocol.responses import json_response
 
 _MESSAGE_CHARS = 500  # an endpoint's message is cut to this many characters in results
 
@@ -165,4 +166,4 @@ def answer(
     body = {"success": True, "message": f"{what} succeeded on {len(results)} endpoints"}
     body.update(ok_body or {})
     body["endpoints"] = results
-    return web.Response(body=orjson.dumps(body), content_type="application/json")
+    return json_response(body)

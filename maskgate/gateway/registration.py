@@ -31,18 +31,13 @@ from maskgate.gateway.pool import Endpoint, Pool
 from maskgate.gateway.state import STATE, GatewayState
 from maskgate.gateway.versions import at_least
 from maskgate.protocol.errors import ApiError
+from maskgate.protocol.responses import json_response
 
 _LOADS_TIMEOUT_S = 5.0
 
 
 def worker_id(url: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, url))
-
-
-def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
-    )
 
 
 def _admin(request: web.Request) -> GatewayState:
@@ -131,14 +126,14 @@ async def add_worker(request: web.Request) -> web.Response:
         "location": f"/workers/{wid}",
         "message": f"Worker added to the {pool.name} pool",
     }
-    return _json(body, status=202, headers={"Location": f"/workers/{wid}"})
+    return json_response(body, status=202, headers={"Location": f"/workers/{wid}"})
 
 
 async def list_workers(request: web.Request) -> web.Response:
     state = _admin(request)
     workers = [_info(pool, ep) for pool in state.pools.values() for ep in pool.endpoints]
     stats = {"prefill_count": 0, "decode_count": 0, "regular_count": len(workers)}
-    return _json({"workers": workers, "total": len(workers), "stats": stats})
+    return json_response({"workers": workers, "total": len(workers), "stats": stats})
 
 
 def _one(state: GatewayState, key: str) -> list[tuple[Pool, Endpoint]]:
@@ -151,7 +146,7 @@ def _one(state: GatewayState, key: str) -> list[tuple[Pool, Endpoint]]:
 async def get_worker(request: web.Request) -> web.Response:
     state = _admin(request)
     pool, ep = _one(state, request.match_info["worker_id"])[0]
-    return _json(_info(pool, ep))
+    return json_response(_info(pool, ep))
 
 
 async def delete_worker(request: web.Request) -> web.Response:
@@ -161,14 +156,14 @@ async def delete_worker(request: web.Request) -> web.Response:
     for pool, ep in found:
         pool.remove(ep.url)
     body = {"status": "accepted", "worker_id": worker_id(found[0][1].url), "message": "removed"}
-    return _json(body, status=202)
+    return json_response(body, status=202)
 
 
 async def legacy_add(request: web.Request) -> web.Response:
     state = _admin(request)
     url = _url(request.query.get("url"))
     pool = await _register(state, url)
-    return _json(
+    return json_response(
         {"status": "ok", "message": f"Successfully added worker: {url}", "pool": pool.name}
     )
 
@@ -179,12 +174,14 @@ async def legacy_remove(request: web.Request) -> web.Response:
     found = _one(state, url)
     for pool, ep in found:
         pool.remove(ep.url)
-    return _json({"status": "ok", "message": f"Successfully removed worker: {url}"})
+    return json_response({"status": "ok", "message": f"Successfully removed worker: {url}"})
 
 
 async def legacy_list(request: web.Request) -> web.Response:
     state = _admin(request)
-    return _json({"urls": [ep.url for pool in state.pools.values() for ep in pool.endpoints]})
+    return json_response(
+        {"urls": [ep.url for pool in state.pools.values() for ep in pool.endpoints]}
+    )
 
 
 def _load(data: Any) -> tuple[int, int]:
@@ -227,7 +224,7 @@ async def loads(request: web.Request) -> web.Response:
             }
         )
     ok = [w for w in out if w["load"] >= 0]
-    return _json(
+    return json_response(
         {
             "loads": out,
             "total_workers": len(out),

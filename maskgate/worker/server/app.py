@@ -12,10 +12,10 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import orjson
 from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
+from maskgate.protocol.responses import error_response, json_response
 from maskgate.worker.config import WorkerConfig
 from maskgate.worker.engine import Engine
 from maskgate.worker.metrics import WorkerMetrics
@@ -133,16 +133,6 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         )
 
 
-def error_response(err: ApiError) -> web.Response:
-    return web.Response(
-        status=err.status, body=err.to_bytes(), content_type="application/json", headers=err.headers
-    )
-
-
-def _json(obj: object) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), content_type="application/json")
-
-
 def _state(request: web.Request) -> WorkerState:
     return request.app[STATE].get()
 
@@ -151,7 +141,7 @@ async def handle_health(request: web.Request) -> web.Response:
     state = _state(request)
     if not state.engine.alive:
         return web.json_response({"status": "engine stopped"}, status=503)
-    return _json({"status": "ok", "role": state.config.role})
+    return json_response({"status": "ok", "role": state.config.role})
 
 
 async def handle_models(request: web.Request) -> web.Response:
@@ -163,7 +153,7 @@ async def handle_models(request: web.Request) -> web.Response:
         "owned_by": "maskgate",
         "max_model_len": state.max_model_len,
     }
-    return _json({"object": "list", "data": [model]})
+    return json_response({"object": "list", "data": [model]})
 
 
 async def handle_metrics(request: web.Request) -> web.Response:

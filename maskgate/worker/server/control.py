@@ -11,10 +11,10 @@ import asyncio
 import time
 from collections.abc import Callable
 
-import orjson
 from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
+from maskgate.protocol.responses import json_response
 from maskgate.worker.params import invalid
 from maskgate.worker.sequence import Sequence
 from maskgate.worker.server.control_body import Body
@@ -171,7 +171,7 @@ async def handle_model_info(request: web.Request) -> web.Response:
         "paused": state.engine.paused,
         "released_memory": sorted(state.engine.held),
     }
-    return web.Response(body=orjson.dumps(info), content_type="application/json")
+    return json_response(info)
 
 
 def setup(app: web.Application) -> None:

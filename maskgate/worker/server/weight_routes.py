@@ -13,19 +13,15 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
+from maskgate.protocol.responses import json_response
 from maskgate.worker.params import invalid
 from maskgate.worker.server.control_body import Body
 from maskgate.worker.server.state import STATE, WorkerState
 
 DEFAULT_GROUP = "weight_update_group"
-
-
-def _json(obj: object, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
 
 
 def _state(request: web.Request) -> WorkerState:
@@ -69,10 +65,10 @@ async def _update(
             await on_engine(state, lambda: sync.apply(staged, version))
         except (WeightUpdateError, GroupError) as e:
             msg = f"Failed to update weights: {e}. The old weights keep serving."
-            return _json({"success": False, "message": msg, **extra}, status=400)
+            return json_response({"success": False, "message": msg, **extra}, status=400)
     if version is not None:
         ok += f" Weight version updated to {version}."
-    return _json({"success": True, "message": ok, **extra})
+    return json_response({"success": True, "message": ok, **extra})
 
 
 def _common(body: Body) -> tuple[str | None, bool]:
@@ -120,8 +116,10 @@ async def handle_init_group(request: web.Request) -> web.Response:
             )
         except GroupError as e:
             msg = f"Failed to initialize custom process group: {e}."
-            return _json({"success": False, "message": msg}, status=400)
-    return _json({"success": True, "message": "Succeeded to initialize custom process group."})
+            return json_response({"success": False, "message": msg}, status=400)
+    return json_response(
+        {"success": True, "message": "Succeeded to initialize custom process group."}
+    )
 
 
 async def handle_destroy_group(request: web.Request) -> web.Response:
@@ -131,8 +129,8 @@ async def handle_destroy_group(request: web.Request) -> web.Response:
         found = await asyncio.to_thread(state.sync.destroy_group, name)
     if not found:
         msg = "The group to be destroyed does not exist."
-        return _json({"success": False, "message": msg}, status=400)
-    return _json({"success": True, "message": "Succeeded to destroy custom process group."})
+        return json_response({"success": False, "message": msg}, status=400)
+    return json_response({"success": True, "message": "Succeeded to destroy custom process group."})
 
 
 async def handle_update_from_distributed(request: web.Request) -> web.Response:
@@ -210,11 +208,11 @@ async def handle_update_weight_version(request: web.Request) -> web.Response:
     async with state.update_lock:
         await on_engine(state, set_version)
     msg = f"Weight version updated to {version}"
-    return _json({"success": True, "message": msg, "new_version": version})
+    return json_response({"success": True, "message": msg, "new_version": version})
 
 
 async def handle_weight_version(request: web.Request) -> web.Response:
-    return _json({"weight_version": _state(request).engine.weight_version})
+    return json_response({"weight_version": _state(request).engine.weight_version})
 
 
 def setup(app: web.Application) -> None:
