@@ -11,7 +11,7 @@ Two measurements per body, at the limits: `max_body_bytes` (8 MiB by default) an
   offload settings: bodies over 1 MiB and mask batches over 256 prompts go to a worker
   process) checks the body, measured by a 1 ms ticker on the loop.
 
-    python bench/gateway_policy_cost.py [--repeats 5] [--out bench/results]
+    python -m bench.gateway_policy_cost [--repeats 5] [--out bench/results]
 
 Prints a table (milliseconds: best of the repeats, and the median) and writes
 gateway_policy_cost.json and gateway_policy_cost.png under --out. The target is that no
