@@ -159,6 +159,36 @@ def race_buffers(
     return race, race_g, race_w
 
 
+def pack_mode(n_rows: int, packs: bool) -> int:
+    """How the CSR gets packed. Resolve's row 0 writes offsets[0]. 1: a single mask row, whose
+    slot already is mask_ids (resolve writes its count to offsets[1] too). 2: resolve's rows
+    pack their own slots (launches of up to one row an SM, see may_pack; pass 1 sets
+    mask_sizes to -1 first). 0: emit_kernel packs them after resolve (or no row asks)."""
+    if n_rows == 1:
+        return 1
+    return 2 if n_rows > 1 and packs else 0
+
+
+def resolve_meta(cfg: BandConfig, vocab: int, cap: int, has_step: bool) -> dict[str, int]:
+    """resolve_kernel's compile-time sizes for a config and mask cap: the candidate block, the
+    segment-statistics block (fixed per vocabulary, see max_chunks), the two sorted tiers,
+    the slot block and the rescue's gather."""
+    cand_block = next_pow2(cfg.ncand)
+    t1, t2 = (min(t, cand_block) for t in TIERS)
+    return {
+        "CAND_BLOCK": cand_block,
+        "NCH_BLOCK": next_pow2(max(cfg.n_chunks, max_chunks(vocab, cfg))),
+        "T1": t1,
+        "T2": t2,
+        "CAP_BLOCK": next_pow2(cap),
+        "RESCUE": RESCUE_TIERS * t2,
+        "RESCUE_ROUNDS": RESCUE_ROUNDS,
+        "FB_BLOCK": FB_BLOCK,
+        "NBISECT": RESOLVE_BISECT,
+        "HAS_STEP": has_step,
+    }
+
+
 def sample_triton(
     inp: SampleInputs,
     config: BandConfig | None = None,
@@ -192,6 +222,7 @@ def sample_triton(
     if band_sizes is None:
         band_sizes = torch.empty(batch, dtype=torch.int64, device=dev)
 
+    meta = resolve_meta(cfg, vocab, cap, has_step=inp.step is not None)
     cand_key = torch.empty(batch, cfg.ncand, dtype=torch.int64, device=dev)
     m_c, s_c, d_c = (torch.empty(batch, cfg.n_chunks, device=dev) for _ in range(3))
     tokens = torch.empty(batch, dtype=torch.int64, device=dev)
@@ -202,28 +233,15 @@ def sample_triton(
     counts = torch.empty(max(n_rows, 1), dtype=torch.int64, device=dev)
     status = torch.empty(n_rows, dtype=torch.int8, device=dev)
     slots = torch.empty(max(n_rows, 1) * cap, dtype=torch.int32, device=dev)
-    cap_block = next_pow2(cap)
-    cand_block = next_pow2(cfg.ncand)
-    t1, t2 = (min(t, cand_block) for t in TIERS)
-    rescue = RESCUE_TIERS * t2
-    scratch = torch.empty(batch, t1 + t2 + max(cap_block, rescue), dtype=torch.int64, device=dev)
+    scratch_len = meta["T1"] + meta["T2"] + max(meta["CAP_BLOCK"], meta["RESCUE"])
+    scratch = torch.empty(batch, scratch_len, dtype=torch.int64, device=dev)
     if inp.seed is None:
         seed = torch.randint(-(2**63), 2**63 - 1, (batch,), dtype=torch.int64, device=dev)
     else:
         seed = inp.seed
     step = inp.step if inp.step is not None else seed
-    # CSR: resolve's row 0 writes offsets[0]. A single mask row needs no packing: its slot is
-    # already mask_ids, resolve writes its count to offsets[1] too. Otherwise resolve's rows
-    # pack their own slots (pack 2: split launches of up to one row an SM; pass 1 sets
-    # mask_sizes to -1 first), or emit_kernel packs them after.
     offsets = torch.empty(n_rows + 1, dtype=torch.int64, device=dev)
-    packs = may_pack(cfg, batch, dev)
-    if n_rows == 1:
-        pack = 1
-    elif n_rows > 1 and packs:
-        pack = 2
-    else:
-        pack = 0
+    pack = pack_mode(n_rows, may_pack(cfg, batch, dev))
     mask_ids = slots if n_rows == 1 else torch.empty(n_rows * cap, dtype=torch.int32, device=dev)
     # Pass 1 clears mask_sizes whether or not resolve packs: one pass-1 compile per config.
     mask_sizes = torch.empty(batch, dtype=torch.int64, device=dev)
@@ -250,18 +268,6 @@ def sample_triton(
         mask_sizes,
         scratch,
     )
-    resolve_meta = {
-        "CAND_BLOCK": cand_block,
-        "NCH_BLOCK": next_pow2(max(cfg.n_chunks, max_chunks(vocab, cfg))),
-        "T1": t1,
-        "T2": t2,
-        "CAP_BLOCK": cap_block,
-        "RESCUE": rescue,
-        "RESCUE_ROUNDS": RESCUE_ROUNDS,
-        "FB_BLOCK": FB_BLOCK,
-        "NBISECT": RESOLVE_BISECT,
-        "HAS_STEP": inp.step is not None,
-    }
     stats = (cand_key, m_c, s_c, d_c)
     raced = n_rows < batch
     race, race_g, race_w = race_buffers(inp, cfg, seed, step, raced)
@@ -283,12 +289,12 @@ def sample_triton(
         cap,
         cfg.ncand,
         cfg.chunk,
-        **resolve_meta,
+        **meta,
         PDL=pdl,
         g_ptr=race_g,
         w_ptr=race_w,
         raced=int(raced),
-        num_warps=8 if cand_block >= 2048 else 4,
+        num_warps=8 if meta["CAND_BLOCK"] >= 2048 else 4,
         **({"maxnreg": cfg.resolve_regs} if cfg.resolve_regs else {}),
         **({"launch_pdl": True} if pdl else {}),
     )

@@ -18,17 +18,13 @@ from maskgate.kernels.band_config import (  # noqa: E402
     DELTA,
     FB_BLOCK,
     NBISECT,
-    RESCUE_ROUNDS,
-    RESCUE_TIERS,
-    RESOLVE_BISECT,
     RESOLVE_REGS,
     RESOLVE_REGS_BATCH,
-    TIERS,
     band_config,
-    max_chunks,
     reread_constants,
 )
 from maskgate.kernels.triton_common import MUL_A  # noqa: E402
+from maskgate.kernels.triton_path import resolve_meta  # noqa: E402
 
 POINTERS = {
     "x_ptr": "*fp32",
@@ -71,20 +67,7 @@ def test_resolve_lowers_at_the_target_shape(sm90_compile: Any) -> None:
 
     vocab, cap = 151936, 4096
     cfg = band_config(vocab, batch=1)
-    cand_block = triton.next_power_of_2(cfg.ncand)
-    const = {
-        "CAND_BLOCK": cand_block,
-        "NCH_BLOCK": triton.next_power_of_2(max_chunks(vocab, cfg)),
-        "T1": min(TIERS[0], cand_block),
-        "T2": min(TIERS[1], cand_block),
-        "CAP_BLOCK": cap,
-        "RESCUE": RESCUE_TIERS * min(TIERS[1], cand_block),
-        "RESCUE_ROUNDS": RESCUE_ROUNDS,
-        "FB_BLOCK": FB_BLOCK,
-        "NBISECT": RESOLVE_BISECT,
-        "HAS_STEP": True,
-        "PDL": True,
-    }
+    const = {**resolve_meta(cfg, vocab, cap, has_step=True), "PDL": True}
     types = {p: POINTERS.get(p, "i32") for p in resolve_kernel.arg_names}
     ptx = sm90_compile(resolve_kernel, types, const, num_warps=8).asm["ptx"]
     assert "griddepcontrol.wait" in ptx  # waits for pass 1 before reading its outputs
@@ -149,20 +132,7 @@ def test_resolve_lowers_for_small_vocabularies(vocab: int, batch: int, sm90_comp
     cand_block = triton.next_power_of_2(cfg.ncand)
     assert cand_block < FB_BLOCK
     assert cfg.resolve_regs == (RESOLVE_REGS if batch >= RESOLVE_REGS_BATCH else 0)
-    t2 = min(TIERS[1], cand_block)
-    const = {
-        "CAND_BLOCK": cand_block,
-        "NCH_BLOCK": triton.next_power_of_2(max(cfg.n_chunks, max_chunks(vocab, cfg))),
-        "T1": min(TIERS[0], cand_block),
-        "T2": t2,
-        "CAP_BLOCK": triton.next_power_of_2(vocab),
-        "RESCUE": RESCUE_TIERS * t2,
-        "RESCUE_ROUNDS": RESCUE_ROUNDS,
-        "FB_BLOCK": FB_BLOCK,
-        "NBISECT": RESOLVE_BISECT,
-        "HAS_STEP": False,
-        "PDL": True,
-    }
+    const = {**resolve_meta(cfg, vocab, vocab, has_step=False), "PDL": True}
     types = {p: POINTERS.get(p, "i32") for p in resolve_kernel.arg_names}
     cap = {"maxnreg": cfg.resolve_regs} if cfg.resolve_regs else {}
     ptx = sm90_compile(resolve_kernel, types, const, num_warps=4, **cap).asm["ptx"]
