@@ -149,8 +149,11 @@ def test_decode_attention_replays_in_a_cuda_graph() -> None:
         assert torch.equal(out, fresh)
 
 
-def _runner_logits(name: str, dtype: torch.dtype, fused: bool, steps: int = 8) -> list:
-    """Prefill 5 rows, decode `steps` steps (graphs; 5 rows, then 3), then one mixed step."""
+def _runner_logits(
+    name: str, dtype: torch.dtype, fused: bool, kv_bytes: int, steps: int = 8
+) -> list:
+    """Prefill 5 rows, decode `steps` steps (graphs; 5 rows, then 3), then one mixed step.
+    kv_bytes: the KV budget (tests/gpu/conftest.py)."""
     from maskgate.worker.model.loader import build
     from maskgate.worker.model.random_weights import random_hf_weights
     from maskgate.worker.model.tiny_random import tiny_tokenizer
@@ -187,7 +190,9 @@ def _runner_logits(name: str, dtype: torch.dtype, fused: bool, steps: int = 8) -
     loaded = build(
         name, raw, weights, tiny_tokenizer(), frozenset({0}), torch.device("cuda"), dtype
     )
-    runner = ModelRunner(loaded, max_num_slots=6, max_model_len=640, fused_kernels=fused)
+    runner = ModelRunner(
+        loaded, max_num_slots=6, max_model_len=640, fused_kernels=fused, kv_cache_bytes=kv_bytes
+    )
     assert runner.fused is fused
     gen = torch.Generator().manual_seed(2)
     seqs = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (300, 7, 129, 1, 64)]
@@ -206,14 +211,14 @@ def _runner_logits(name: str, dtype: torch.dtype, fused: bool, steps: int = 8) -
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
-def test_runner_fused_logits_match_unfused(name: str) -> None:
-    ref = _runner_logits(name, torch.float32, fused=False)
-    fused32 = _runner_logits(name, torch.float32, fused=True)
+def test_runner_fused_logits_match_unfused(name: str, kv_bytes: int) -> None:
+    ref = _runner_logits(name, torch.float32, fused=False, kv_bytes=kv_bytes)
+    fused32 = _runner_logits(name, torch.float32, fused=True, kv_bytes=kv_bytes)
     for a, b in zip(fused32, ref, strict=True):
         # Logits have a std of ~5; a wrong position, slot or head moves them by O(1).
         torch.testing.assert_close(a, b, atol=2e-2, rtol=0)
-    fused16 = _runner_logits(name, BF16, fused=True)
-    plain16 = _runner_logits(name, BF16, fused=False)
+    fused16 = _runner_logits(name, BF16, fused=True, kv_bytes=kv_bytes)
+    plain16 = _runner_logits(name, BF16, fused=False, kv_bytes=kv_bytes)
     for step, (f, p, r) in enumerate(zip(fused16, plain16, ref, strict=True)):
         # bfloat16 drifts from float32 on both paths; the fused one must not drift more.
         ours, theirs = (f - r).abs(), (p - r).abs()

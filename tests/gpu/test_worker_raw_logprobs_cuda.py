@@ -18,8 +18,10 @@ pytestmark = [
 PROMPT = [5, 77, 301, 12, 9, 140, 33]
 
 
-def test_cuda_raw_logprobs_match_float64() -> None:
-    runner = ModelRunner(load("tiny-random", "cuda", torch.float32), max_num_slots=8)
+def test_cuda_raw_logprobs_match_float64(kv_bytes: int) -> None:
+    runner = ModelRunner(
+        load("tiny-random", "cuda", torch.float32), max_num_slots=8, kv_cache_bytes=kv_bytes
+    )
     assert runner.graphs is not None
     ref = runner.logits([RowWork(7, PROMPT, 0, sample=True)])[0].double().cpu()
     params = [

@@ -24,10 +24,10 @@ pytestmark = [
 ]
 
 
-def test_cuda_eager_and_graph_decode_match_cpu() -> None:
+def test_cuda_eager_and_graph_decode_match_cpu(kv_bytes: int) -> None:
     # float32 everywhere; the tolerance allows for TF32 inside CUDA attention kernels, while
     # a wrong position, slot or mask moves logits (std ~3) by O(1).
-    kw = {"max_num_slots": 6, "max_model_len": 320}
+    kw = {"max_num_slots": 6, "max_model_len": 320, "kv_cache_bytes": kv_bytes}
     cpu = ModelRunner("tiny-random", **kw)
     graphs = ModelRunner(load("tiny-random", "cuda", torch.float32), **kw)
     eager = ModelRunner(load("tiny-random", "cuda", torch.float32), cuda_graphs=False, **kw)
@@ -53,8 +53,10 @@ def test_cuda_eager_and_graph_decode_match_cpu() -> None:
     assert {k for _, k in graphs.graphs.graphs} == {256, 320}
 
 
-def test_cuda_sampling_masks_follow_the_semantics() -> None:
-    runner = ModelRunner(load("tiny-random", "cuda"), max_num_slots=4, max_model_len=64)
+def test_cuda_sampling_masks_follow_the_semantics(kv_bytes: int) -> None:
+    runner = ModelRunner(
+        load("tiny-random", "cuda"), max_num_slots=4, max_model_len=64, kv_cache_bytes=kv_bytes
+    )
     prompt = [5, 77, 301, 12, 9]
     logits = runner.logits([RowWork(3, prompt, 0, sample=True)])[0].cpu()
     rows = [
@@ -116,11 +118,14 @@ def test_cuda_row_sampler_matches_a_plain_sampler_call(plain_sample: PlainSample
             assert t.device.type == ("cpu" if name == "want_mask" else "cuda"), name
 
 
-def test_cuda_graph_padding_rows_leave_real_slots_alone() -> None:
+def test_cuda_graph_padding_rows_leave_real_slots_alone(kv_bytes: int) -> None:
     """A decode of 3 rows after one of 4 (both in the 4-row bucket): the padding row writes
     the scratch slot, not slot 3, which the previous step's inputs named."""
     runner = ModelRunner(
-        load("tiny-random", "cuda", torch.float32), max_num_slots=6, max_model_len=64
+        load("tiny-random", "cuda", torch.float32),
+        max_num_slots=6,
+        max_model_len=64,
+        kv_cache_bytes=kv_bytes,
     )
     assert runner.graphs is not None
     runner.run([RowWork(s, [5, 6, 7], 0, True) for s in range(4)])

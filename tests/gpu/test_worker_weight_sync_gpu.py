@@ -25,6 +25,7 @@ from rl_trainer import offline_greedy, perturbed_weights, post, save_checkpoint
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.gpu_alone,  # reads the device's free memory (tests/gpu/conftest.py)
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
@@ -42,7 +43,7 @@ def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MASKGATE_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     args = ["--model", "tiny-random", "--device", "cuda", "--max-model-len", "4096"]
-    args += ["--max-num-seqs", "64", "--port", str(port)]
+    args += ["--max-num-seqs", "64", "--kv-memory-gb", "1", "--port", str(port)]
     worker = subprocess.Popen(
         [sys.executable, "-m", "maskgate.cli", "worker", *args],
         cwd=REPO, env=env, stdout=(tmp / "worker.log").open("wb"), stderr=subprocess.STDOUT,
