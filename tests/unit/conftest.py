@@ -7,7 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -16,33 +16,45 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 Interpreted = Callable[[str], dict]
 # Prepended to every interpreted check (a Triton the patch does not fit keeps its own loop).
 FAST_REDUCTIONS = "import kernels_support.interpreter\nkernels_support.interpreter.install()\n"
+CHECK_TIMEOUT_S = 240
 
 
 @pytest.fixture(scope="session")
-def interpreted() -> Interpreted:
+def interpreted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Interpreted]:
     """Runs Python code with Triton's interpreter (TRITON_INTERPRET=1) and returns the JSON
     object the code prints last.
 
-    The variable must be set before triton is imported, so each check runs in a fresh Python
-    process (Triton kernels then run on the CPU, in numpy). The process runs with
-    kernels_support.interpreter installed: reductions as a pairwise tree over blocks instead of the
-    interpreter's element loop, and triton.language patched once a launch."""
+    The variable must be set before triton is imported, so the checks run in another process
+    (Triton kernels then run on the CPU, in numpy): each in a fork of one server that imported
+    torch, Triton and the kernels once (tests/kernels_support/fork_server.py). The checks run
+    with kernels_support.interpreter installed: reductions as a pairwise tree over blocks
+    instead of the interpreter's element loop, and triton.language patched once a launch."""
+    path = os.pathsep.join((str(ROOT), str(ROOT / "tests")))  # kernels_support too
+    server = subprocess.Popen(
+        [sys.executable, "-m", "kernels_support.fork_server"],
+        env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path},
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    tmp = tmp_path_factory.mktemp("interpreted")
+    out, err = tmp / "out", tmp / "err"
 
     def run(code: str) -> dict:
-        path = os.pathsep.join((str(ROOT), str(ROOT / "tests")))  # kernels_support too
-        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-        proc = subprocess.run(
-            [sys.executable, "-c", FAST_REDUCTIONS + code],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-            cwd=ROOT,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        req = {"code": FAST_REDUCTIONS + code, "out": str(out), "err": str(err)}
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.write(json.dumps({**req, "timeout": CHECK_TIMEOUT_S}) + "\n")
+        server.stdin.flush()
+        reply = server.stdout.readline()
+        assert reply, f"the interpreter's fork server exited ({server.poll()})"
+        rc = json.loads(reply)["rc"]
+        assert rc == 0, f"exit {rc}: " + err.read_text()[-3000:]
+        return json.loads(out.read_text().strip().splitlines()[-1])
 
-    return run
+    yield run
+    server.stdin.close()  # type: ignore[union-attr]
+    server.wait(30)
 
 
 Sm90Compile = Callable[[object, dict, dict], object]
