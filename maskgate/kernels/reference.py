@@ -60,26 +60,16 @@ def reference(
 ) -> Reference:
     """logits: [B, V]; temperature/top_p/min_p: [B] float32; top_k: [B] int (-1/0 off).
 
-    Rows are independent: they are checked a block at a time."""
-    step = max(1, BLOCK_ELEMENTS // max(logits.shape[1], 1))
-    rows = [slice(lo, lo + step) for lo in range(0, logits.shape[0], step)] or [slice(None)]
-    args = (logits, temperature, top_k, top_p, min_p)
-    parts = [_reference_rows(*(a[r] for a in args)) for r in rows]
-    if len(parts) == 1:
-        return parts[0]
-    return Reference(*(torch.cat([getattr(p, f.name) for p in parts]) for f in fields(Reference)))
-
-
-def _reference_rows(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor,
-) -> Reference:
-    """reference() for one block of rows, all of them at once."""
+    Rows are independent: a batch of more than one block is checked a block at a time."""
+    batch, vocab = logits.shape
+    step = max(1, BLOCK_ELEMENTS // max(vocab, 1))
+    if batch > step:
+        args = (logits, temperature, top_k, top_p, min_p)
+        parts = [reference(*(a[lo : lo + step] for a in args)) for lo in range(0, batch, step)]
+        return Reference(
+            *(torch.cat([getattr(p, f.name) for p in parts]) for f in fields(Reference))
+        )
     x = logits.float()
-    vocab = x.shape[1]
     greedy = temperature.double() < GREEDY_T
     z32 = scaled_logits(x, temperature)
     nan_rows = (
