@@ -4,6 +4,8 @@ requests held behind a sync, min_weight_version routing, distributed init, regis
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,6 +25,18 @@ async def get(gw, path: str, **kw: Any) -> tuple[int, Any]:
 def trained(config_pool: list[str], make_config, **overrides: Any):
     """A gateway whose trained (mask) pool is `config_pool`; general traffic goes there too."""
     return make_config(config_pool, config_pool, **{**CONTROL, **overrides})
+
+
+@contextlib.asynccontextmanager
+async def one_failing_worker(workers, gateway, make_config, until) -> AsyncIterator[tuple]:
+    """A gateway (admin key sent) over workers a and b, where b fails every weight update;
+    yields (gateway, mask pool, a, b) once both endpoints report version 0."""
+    a, b = await workers(name="a"), await workers(name="b", fail_update=True)
+    async with gateway(trained([a.url, b.url], make_config, admin_key="adm")) as gw:
+        gw.client.headers["Authorization"] = "Bearer adm"
+        pool = gw.state.pools["mask"]
+        await until(lambda: all(ep.weight_version == "0" for ep in pool.endpoints))
+        yield gw, pool, a, b
 
 
 async def test_sync_runs_on_every_endpoint(workers, gateway, make_config, until):
@@ -72,11 +86,7 @@ async def test_sync_runs_on_every_endpoint(workers, gateway, make_config, until)
 async def test_failed_endpoint_is_ejected_until_it_reports_the_version(
     workers, gateway, make_config, until
 ):
-    a, b = await workers(name="a"), await workers(name="b", fail_update=True)
-    async with gateway(trained([a.url, b.url], make_config, admin_key="adm")) as gw:
-        gw.client.headers["Authorization"] = "Bearer adm"
-        pool = gw.state.pools["mask"]
-        await until(lambda: all(ep.weight_version == "0" for ep in pool.endpoints))
+    async with one_failing_worker(workers, gateway, make_config, until) as (gw, pool, a, b):
         status, body, _ = await gw.post(DISK, {"model_path": "/ckpt/1", "weight_version": "1"})
         assert status == 502
         assert body["error"]["code"] == "weight_sync_failed"
@@ -375,11 +385,7 @@ async def test_busy_flush_is_retried_and_a_dead_endpoint_fails_the_sync(
 async def test_sync_without_a_version_ejects_until_registered_again(
     workers, gateway, make_config, until
 ):
-    a, b = await workers(name="a"), await workers(name="b", fail_update=True)
-    async with gateway(trained([a.url, b.url], make_config, admin_key="adm")) as gw:
-        gw.client.headers["Authorization"] = "Bearer adm"
-        pool = gw.state.pools["mask"]
-        await until(lambda: all(ep.weight_version == "0" for ep in pool.endpoints))
+    async with one_failing_worker(workers, gateway, make_config, until) as (gw, pool, a, b):
         status, body, _ = await gw.post(
             "/update_weights_from_tensor", {"serialized_named_tensors": ["x"]}
         )
