@@ -14,8 +14,8 @@ TESTS = pathlib.Path(__file__).resolve().parent
 # `kernels_support`; tests is no package.
 sys.path.insert(0, str(TESTS))
 # Directories whose session fixtures start real processes (worker and gateway processes, a
-# Prometheus server): their tests share one xdist worker (--dist loadgroup) so each fixture
-# starts once.
+# Prometheus server): under pytest-xdist each one is a single unit of work, run on one xdist
+# worker in collection order, so each fixture starts once and a module's tests keep their order.
 SHARED_SESSION = ("e2e", "integration/deploy")
 # Fixtures of the long tests (a Triton interpreter process, an sm_90 compile): those tests are
 # queued first so the xdist workers end together instead of one running them alone at the end.
@@ -23,15 +23,36 @@ LONG = frozenset({"interpreted", "sm90_compile"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if not item.path.is_relative_to(TESTS):
-            continue
-        rel = item.path.relative_to(TESTS).as_posix()
-        group = next((d for d in SHARED_SESSION if rel.startswith(d + "/")), None)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     # sort is stable: each part keeps its collection order.
     items.sort(key=lambda item: LONG.isdisjoint(getattr(item, "fixturenames", ())))
+
+
+def shared_session_unit(rootpath: pathlib.Path, nodeid: str) -> str:
+    """The xdist unit of work a test belongs to: its SHARED_SESSION directory, or itself."""
+    path = rootpath / nodeid.split("::", 1)[0]
+    if path.is_relative_to(TESTS):
+        rel = path.relative_to(TESTS).as_posix()
+        for d in SHARED_SESSION:
+            if rel.startswith(d + "/"):
+                return d
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`-n N` (xdist's `load` mode) spreads tests one by one, except that each SHARED_SESSION
+    directory goes to one worker whole. (xdist's own `loadgroup` marks cannot do this: they
+    rename each test's node id, which pytest 9.2 no longer lets a plugin do, so the marks are
+    silently ignored: pytest-xdist issue 1386.) Other `--dist` modes are left to xdist."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedSessionScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return shared_session_unit(config.rootpath, nodeid)
+
+    return SharedSessionScheduling(config, log)
 
 
 PlainSample = Callable[..., list[Any]]
