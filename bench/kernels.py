@@ -322,8 +322,15 @@ def main(argv: list[str] | None = None) -> None:
     print_table(summary)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "args": {"batches": args.batches, "rounds": args.rounds, "rep_ms": args.rep_ms},
+        "trees": [tree_label(t) for t in trees],
+    }
     (out / "kernels_sample.json").write_text(
-        json.dumps({"summary": summary, "rounds": rows}, indent=1)
+        json.dumps({**meta, "summary": summary, "rounds": rows}, indent=1)
     )
     plot(summary, out / "kernels_sample.png")
 
