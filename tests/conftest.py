@@ -18,7 +18,9 @@ sys.path.insert(0, str(TESTS))
 # worker in collection order, so each fixture starts once and a module's tests keep their order.
 SHARED_SESSION = ("e2e", "integration/deploy")
 # Fixtures of the long tests (a Triton interpreter process, an sm_90 compile): those tests are
-# queued first so the xdist workers end together instead of one running them alone at the end.
+# queued right after the SHARED_SESSION units (xdist queues the largest units first) and before
+# the other single tests, so the xdist workers end together instead of one running them alone
+# at the end.
 LONG = frozenset({"interpreted", "sm90_compile"})
 
 
