@@ -46,6 +46,14 @@ def build_worker_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--weight-update-timeout-s", type=float, metavar="S", help="weight-group waits (300)"
     )
+    p.add_argument(
+        "--api-key", metavar="KEY", help="key for inference routes (env MASKGATE_WORKER_API_KEY)"
+    )
+    p.add_argument(
+        "--admin-api-key",
+        metavar="KEY",
+        help="key for control routes (env MASKGATE_WORKER_ADMIN_API_KEY)",
+    )
     p.add_argument("--shutdown-grace-s", type=float, metavar="S", help="drain time (60)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--check-config", action="store_true", help="print the config and exit")

@@ -11,11 +11,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from maskgate.protocol.settings import load_settings
 
 ENV_PREFIX = "MASKGATE_WORKER_"
+# Read verbatim, never as YAML scalars: a key such as `12345` or `yes` stays that string.
+RAW_ENV = {"api_key": ENV_PREFIX + "API_KEY", "admin_api_key": ENV_PREFIX + "ADMIN_API_KEY"}
 
 Role = Literal["mask", "general", "mixed"]
 
@@ -65,12 +67,31 @@ class WorkerConfig(BaseModel):
     # the call after this long; the worker keeps serving the old weights.
     weight_update_timeout_s: float = Field(300.0, gt=0)
 
+    # Keys, as SGLang's --api-key / --admin-api-key (docs/worker.md, "Keys"): inference routes
+    # take the api key when one is set; control routes the admin key, else the api key.
+    api_key: SecretStr | None = None
+    admin_api_key: SecretStr | None = None
+
+    # Bounds checked before any work is queued (docs/worker.md, "Bounds").
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_sequences_per_request: int = Field(1024, ge=1)  # prompts x n, summed over items
+    max_prompt_bytes: int = Field(4 * 1024 * 1024, ge=1)  # UTF-8 text of all prompts, untokenized
+    max_top_logprobs_num: int = Field(20, ge=0)  # /generate top_logprobs_num, as OpenAI's 20
+    max_prompt_logprob_rows: int = Field(32768, ge=0)  # scored prompt positions x n, summed
+    # /health_generate (and /health after non-finite logits): the 1-token probe's deadline.
+    health_check_timeout_s: float = Field(20.0, gt=0)
     # /generate streams: cumulative text/ids/meta_info per chunk (SGLang default) or deltas.
     incremental_streaming_output: bool = False
     # SIGTERM: stop listening, give in-flight requests this long to finish, then stop.
     shutdown_grace_s: float = Field(60.0, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("api_key", "admin_api_key")
+    @classmethod
+    def _non_empty(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value():
+            raise ValueError("must not be empty (leave it unset for no key)")
+        return value
 
 
 def load_config(
@@ -80,10 +101,12 @@ def load_config(
     env: Mapping[str, str] | None = None,
 ) -> WorkerConfig:
     """Raises gateway.settings.ConfigError naming every bad field."""
+    env = os.environ if env is None else env
+    raw = {field: env[name] for field, name in RAW_ENV.items() if name in env}
     return load_settings(
         WorkerConfig,
         file=file,
-        env=os.environ if env is None else env,
+        env={k: v for k, v in env.items() if k not in RAW_ENV.values()},
         env_prefix=ENV_PREFIX,
-        overrides=overrides,
+        overrides={**raw, **(overrides or {})},
     )

@@ -107,6 +107,9 @@ class Engine:
         self.weight_version = "default"
         self.paused: PauseMode | None = None
         self.held: set[str] = set()  # released memory tags (maskgate/worker/memory.py)
+        # The latest step that sampled had a row with non-finite logits: /health answers 503
+        # until a later step samples finite rows only (read on the event loop; a bool).
+        self.nonfinite_logits = False
 
     # --- event-loop side -------------------------------------------------------------------
 
@@ -241,6 +244,12 @@ class Engine:
             return
         outcome = self.scheduler.postprocess(batch, results)
         self.num_steps += 1
+        sampled = [
+            res.nan for (_, row), res in zip(batch, results, strict=True) if row.sample and res
+        ]
+        if sampled and any(sampled) != self.nonfinite_logits:
+            self.nonfinite_logits = any(sampled)
+            log.warning("non-finite logits: %s", "unhealthy" if any(sampled) else "recovered")
         self._observe(outcome, len(batch), stats, any(r.want_mask for _, r in batch))
         self._publish([self._event(seq) for seq in outcome.updated])
 

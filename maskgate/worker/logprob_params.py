@@ -33,9 +33,14 @@ class LogprobOptions:
 
 
 def parse_generate_logprobs(
-    body: Mapping[str, Any], prompt_lens: list[int], is_batch: bool
+    body: Mapping[str, Any],
+    prompt_lens: list[int],
+    is_batch: bool,
+    *,
+    max_top: int = MAX_TOP_LOGPROBS,
 ) -> list[LogprobOptions | None]:
-    """/generate body -> per-prompt options (None where return_logprob is off)."""
+    """/generate body -> per-prompt options (None where return_logprob is off);
+    `top_logprobs_num` at most `max_top` (the worker's max_top_logprobs_num)."""
     size = len(prompt_lens)
     flags = per_item(body.get("return_logprob"), size, is_batch, "return_logprob")
     tops = per_item(body.get("top_logprobs_num"), size, is_batch, "top_logprobs_num")
@@ -48,7 +53,7 @@ def parse_generate_logprobs(
         at = f"[{i}]" if is_batch and size > 1 else ""
         if flag is not None and not isinstance(flag, bool):
             raise invalid("return_logprob" + at, f"must be a bool, not {json_type(flag)}")
-        top = _int(top, "top_logprobs_num" + at, 0, 0, MAX_TOP_LOGPROBS)
+        top = _int(top, "top_logprobs_num" + at, 0, 0, min(max_top, MAX_TOP_LOGPROBS))
         start = _int(start, "logprob_start_len" + at, -1, -1, n - 1)
         out.append(LogprobOptions(top, start, bool(text)) if flag else None)
     return out

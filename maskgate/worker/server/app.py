@@ -1,8 +1,9 @@
 """`create_app(config)`: the worker's aiohttp application, used by the CLI and every test.
 
 The model loads and the engine thread starts in `cleanup_ctx`, so the server listens only
-once it can answer; handlers reach everything through `app[STATE]`. One middleware renders
-every error as the OpenAI-style body of `gateway.errors.ApiError`.
+once it can answer; handlers reach everything through `app[STATE]`. Routes come from the one
+table of routes.py, each behind its key check. One middleware renders every error as the
+OpenAI-style body of `gateway.errors.ApiError`.
 """
 
 from __future__ import annotations
@@ -11,16 +12,18 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
-from maskgate.protocol.responses import error_response, json_response
+from maskgate.protocol.responses import error_response
 from maskgate.worker.config import WorkerConfig
 from maskgate.worker.engine import Engine
 from maskgate.worker.metrics import WorkerMetrics
 from maskgate.worker.scheduler import Scheduler
-from maskgate.worker.server import control, generate, openai, weight_routes
+from maskgate.worker.server import routes
+from maskgate.worker.server.auth import Keys
 from maskgate.worker.server.backend import Backend, load_backend
 from maskgate.worker.server.output import ClientGone
 from maskgate.worker.server.state import STATE, StateRef, WorkerState, policy_config
@@ -36,13 +39,7 @@ def create_app(config: WorkerConfig, *, backend: Backend | None = None) -> web.A
     app = web.Application(middlewares=[error_middleware], client_max_size=config.max_body_bytes)
     app[STATE] = StateRef()
     app.cleanup_ctx.append(_engine_ctx(config, backend))
-    app.router.add_get("/health", handle_health)
-    app.router.add_get("/v1/models", handle_models)
-    app.router.add_get("/metrics", handle_metrics)
-    generate.setup(app)
-    openai.setup(app)
-    control.setup(app)
-    weight_routes.setup(app)
+    routes.register(app, Keys.of(config.api_key, config.admin_api_key))
     return app
 
 
@@ -104,7 +101,22 @@ _ARCHITECTURES = {
 def _model_facts(loaded: Backend) -> dict[str, object]:
     model_type = getattr(getattr(loaded.runner, "config", None), "model_type", None)
     arch = _ARCHITECTURES.get(model_type or "")
-    return {"model_type": model_type, "architectures": [arch] if arch else None}
+    device = getattr(loaded.runner, "device", None)
+    return {
+        "model_type": model_type,
+        "architectures": [arch] if arch else None,
+        "device": str(device) if device is not None else None,
+        "accelerator": _accelerator(device),
+    }
+
+
+def _accelerator(device: Any) -> str | None:
+    """The GPU's name (`/v1/loads`); None on the CPU."""
+    if getattr(device, "type", None) != "cuda":
+        return None
+    import torch  # a CUDA runner is loaded: torch is already imported
+
+    return str(torch.cuda.get_device_name(device))
 
 
 @web.middleware
@@ -131,31 +143,3 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(
             ApiError("worker_error", "internal error", status=500, error_type="server_error")
         )
-
-
-def _state(request: web.Request) -> WorkerState:
-    return request.app[STATE].get()
-
-
-async def handle_health(request: web.Request) -> web.Response:
-    state = _state(request)
-    if not state.engine.alive:
-        return web.json_response({"status": "engine stopped"}, status=503)
-    return json_response({"status": "ok", "role": state.config.role})
-
-
-async def handle_models(request: web.Request) -> web.Response:
-    state = _state(request)
-    model = {
-        "id": state.model_name,
-        "object": "model",
-        "created": 0,
-        "owned_by": "maskgate",
-        "max_model_len": state.max_model_len,
-    }
-    return json_response({"object": "list", "data": [model]})
-
-
-async def handle_metrics(request: web.Request) -> web.Response:
-    body = _state(request).metrics.render()
-    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})

@@ -172,18 +172,3 @@ async def handle_model_info(request: web.Request) -> web.Response:
         "released_memory": sorted(state.engine.held),
     }
     return json_response(info)
-
-
-def setup(app: web.Application) -> None:
-    app.router.add_post("/pause_generation", handle_pause)
-    app.router.add_post("/continue_generation", handle_continue)
-    app.router.add_post("/abort_request", handle_abort_request)
-    for path, handler in (
-        ("/flush_cache", handle_flush_cache),
-        ("/release_memory_occupation", handle_release_memory),
-        ("/resume_memory_occupation", handle_resume_memory),
-    ):
-        app.router.add_get(path, handler)
-        app.router.add_post(path, handler)
-    app.router.add_get("/model_info", handle_model_info)
-    app.router.add_get("/get_model_info", handle_model_info)

@@ -27,6 +27,11 @@ from maskgate.worker.params import (
     unsupported,
 )
 from maskgate.worker.sequence import Sequence
+from maskgate.worker.server.bounds import (
+    check_prompt_logprob_rows,
+    check_sequences,
+    encode_texts,
+)
 from maskgate.worker.server.output import (
     SSE_DONE,
     SeqOutput,
@@ -67,7 +72,7 @@ class Item:
 
 async def handle_generate(request: web.Request) -> web.StreamResponse:
     state, body, _ = await admit(request, Route.GENERATE)
-    items, is_batch = parse_request(body, state, request_id(request))
+    items, is_batch = await parse_request(body, state, request_id(request))
     bounded = body.get("sampling_mask_mode") == "bounded"
     seqs: list[Sequence] = []
     outs: list[SeqOutput] = []
@@ -114,21 +119,23 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     return web.json_response(results if many else results[0], dumps=_dumps)
 
 
-def parse_request(
+async def parse_request(
     body: dict[str, Any], state: WorkerState, default_rid: str
 ) -> tuple[list[Item], bool]:
-    """Validate the body; one Item per prompt. Raises ApiError (400) on any bad field."""
+    """Validate the body; one Item per prompt. Raises ApiError (400/413) on any bad field or
+    bound (bounds.py), all checked before the prompts are tokenized (off the event loop)."""
     for name, value in body.items():
         if name in _KNOWN or value in (None, False, [], {}, ""):
             continue
         raise unsupported(name, f"the field {name!r}")
-    prompts, is_batch = _prompts(body, state)
-    size = len(prompts)
+    raw, is_batch = _raw_prompts(body)
+    size = len(raw)
     params = per_item(body.get("sampling_params"), size, is_batch, "sampling_params")
     parsed = [
         parse_generate_params(sp, f"sampling_params[{i}]" if size > 1 else "sampling_params")
         for i, sp in enumerate(params)
     ]
+    check_sequences(state, sum(gp.n for gp in parsed))
     flags = per_item(body.get("return_sampling_mask"), size, is_batch, "return_sampling_mask")
     mode = body.get("sampling_mask_mode")
     if mode not in (None, "exact", "bounded"):
@@ -136,7 +143,18 @@ def parse_request(
     opt_bool(body, "stream")
     opt_bool(body, "incremental_streaming_output")
     rids = _rids(body.get("rid"), size, is_batch, default_rid)
-    logprobs = parse_generate_logprobs(body, [len(p) for p in prompts], is_batch)
+    prompts = await _prompts(raw, is_batch, state)
+    logprobs = parse_generate_logprobs(
+        body, [len(p) for p in prompts], is_batch, max_top=state.config.max_top_logprobs_num
+    )
+    check_prompt_logprob_rows(
+        state,
+        sum(
+            gp.n * (len(p) - lp.start)
+            for p, gp, lp in zip(prompts, parsed, logprobs, strict=True)
+            if lp is not None and lp.start >= 0
+        ),
+    )
     items = []
     for ids, gp, flag, rid, lp in zip(prompts, parsed, flags, rids, logprobs, strict=True):
         if flag not in (None, True, False):
@@ -145,22 +163,30 @@ def parse_request(
     return items, is_batch
 
 
-def _prompts(body: dict[str, Any], state: WorkerState) -> tuple[list[list[int]], bool]:
+def _raw_prompts(body: dict[str, Any]) -> tuple[list[str] | list[Any], bool]:
+    """The prompts as sent (strings, or id lists), type-checked, not yet tokenized."""
     text, ids = body.get("text"), body.get("input_ids")
     if (text is None) == (ids is None):
         raise invalid("text", "or input_ids: send exactly one of them")
-    tok = state.tokenizer
     if isinstance(text, str):
-        return [check_prompt(tok.encode(text), state, "text")], False
+        return [text], False
     if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
-        return [check_prompt(tok.encode(t), state, f"text[{i}]") for i, t in enumerate(text)], True
+        return text, True
     if text is not None:
         raise invalid("text", "must be a string or a non-empty list of strings")
     if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids):
-        return [check_prompt(x, state, f"input_ids[{i}]") for i, x in enumerate(ids)], True
+        return ids, True
     if isinstance(ids, list):
-        return [check_prompt(ids, state, "input_ids")], False
+        return [ids], False
     raise invalid("input_ids", "must be a list of token ids or a non-empty list of such lists")
+
+
+async def _prompts(raw: list[Any], is_batch: bool, state: WorkerState) -> list[list[int]]:
+    key = "text" if isinstance(raw[0], str) else "input_ids"
+    names = [f"{key}[{i}]" if is_batch else key for i in range(len(raw))]
+    if key == "text":
+        raw = await encode_texts(state, raw, key)
+    return [check_prompt(ids, state, name) for ids, name in zip(raw, names, strict=True)]
 
 
 def _rids(value: Any, size: int, is_batch: bool, default: str) -> list[str]:
@@ -232,7 +258,3 @@ async def _stream(
 
 def _dumps(obj: Any) -> str:
     return orjson.dumps(obj).decode()
-
-
-def setup(app: web.Application) -> None:
-    app.router.add_post("/generate", handle_generate)

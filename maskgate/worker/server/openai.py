@@ -21,6 +21,12 @@ from maskgate.worker.engine import RequestHandle
 from maskgate.worker.logprob_params import parse_openai_logprobs
 from maskgate.worker.params import GenParams, invalid, opt_bool, parse_openai_params
 from maskgate.worker.sequence import Sequence
+from maskgate.worker.server.bounds import (
+    check_prompt_bytes,
+    check_sequences,
+    encode_texts,
+    off_loop,
+)
 from maskgate.worker.server.logprob_format import chat_logprobs, completion_logprobs
 from maskgate.worker.server.output import (
     SSE_DONE,
@@ -38,19 +44,23 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 async def handle_chat(request: web.Request) -> web.StreamResponse:
     state, body, masked = await admit(request, Route.CHAT)
-    prompt = check_prompt(_chat_prompt(body, state), state, "messages")
+    messages = _chat_messages(body, state)
+    check_prompt_bytes(state, [m["content"] for m in messages], "messages")
+    prompt = check_prompt(await off_loop(lambda: _chat_prompt(messages, state)), state, "messages")
     params = parse_openai_params(body, state.max_model_len - len(prompt))
+    check_sequences(state, params.n)
     return await _serve(request, state, body, Route.CHAT, [prompt], params, masked)
 
 
 async def handle_completions(request: web.Request) -> web.StreamResponse:
     state, body, masked = await admit(request, Route.COMPLETIONS)
-    prompts = _completion_prompts(body, state)
     params = parse_openai_params(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    prompts = await _completion_prompts(body, state, params.n)
     return await _serve(request, state, body, Route.COMPLETIONS, prompts, params, masked)
 
 
-def _chat_prompt(body: dict[str, Any], state: WorkerState) -> list[int]:
+def _chat_messages(body: dict[str, Any], state: WorkerState) -> list[dict[str, str]]:
+    """The messages as {role, content} strings, checked before any template runs."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", "must be a non-empty list of {role, content} objects")
@@ -59,13 +69,18 @@ def _chat_prompt(body: dict[str, Any], state: WorkerState) -> list[int]:
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise invalid(f"messages[{i}]", "must be an object with a string role")
         flat.append({"role": msg["role"], "content": _content_text(msg.get("content"), i)})
-    tok: Any = state.tokenizer
-    if getattr(tok, "chat_template", None) is None:
+    if getattr(state.tokenizer, "chat_template", None) is None:
         raise ApiError(
             "chat_template_missing",
             f"model {state.model_name!r} has no chat template; use /v1/completions",
             param="messages",
         )
+    return flat
+
+
+def _chat_prompt(flat: list[dict[str, str]], state: WorkerState) -> list[int]:
+    """Template and tokenizer: run off the event loop."""
+    tok: Any = state.tokenizer
     text = tok.apply_chat_template(flat, tokenize=False, add_generation_prompt=True)
     # The template already holds BOS and role markers; encoding must not add them twice.
     return list(tok.encode(text, add_special_tokens=False))
@@ -86,18 +101,21 @@ def _content_text(content: Any, i: int) -> str:
     raise invalid(f"messages[{i}].content", "must be a string or a list of text parts")
 
 
-def _completion_prompts(body: dict[str, Any], state: WorkerState) -> list[list[int]]:
+async def _completion_prompts(body: dict[str, Any], state: WorkerState, n: int) -> list[list[int]]:
     prompt = body.get("prompt")
-    tok = state.tokenizer
     if isinstance(prompt, str):
-        return [check_prompt(tok.encode(prompt), state, "prompt")]
+        check_sequences(state, n)
+        (ids,) = await encode_texts(state, [prompt], "prompt")
+        return [check_prompt(ids, state, "prompt")]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return [
-                check_prompt(tok.encode(p), state, f"prompt[{i}]") for i, p in enumerate(prompt)
-            ]
+            check_sequences(state, len(prompt) * n)
+            lists = await encode_texts(state, prompt, "prompt")
+            return [check_prompt(p, state, f"prompt[{i}]") for i, p in enumerate(lists)]
         if all(isinstance(p, list) for p in prompt):
+            check_sequences(state, len(prompt) * n)
             return [check_prompt(p, state, f"prompt[{i}]") for i, p in enumerate(prompt)]
+        check_sequences(state, n)
         return [check_prompt(prompt, state, "prompt")]
     raise invalid("prompt", "must be a string, a list of strings, or token ids")
 
@@ -264,8 +282,3 @@ async def _stream(
         await resp.write(sse({**reply.chunk([]), "usage": reply.usage()}))
     await resp.write(SSE_DONE)
     return resp
-
-
-def setup(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", handle_chat)
-    app.router.add_post("/v1/completions", handle_completions)

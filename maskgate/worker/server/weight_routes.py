@@ -213,14 +213,3 @@ async def handle_update_weight_version(request: web.Request) -> web.Response:
 
 async def handle_weight_version(request: web.Request) -> web.Response:
     return json_response({"weight_version": _state(request).engine.weight_version})
-
-
-def setup(app: web.Application) -> None:
-    app.router.add_post("/update_weights_from_disk", handle_update_from_disk)
-    app.router.add_post("/init_weights_update_group", handle_init_group)
-    app.router.add_post("/destroy_weights_update_group", handle_destroy_group)
-    app.router.add_post("/update_weights_from_distributed", handle_update_from_distributed)
-    app.router.add_post("/update_weights_from_tensor", handle_update_from_tensor)
-    app.router.add_post("/update_weight_version", handle_update_weight_version)
-    app.router.add_get("/get_weight_version", handle_weight_version)
-    app.router.add_get("/weight_version", handle_weight_version)
