@@ -29,6 +29,7 @@ log = logging.getLogger("maskgate.worker")
 
 PROBE_PROMPT = [0]  # one token id, present in every vocabulary
 NONFINITE = "non-finite logits"
+PROBE_POLL_S = 0.05  # how often a queued probe looks at the engine's progress
 
 
 async def handle_health(request: web.Request) -> web.Response:
@@ -54,7 +55,9 @@ async def handle_health_generate(request: web.Request) -> web.Response:
 
 
 async def probe(state: WorkerState) -> str | None:
-    """One greedy token through the engine; None when it came, else what went wrong."""
+    """One greedy token through the engine; None when the worker is fit, else what went
+    wrong. As SGLang's check, a busy engine that keeps stepping with finite logits passes
+    before the probe's own turn comes: the probe then waits in the queue behind full slots."""
     engine = state.engine
     if engine.paused is not None:
         return f"generation is paused (mode {engine.paused}); no step can run"
@@ -66,20 +69,24 @@ async def probe(state: WorkerState) -> str | None:
         params=SamplingParams(temperature=0.0),
         rule=StopRule(max_new_tokens=1, ignore_eos=True),
     )
+    steps = engine.num_steps
     handle = engine.submit([seq])
+    timeout = state.config.health_check_timeout_s
     try:
-        async with asyncio.timeout(state.config.health_check_timeout_s):
+        async with asyncio.timeout(timeout):
             while True:
-                ev = await handle.next_event(state.config.health_check_timeout_s)
+                ev = await handle.next_event(PROBE_POLL_S)
                 if ev is None:
+                    if engine.num_steps > steps + 1 and not engine.nonfinite_logits:
+                        return None  # stepping on, finite: the probe's turn is not needed
                     continue
                 if ev.error is not None:
                     return f"the probe failed: {ev.error.code}: {ev.error.message}"
                 if ev.finished:
                     return None if ev.token is not None else f"the probe ended: {ev.finish_reason}"
     except TimeoutError:
-        log.error("health probe: no token within %.1f s", state.config.health_check_timeout_s)
-        return f"no token within {state.config.health_check_timeout_s:g} s"
+        log.error("health probe: no token within %.1f s", timeout)
+        return f"no token within {timeout:g} s"
     finally:
         handle.abort()
 

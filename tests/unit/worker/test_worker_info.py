@@ -17,7 +17,7 @@ from maskgate.worker.config import WorkerConfig
 from maskgate.worker.server.backend import Backend
 
 CONFIG = WorkerConfig(
-    model="tiny-random", device="cpu", max_model_len=64, max_num_seqs=4, weight_version="v7"
+    model="tiny-random", device="cpu", max_model_len=2048, max_num_seqs=4, weight_version="v7"
 )
 
 
@@ -50,6 +50,35 @@ async def test_health_generate_runs_one_token(client: TestClient) -> None:
     assert (await get(client, "/health_generate"))[0] == 200
 
 
+async def test_health_generate_passes_on_progress_while_slots_are_full(
+    client: TestClient,
+) -> None:
+    """As SGLang's check: with every slot held by long generations the probe queues, and the
+    engine stepping on with finite logits is enough."""
+    endless = {"temperature": 0, "max_new_tokens": 2000, "ignore_eos": True}
+    tasks = [
+        asyncio.create_task(
+            post(
+                client,
+                "/generate",
+                {"input_ids": [1, 2], "sampling_params": endless, "rid": f"b{i}"},
+            )
+        )
+        for i in range(4)
+    ]
+    for _ in range(500):
+        if (await get(client, "/v1/loads?include=core"))[1]["loads"][0]["num_running_reqs"] == 4:
+            break
+        await asyncio.sleep(0.01)
+    status, body = await get(client, "/health_generate")
+    assert (status, body["status"]) == (200, "ok")
+    assert not any(t.done() for t in tasks)  # the slots never freed: progress answered
+    assert (await get(client, "/v1/loads"))[1]["loads"][0]["num_waiting_reqs"] == 0  # withdrawn
+    assert (await client.post("/abort_request", json={"abort_all": True})).status == 200
+    for status, out in await asyncio.gather(*tasks):
+        assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort"
+
+
 async def test_server_info_has_what_slime_reads(client: TestClient) -> None:
     for path in ("/server_info", "/get_server_info"):
         status, info = await get(client, path)
@@ -61,8 +90,8 @@ async def test_server_info_has_what_slime_reads(client: TestClient) -> None:
         assert info["dtype"] == "auto"
         # Real settings of this worker.
         assert info["model_path"] == "tiny-random"
-        assert (info["context_length"], info["max_running_requests"]) == (64, 4)
-        assert info["max_total_num_tokens"] == 4 * 64
+        assert (info["context_length"], info["max_running_requests"]) == (2048, 4)
+        assert info["max_total_num_tokens"] == 4 * 2048
         assert info["weight_version"] == "v7" and info["role"] == "mixed"
         assert info["max_sequences_per_request"] == CONFIG.max_sequences_per_request
         assert info["api_key_set"] is False
@@ -78,7 +107,7 @@ async def test_loads_count_the_scheduler(client: TestClient) -> None:
         0,
         0,
     )
-    assert idle["max_total_num_tokens"] == 4 * 64 and idle["max_running_requests"] == 4
+    assert idle["max_total_num_tokens"] == 4 * 2048 and idle["max_running_requests"] == 4
     assert set(idle["memory"]) >= {"token_capacity", "kv_slots"} and "queues" in idle
     # Paused in place, new requests queue: 1 + 2 sequences (n=2) of 3 and 5 prompt tokens.
     assert (await post(client, "/pause_generation", {"mode": "in_place"}))[0] == 200
@@ -121,7 +150,7 @@ async def test_tokenize_and_detokenize_in_sglangs_shapes(
     tok = backend.tokenizer
     status, one = await post(client, "/tokenize", {"prompt": "hello world", "model": "x"})
     assert status == 200
-    assert one == {"tokens": tok.encode("hello world"), "count": 5, "max_model_len": 64}
+    assert one == {"tokens": tok.encode("hello world"), "count": 5, "max_model_len": 2048}
     status, many = await post(
         client, "/v1/tokenize", {"prompt": ["hi", "hello"], "add_special_tokens": False}
     )
