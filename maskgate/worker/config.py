@@ -76,7 +76,7 @@ class WorkerConfig(BaseModel):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     max_sequences_per_request: int = Field(1024, ge=1)  # prompts x n, summed over items
     max_prompt_bytes: int = Field(4 * 1024 * 1024, ge=1)  # UTF-8 text of all prompts, untokenized
-    max_top_logprobs_num: int = Field(20, ge=0)  # /generate top_logprobs_num, as OpenAI's 20
+    max_top_logprobs_num: int = Field(20, ge=0, le=1024)  # /generate top_logprobs_num; OpenAI: 20
     max_prompt_logprob_rows: int = Field(32768, ge=0)  # scored prompt positions x n, summed
     # /health_generate (and /health after non-finite logits): the 1-token probe's deadline.
     health_check_timeout_s: float = Field(20.0, gt=0)
