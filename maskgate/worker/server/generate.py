@@ -27,6 +27,7 @@ from maskgate.worker.params import (
     unsupported,
 )
 from maskgate.worker.sequence import Sequence
+from maskgate.worker.server.inflight import duplicate
 from maskgate.worker.server.output import (
     SSE_DONE,
     SeqOutput,
@@ -97,19 +98,26 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
                     holdback=holdback(item.params.rule.stop),
                     lp=lp,
                     scored=item.prompt_ids[lp.start :] if lp is not None and lp.start >= 0 else [],
+                    admitted_version=state.engine.weight_version,
                 )
             )
     many = is_batch or len(seqs) > 1
-    handle = state.engine.submit(seqs)
-    try:
-        if opt_bool(body, "stream"):
-            incremental = opt_bool(body, "incremental_streaming_output")
-            if incremental is None:
-                incremental = state.config.incremental_streaming_output
-            return await _stream(request, state, handle, outs, many=many, incremental=incremental)
-        await collect(request, handle, outs)
-    finally:
-        handle.abort()
+    # The request's own rid (a batch's base), its items' and its sequences'.
+    base = [body["rid"]] if is_batch and isinstance(body.get("rid"), str) else []
+    names = {*base, *(item.rid for item in items), *(s.rid for s in seqs)}
+    with state.rids.claim(names):
+        handle = state.engine.submit(seqs)
+        try:
+            if opt_bool(body, "stream"):
+                incremental = opt_bool(body, "incremental_streaming_output")
+                if incremental is None:
+                    incremental = state.config.incremental_streaming_output
+                return await _stream(
+                    request, state, handle, outs, many=many, incremental=incremental
+                )
+            await collect(request, handle, outs)
+        finally:
+            handle.abort()
     results = [_result(state, out) for out in outs]
     return web.json_response(results if many else results[0], dumps=_dumps)
 
@@ -174,6 +182,11 @@ def _rids(value: Any, size: int, is_batch: bool, default: str) -> list[str]:
         and len(value) == size
         and all(isinstance(v, str) for v in value)
     ):
+        seen: set[str] = set()
+        for v in value:
+            if v in seen:
+                raise duplicate(v)
+            seen.add(v)
         return value
     raise invalid("rid", "must be a string (or, for a batch, a list of one string per prompt)")
 
@@ -212,14 +225,14 @@ async def _stream(
             chunk = {
                 "text": text[sent_chars[k] :],
                 "output_ids": out.ids[sent_ids[k] :],
-                "meta_info": out.meta_info(since=sent_ids[k], tok=state.tokenizer),
+                "meta_info": out.meta_info(since=sent_ids[k], tok=state.tokenizer, stream=True),
             }
             sent_ids[k], sent_chars[k] = len(out.ids), len(text)
         else:
             chunk = {
                 "text": text,
                 "output_ids": out.ids,
-                "meta_info": out.meta_info(tok=state.tokenizer),
+                "meta_info": out.meta_info(tok=state.tokenizer, stream=True),
             }
         if many:
             chunk["index"] = k

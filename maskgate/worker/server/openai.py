@@ -128,16 +128,19 @@ async def _serve(
                 seq.want_logprob, seq.top_logprobs = True, lp.top
             seqs.append(seq)
             hold = holdback(params.rule.stop)
-            outs.append(SeqOutput(f"{rid}-{k}", len(ids), masked, bounded, holdback=hold, lp=lp))
+            out = SeqOutput(f"{rid}-{k}", len(ids), masked, bounded, holdback=hold, lp=lp)
+            out.admitted_version = state.engine.weight_version
+            outs.append(out)
     total = sum(len(p) for p in prompts)
     reply = _Reply(state, route, rid, outs, prompt_tokens=total, meta=meta, token_ids=token_ids)
-    handle = state.engine.submit(seqs)
-    try:
-        if stream:
-            return await _stream(request, handle, reply, body)
-        await collect(request, handle, outs)
-    finally:
-        handle.abort()
+    with state.rids.claim([rid, *(s.rid for s in seqs)]):
+        handle = state.engine.submit(seqs)
+        try:
+            if stream:
+                return await _stream(request, handle, reply, body)
+            await collect(request, handle, outs)
+        finally:
+            handle.abort()
     return web.json_response(reply.full(), dumps=lambda o: orjson.dumps(o).decode())
 
 
@@ -219,9 +222,7 @@ class _Reply:
         tok = self.state.tokenizer
         choices = [self.choice(k, o.text(tok), o.ids) for k, o in enumerate(self.outs)]
         full = {**self.envelope(False), "choices": choices, "usage": self.usage()}
-        # As SGLang: the weights that produced the response (choices' meta_info has the spans).
-        version = self.outs[0].meta_info()["weight_version"] if self.outs else None
-        full["metadata"] = {"weight_version": version}
+        full.update(versions(self.outs[0]))
         return full
 
     def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -238,12 +239,10 @@ async def _stream(
     include_usage = bool(opts and opt_bool(opts, "include_usage", "stream_options."))
     tok = reply.state.tokenizer
     resp = await open_stream(request)
-    if reply.chat:  # the role arrives first, as OpenAI sends it
-        first = [
-            {"index": k, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-            for k in range(len(reply.outs))
-        ]
-        await resp.write(sse(reply.chunk(first)))
+    if reply.chat:  # the role arrives first, one chunk per choice, as OpenAI sends it
+        for k in range(len(reply.outs)):
+            role = {"index": k, "delta": {"role": "assistant", "content": ""}}
+            await resp.write(sse(reply.chunk([{**role, "finish_reason": None}])))
     sent_ids = [0] * len(reply.outs)
     sent_chars = [0] * len(reply.outs)
     async for ev in follow(request, handle):
@@ -259,11 +258,26 @@ async def _stream(
             continue  # an incomplete character: wait for the next token
         choice = reply.choice(k, piece, ids, delta=True, since=sent_ids[k])
         sent_chars[k], sent_ids[k] = max(len(text), sent_chars[k]), len(out.ids)
-        await resp.write(sse(reply.chunk([choice])))
+        chunk = reply.chunk([choice])
+        if out.finished:  # a choice's last chunk: the weights that produced it
+            chunk.update(versions(out))
+        await resp.write(sse(chunk))
     if include_usage:
         await resp.write(sse({**reply.chunk([]), "usage": reply.usage()}))
     await resp.write(SSE_DONE)
     return resp
+
+
+def versions(out: SeqOutput) -> dict[str, Any]:
+    """The weight versions of a choice, at the top level of an answer: `metadata` (a flat
+    string map, as OpenAI defines it) holds the version of its last token's weights, and
+    `sglext`, as SGLang's answers, that version and its spans."""
+    spans = out.spans()
+    version = spans[-1]["version"]
+    return {
+        "metadata": {"weight_version": version},
+        "sglext": {"weight_version": version, "weight_versions": spans},
+    }
 
 
 def setup(app: web.Application) -> None:

@@ -63,6 +63,8 @@ class SeqOutput:
     # Weight versions over output positions: [{"version", "start", "end"}], end exclusive.
     weight_versions: list[dict[str, Any]] = field(default_factory=list)
     weight_version: str | None = None  # the engine's version at the latest event
+    admitted_version: str | None = None  # the engine's version when the request was admitted
+    spans_sent: dict[int, int] = field(default_factory=dict)  # streams: span start -> end sent
     # Incremental detokenization for streams (token offsets into `ids`).
     streamed: str = ""
     prefix_offset: int = 0
@@ -129,9 +131,13 @@ class SeqOutput:
             return self.finish_reason
         return "abort" if self.finish_reason == "abort" else None
 
-    def meta_info(self, *, since: int = 0, tok: Tokenizer | None = None) -> dict[str, Any]:
+    def meta_info(
+        self, *, since: int = 0, tok: Tokenizer | None = None, stream: bool = False
+    ) -> dict[str, Any]:
         """SGLang-style meta_info; mask and log-prob fields from output index `since` on
-        (prompt log-probs only with since=0). `tok` decodes return_text_in_logprobs."""
+        (prompt log-probs only with since=0). `tok` decodes return_text_in_logprobs.
+        `stream`: a stream chunk, whose weight_versions are the spans new since the last."""
+        spans = self.spans()
         info: dict[str, Any] = {
             "id": self.rid,
             "finish_reason": self.sglang_finish_reason(),
@@ -139,11 +145,9 @@ class SeqOutput:
             "completion_tokens": len(self.ids),
             "cached_tokens": 0,
             "e2e_latency": round(time.monotonic() - self.start, 6),
-            # The version of the last token's weights (the live one before any token).
-            "weight_version": (
-                self.weight_versions[-1]["version"] if self.weight_versions else self.weight_version
-            ),
-            "weight_versions": self.weight_versions,
+            # The version of the last token's weights (before any token, the admitted one).
+            "weight_version": spans[-1]["version"],
+            "weight_versions": self.stream_spans(spans) if stream else spans,
         }
         if self.want_mask:
             info["output_token_sampling_mask"] = self.masks[since:]
@@ -154,6 +158,24 @@ class SeqOutput:
         if self.lp is not None:
             info.update(self.logprob_info(since, tok))
         return info
+
+    def spans(self) -> list[dict[str, Any]]:
+        """`weight_versions`, never empty: a sequence that has no token yet (or was aborted
+        before its first) holds one empty span of the version it was admitted under."""
+        if self.weight_versions:
+            return self.weight_versions
+        version = self.admitted_version or self.weight_version
+        return [{"version": version, "start": 0, "end": 0}]
+
+    def stream_spans(self, spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A stream chunk's spans: those that began or grew since this sequence's previous
+        chunk (usually the current one alone); the final chunk holds the whole list."""
+        if self.finished:
+            return spans
+        new = [dict(s) for s in spans if self.spans_sent.get(s["start"]) != s["end"]]
+        for s in new:
+            self.spans_sent[s["start"]] = s["end"]
+        return new  # copies: the last span keeps growing after the chunk is built
 
     def logprob_info(self, since: int, tok: Tokenizer | None) -> dict[str, Any]:
         """SGLang's return_logprob fields of meta_info."""

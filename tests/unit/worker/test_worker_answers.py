@@ -1,0 +1,169 @@
+"""What the worker answers, in-process over the tiny-random model: request ids held once,
+weight-version spans (never empty, once per stream), OpenAI answers' version fields and chat
+streams with several choices."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient
+
+from maskgate.worker.config import WorkerConfig
+from maskgate.worker.engine import Event
+from maskgate.worker.server.output import SeqOutput
+
+CONFIG = WorkerConfig(model="tiny-random", device="cpu", max_model_len=64, max_num_seqs=4)
+LONG = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def worker_config() -> WorkerConfig:
+    return CONFIG
+
+
+async def post(client: TestClient, path: str, body: Any, **kw: Any) -> tuple[int, Any]:
+    r = await client.post(path, json=body, **kw)
+    return r.status, await r.json()
+
+
+def events(text: str) -> list[Any]:
+    return [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+async def first_chunk(client: TestClient, body: dict[str, Any]) -> Any:
+    """Start a stream and wait for its first chunk: the request is then in flight."""
+    resp = await client.post("/generate", json={**body, "stream": True})
+    assert resp.status == 200
+    await resp.content.readuntil(b"\n\n")
+    return resp
+
+
+async def version(client: TestClient) -> str:
+    return str((await (await client.get("/weight_version")).json())["weight_version"])
+
+
+async def test_a_rid_in_flight_is_refused_and_free_again_after(client: TestClient) -> None:
+    held = await first_chunk(
+        client, {"input_ids": [1, 2, 3], "rid": "dup", "sampling_params": LONG}
+    )
+    one = {"input_ids": [4, 5], "sampling_params": {"max_new_tokens": 1}}
+    for body, kw in (
+        ({**one, "rid": "dup"}, {}),
+        ({**one, "input_ids": [[4], [5]], "rid": ["x", "dup"]}, {}),
+        (one, {"headers": {"x-request-id": "dup"}}),  # the rid the header names
+    ):
+        status, err = await post(client, "/generate", body, **kw)
+        assert status == 400 and err["error"]["code"] == "duplicate_request_id", err
+        assert err["error"]["message"] == "Duplicate request ID detected: dup"
+    status, err = await post(
+        client, "/v1/completions", {"prompt": "a", "max_tokens": 1}, headers={"x-request-id": "dup"}
+    )
+    assert status == 400 and err["error"]["code"] == "duplicate_request_id"
+    # The refusals touched nothing: aborting by the rid ends the one holder.
+    assert (await client.post("/abort_request", json={"rid": "dup"})).status == 200
+    last = events(await held.text())[-1]
+    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    status, reply = await post(client, "/generate", {**one, "rid": "dup"})
+    assert status == 200 and reply["meta_info"]["id"] == "dup"
+
+
+async def test_a_batch_naming_one_rid_twice_is_refused(client: TestClient) -> None:
+    body = {"input_ids": [[1], [2]], "rid": ["a", "a"], "sampling_params": {"max_new_tokens": 1}}
+    status, err = await post(client, "/generate", body)
+    assert status == 400 and err["error"]["code"] == "duplicate_request_id"
+
+
+async def test_an_abort_before_the_first_token_reports_the_admitted_version(
+    client: TestClient,
+) -> None:
+    admitted = await version(client)
+    await post(client, "/pause_generation", {"mode": "in_place"})
+    try:
+        body = {"input_ids": [1, 2], "rid": "early", "sampling_params": LONG}
+        task = asyncio.ensure_future(post(client, "/generate", body))
+        await asyncio.sleep(0.2)
+        update = {"new_version": admitted + "-next", "abort_all_requests": False}
+        assert (await post(client, "/update_weight_version", update))[0] == 200
+        assert (await client.post("/abort_request", json={"rid": "early"})).status == 200
+        status, reply = await task
+    finally:
+        await post(client, "/continue_generation", {})
+    meta = reply["meta_info"]
+    assert status == 200 and meta["finish_reason"]["type"] == "abort" and not reply["output_ids"]
+    assert meta["weight_versions"] == [{"version": admitted, "start": 0, "end": 0}]
+    assert meta["weight_version"] == admitted
+    status, reply = await post(
+        client, "/generate", {**body, "sampling_params": {"max_new_tokens": 0}}
+    )
+    assert reply["meta_info"]["weight_versions"] == [
+        {"version": admitted + "-next", "start": 0, "end": 0}
+    ]
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_stream_chunks_carry_each_span_once(client: TestClient, incremental: bool) -> None:
+    now = await version(client)
+    body = {
+        "input_ids": [1, 2, 3],
+        "sampling_params": LONG,
+        "incremental_streaming_output": incremental,
+        "stream": True,
+    }
+    chunks = [
+        c["meta_info"] for c in events(await (await client.post("/generate", json=body)).text())
+    ]
+    assert chunks[-1]["weight_versions"] == [{"version": now, "start": 0, "end": 40}]
+    for n, meta in enumerate(chunks[:-1], start=1):  # the one span, grown by a token each
+        assert meta["weight_versions"] == [{"version": now, "start": 0, "end": n}]
+
+
+def test_stream_spans_across_an_update() -> None:
+    out = SeqOutput("r", 3, want_mask=False, bounded=False, admitted_version="v1")
+    sent = []
+    for token, ver in enumerate(["v1", "v1", "v2", "v2"]):
+        out.apply(Event(index=0, token=token, weight_version=ver))
+        sent.append(out.meta_info(stream=True)["weight_versions"])
+    out.apply(Event(index=0, token=9, weight_version="v2", finish_reason="length"))
+    final = out.meta_info(stream=True)["weight_versions"]
+    v1 = {"version": "v1", "start": 0}
+    assert sent == [
+        [{**v1, "end": 1}],
+        [{**v1, "end": 2}],
+        [{"version": "v2", "start": 2, "end": 3}],
+        [{"version": "v2", "start": 2, "end": 4}],
+    ]
+    assert final == [{**v1, "end": 2}, {"version": "v2", "start": 2, "end": 5}]
+    assert out.meta_info()["weight_versions"] == final  # whole answers: always the full list
+
+
+async def test_openai_answers_carry_versions_in_metadata_and_sglext(client: TestClient) -> None:
+    now = await version(client)
+    spans = [{"version": now, "start": 0, "end": 3}]
+    body = {"prompt": [3, 4, 5], "max_tokens": 3, "temperature": 0}
+    status, reply = await post(client, "/v1/completions", body)
+    assert status == 200 and reply["metadata"] == {"weight_version": now}
+    assert reply["sglext"] == {"weight_version": now, "weight_versions": spans}
+    r = await client.post("/v1/completions", json={**body, "stream": True})
+    chunks = events(await r.text())
+    assert all("metadata" not in c for c in chunks[:-1])
+    assert chunks[-1]["metadata"] == {"weight_version": now}
+    assert chunks[-1]["sglext"]["weight_versions"] == spans
+
+
+async def test_chat_streams_send_one_choice_per_chunk(client: TestClient) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        "n": 3,
+        "temperature": 0,
+        "stream": True,
+    }
+    r = await client.post("/v1/chat/completions", json=body)
+    chunks = events(await r.text())
+    assert all(len(c["choices"]) == 1 for c in chunks)
+    roles = [c["choices"][0] for c in chunks if "role" in c["choices"][0]["delta"]]
+    assert [c["index"] for c in roles] == [0, 1, 2]
+    assert all(c["delta"] == {"role": "assistant", "content": ""} for c in roles)
