@@ -38,6 +38,7 @@ from maskgate.worker.server.output import (
     sse,
 )
 from maskgate.worker.server.state import WorkerState, admit, check_prompt, request_id
+from maskgate.worker.server.top_p_ids import check_payload
 
 _KNOWN = frozenset(
     {
@@ -82,7 +83,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
                     prompt_ids=item.prompt_ids,
                     params=item.params.choice_params(j),
                     rule=item.params.rule,
-                    want_mask=item.want_mask,
+                    want_mask=item.want_mask or item.params.top_p_ids,
                     bounded=bounded and item.want_mask,
                     want_logprob=lp is not None,
                     top_logprobs=lp.top if lp is not None else 0,
@@ -99,6 +100,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
                     lp=lp,
                     scored=item.prompt_ids[lp.start :] if lp is not None and lp.start >= 0 else [],
                     admitted_version=state.engine.weight_version,
+                    top_p_ids=item.params.top_p_ids,
                 )
             )
     many = is_batch or len(seqs) > 1
@@ -144,6 +146,7 @@ def parse_request(
     opt_bool(body, "stream")
     opt_bool(body, "incremental_streaming_output")
     rids = _rids(body.get("rid"), size, is_batch, default_rid)
+    check_payload(parsed, state.policy)
     logprobs = parse_generate_logprobs(body, [len(p) for p in prompts], is_batch)
     items = []
     for ids, gp, flag, rid, lp in zip(prompts, parsed, flags, rids, logprobs, strict=True):

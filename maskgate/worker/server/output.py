@@ -18,6 +18,7 @@ from maskgate.protocol.errors import ApiError
 from maskgate.worker.engine import Event, RequestHandle
 from maskgate.worker.logprob_params import LogprobOptions
 from maskgate.worker.server.logprob_format import Top, token_texts, top_triples, triples
+from maskgate.worker.server.top_p_ids import add_top_p_info
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting handler checks that its client is still there
 REPLACEMENT_CHAR = "\ufffd"  # a token that ends inside a multi-byte character decodes to this
@@ -64,6 +65,7 @@ class SeqOutput:
     weight_versions: list[dict[str, Any]] = field(default_factory=list)
     weight_version: str | None = None  # the engine's version at the latest event
     admitted_version: str | None = None  # the engine's version when the request was admitted
+    top_p_ids: bool = False  # custom_params.return_top_p_token_ids (server/top_p_ids.py)
     spans_sent: dict[int, int] = field(default_factory=dict)  # streams: span start -> end sent
     # Incremental detokenization for streams (token offsets into `ids`).
     streamed: str = ""
@@ -81,7 +83,7 @@ class SeqOutput:
             else:
                 n = len(self.ids)
                 spans.append({"version": ev.weight_version, "start": n - 1, "end": n})
-            if self.want_mask:
+            if self.want_mask or self.top_p_ids:
                 assert ev.mask is not None and ev.logprob is not None
                 self.masks.append(ev.mask)
                 self.logprobs.append(ev.logprob)
@@ -157,6 +159,8 @@ class SeqOutput:
                 info["output_token_sampling_mask_truncated"] = self.truncated[since:]
         if self.lp is not None:
             info.update(self.logprob_info(since, tok))
+        if self.top_p_ids:
+            add_top_p_info(info, self.masks, self.finished)
         return info
 
     def spans(self) -> list[dict[str, Any]]:
@@ -184,9 +188,12 @@ class SeqOutput:
         # The prompt's scored positions that have log-probs so far (all once prefilled).
         prompt = [None, *self.input_logprobs] if since == 0 and self.scored else []
         ids = self.scored[: len(prompt)]
+        # Rows returning top-p ids report the log-prob over those ids (the distribution the
+        # token was drawn from), as slime's SGLang does; the others the raw one.
+        values = self.logprobs if self.top_p_ids else self.raw_logprobs
         info: dict[str, Any] = {
             "input_token_logprobs": triples(prompt, ids, text),
-            "output_token_logprobs": triples(self.raw_logprobs[since:], self.ids[since:], text),
+            "output_token_logprobs": triples(values[since:], self.ids[since:], text),
             "output_token_logprobs_length": len(self.ids) - since,
         }
         if self.lp.top > 0:

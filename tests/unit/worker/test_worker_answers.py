@@ -5,8 +5,11 @@ streams with several choices."""
 from __future__ import annotations
 
 import asyncio
+import base64
+from itertools import pairwise
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient
@@ -108,14 +111,14 @@ async def test_stream_chunks_carry_each_span_once(client: TestClient, incrementa
     now = await version(client)
     body = {
         "input_ids": [1, 2, 3],
-        "sampling_params": LONG,
+        "sampling_params": {**LONG, "max_new_tokens": 12},
         "incremental_streaming_output": incremental,
         "stream": True,
     }
     chunks = [
         c["meta_info"] for c in events(await (await client.post("/generate", json=body)).text())
     ]
-    assert chunks[-1]["weight_versions"] == [{"version": now, "start": 0, "end": 40}]
+    assert chunks[-1]["weight_versions"] == [{"version": now, "start": 0, "end": 12}]
     for n, meta in enumerate(chunks[:-1], start=1):  # the one span, grown by a token each
         assert meta["weight_versions"] == [{"version": now, "start": 0, "end": n}]
 
@@ -167,3 +170,70 @@ async def test_chat_streams_send_one_choice_per_chunk(client: TestClient) -> Non
     roles = [c["choices"][0] for c in chunks if "role" in c["choices"][0]["delta"]]
     assert [c["index"] for c in roles] == [0, 1, 2]
     assert all(c["delta"] == {"role": "assistant", "content": ""} for c in roles)
+
+
+def int32s(b64: str) -> list[int]:
+    return np.frombuffer(base64.b64decode(b64), dtype="<i4").tolist()
+
+
+TOP_P = {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 6, "sampling_seed": 5}
+
+
+async def test_top_p_token_ids_are_the_sampling_masks(client: TestClient) -> None:
+    prompt = {"input_ids": [7, 8, 9], "return_logprob": True}
+    _, masked = await post(
+        client, "/generate", {**prompt, "sampling_params": TOP_P, "return_sampling_mask": True}
+    )
+    custom = {"return_top_p_token_ids": True, "some_processor_arg": [1, 2]}
+    sp = {**TOP_P, "custom_params": custom}
+    status, replay = await post(client, "/generate", {**prompt, "sampling_params": sp})
+    assert status == 200, replay
+    meta, masks = replay["meta_info"], masked["meta_info"]["output_token_sampling_mask"]
+    assert replay["output_ids"] == masked["output_ids"]
+    assert "output_token_sampling_mask" not in meta  # not a mask request
+    offsets = int32s(meta["top_p_token_offsets"])
+    ids = int32s(meta["top_p_token_ids"])
+    assert offsets[0] == 0 and offsets[-1] == len(ids) and len(offsets) == 7
+    assert [ids[a:b] for a, b in pairwise(offsets)] == masks
+    assert any(len(m) > 1 for m in masks)
+    # The log-prob of each token is the one over its ids, as slime's SGLang answers.
+    sampling = masked["meta_info"]["output_token_sampling_logprobs"]
+    assert [lp for lp, _, _ in meta["output_token_logprobs"]] == sampling
+    raw = [lp for lp, _, _ in masked["meta_info"]["output_token_logprobs"]]
+    assert all(r <= s for r, s in zip(raw, sampling, strict=True)) and raw != sampling
+
+
+async def test_top_p_token_ids_come_on_the_final_chunk(client: TestClient) -> None:
+    sp = {**TOP_P, "custom_params": {"return_top_p_token_ids": True}}
+    body = {"input_ids": [7, 8, 9], "sampling_params": sp, "stream": True}
+    chunks = [
+        c["meta_info"] for c in events(await (await client.post("/generate", json=body)).text())
+    ]
+    assert all("top_p_token_ids" not in m for m in chunks[:-1])
+    assert len(int32s(chunks[-1]["top_p_token_offsets"])) == TOP_P["max_new_tokens"] + 1
+    greedy = {"temperature": 0, "max_new_tokens": 3, "custom_params": sp["custom_params"]}
+    _, reply = await post(client, "/generate", {"input_ids": [7], "sampling_params": greedy})
+    assert int32s(reply["meta_info"]["top_p_token_ids"]) == reply["output_ids"]  # [token] each
+    unfiltered = {"max_new_tokens": 2, "custom_params": sp["custom_params"]}  # the vocabulary
+    _, reply = await post(client, "/generate", {"input_ids": [7], "sampling_params": unfiltered})
+    assert "top_p_token_ids" not in reply["meta_info"]
+
+
+@pytest.mark.parametrize(
+    ("custom", "code"),
+    [
+        ("x", "invalid_parameter"),
+        ({"return_top_p_token_ids": "yes"}, "invalid_parameter"),
+    ],
+)
+async def test_bad_custom_params_are_refused(client: TestClient, custom: Any, code: str) -> None:
+    body = {"input_ids": [7], "sampling_params": {**TOP_P, "custom_params": custom}}
+    status, err = await post(client, "/generate", body)
+    assert status == 400 and err["error"]["code"] == code, err
+
+
+async def test_top_p_token_ids_are_bounded_like_masks(client: TestClient) -> None:
+    sp = {**TOP_P, "n": 64, "max_new_tokens": 60, "custom_params": {"return_top_p_token_ids": True}}
+    body = {"input_ids": [[1]] * 5, "sampling_params": sp}
+    status, err = await post(client, "/generate", body)
+    assert status == 400 and err["error"]["code"] == "sampling_mask_payload_too_large", err
