@@ -138,15 +138,18 @@ def truncates(p: SamplingParams) -> bool:
     )
 
 
-def parse_openai_params(body: Mapping[str, Any], max_tokens_default: int) -> GenParams:
-    """Chat / completions body -> GenParams. `max_tokens_default` applies when unset."""
+def parse_openai_params(
+    body: Mapping[str, Any], max_tokens_default: int, *, echo: bool = False
+) -> GenParams:
+    """Chat / completions body -> GenParams. `max_tokens_default` applies when unset; `echo`
+    (completions) allows echo=true, which the caller answers."""
     for name, neutral in (("frequency_penalty", 0.0), ("presence_penalty", 0.0)):
         value = opt_number(body, name, "")
         if value is not None and value != neutral:
             raise unsupported(name, f"{name}={value}")
     if body.get("logit_bias") not in (None, {}):
         raise unsupported("logit_bias", "a non-empty logit_bias")
-    if body.get("echo") not in (None, False):
+    if not echo and body.get("echo") not in (None, False):
         raise unsupported("echo", "echo=true")
     if body.get("best_of") not in (None, 1):
         raise unsupported("best_of", "best_of > 1")

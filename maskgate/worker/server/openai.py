@@ -10,6 +10,7 @@ a worker serves one model and answers with its name.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -46,8 +47,10 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
 async def handle_completions(request: web.Request) -> web.StreamResponse:
     state, body, masked = await admit(request, Route.COMPLETIONS)
     prompts = _completion_prompts(body, state)
-    params = parse_openai_params(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
-    return await _serve(request, state, body, Route.COMPLETIONS, prompts, params, masked)
+    params = parse_openai_params(body, COMPLETIONS_DEFAULT_MAX_TOKENS, echo=True)
+    echo = _echo_texts(body, prompts, state) if opt_bool(body, "echo") else None
+    route = Route.COMPLETIONS
+    return await _serve(request, state, body, route, prompts, params, masked, echo=echo)
 
 
 def _chat_prompt(body: dict[str, Any], state: WorkerState) -> list[int]:
@@ -102,6 +105,17 @@ def _completion_prompts(body: dict[str, Any], state: WorkerState) -> list[list[i
     raise invalid("prompt", "must be a string, a list of strings, or token ids")
 
 
+def _echo_texts(body: dict[str, Any], prompts: list[list[int]], state: WorkerState) -> list[str]:
+    """Completions `echo`: each prompt's text as sent (token-id prompts decoded), prepended
+    to its choices' text, as OpenAI and SGLang do."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return [prompt]
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    return [state.tokenizer.decode(ids, skip_special_tokens=True) for ids in prompts]
+
+
 async def _serve(
     request: web.Request,
     state: WorkerState,
@@ -110,12 +124,16 @@ async def _serve(
     prompts: list[list[int]],
     params: GenParams,
     masked: bool,
+    *,
+    echo: list[str] | None = None,
 ) -> web.StreamResponse:
     stream = bool(opt_bool(body, "stream"))
     meta = bool(opt_bool(body, "return_meta_info"))
     token_ids = bool(opt_bool(body, "return_token_ids"))
     bounded = masked and body.get("sampling_mask_mode") == "bounded"
     lp = parse_openai_logprobs(body, chat=route is Route.CHAT)
+    if lp is not None and echo is not None:  # the prompt's log-probs come first
+        lp = replace(lp, start=0)
     rid = request_id(request)
     seqs: list[Sequence] = []
     outs: list[SeqOutput] = []
@@ -125,14 +143,16 @@ async def _serve(
             seq = Sequence(f"{rid}-{k}", ids, params.choice_params(j), params.rule)
             seq.want_mask, seq.bounded = masked, bounded
             if lp is not None:
-                seq.want_logprob, seq.top_logprobs = True, lp.top
+                seq.want_logprob, seq.top_logprobs, seq.logprob_start = True, lp.top, lp.start
             seqs.append(seq)
             hold = holdback(params.rule.stop)
             out = SeqOutput(f"{rid}-{k}", len(ids), masked, bounded, holdback=hold, lp=lp)
+            out.scored = ids if lp is not None and lp.start == 0 else []
             out.admitted_version = state.engine.weight_version
             outs.append(out)
     total = sum(len(p) for p in prompts)
     reply = _Reply(state, route, rid, outs, prompt_tokens=total, meta=meta, token_ids=token_ids)
+    reply.echo, reply.n = echo, params.n
     with state.rids.claim([rid, *(s.rid for s in seqs)]):
         handle = state.engine.submit(seqs)
         try:
@@ -164,6 +184,8 @@ class _Reply:
         self.created = int(time.time())
         self.prompt_tokens = prompt_tokens  # each prompt once, whatever n is (as OpenAI)
         self.meta, self.token_ids = meta, token_ids
+        self.echo: list[str] | None = None  # completions echo: each prompt's text
+        self.n = 1  # choices per prompt
 
     def envelope(self, chunk: bool) -> dict[str, Any]:
         kind = "chat.completion" if self.chat else "text_completion"
@@ -193,9 +215,9 @@ class _Reply:
             c["delta" if delta else "message"] = (
                 {"content": text} if delta else {"role": "assistant", "content": text}
             )
-        else:
-            c["text"] = text
-        c["logprobs"] = self.logprobs(out, since, len(ids)) if out.lp is not None else None
+        else:  # a choice's first piece starts with its prompt under echo
+            c["text"] = text if self.echo is None or since else self.echo[k // self.n] + text
+        c["logprobs"] = self.logprobs(k, since, len(ids)) if out.lp is not None else None
         c["finish_reason"] = out.openai_finish_reason()
         c["matched_stop"] = out.matched_stop
         if self.meta and not delta:
@@ -204,18 +226,26 @@ class _Reply:
             c["token_ids"] = ids
         return c
 
-    def logprobs(self, out: SeqOutput, since: int, count: int) -> dict[str, Any]:
-        """choices[i].logprobs of output tokens since .. since + count."""
+    def logprobs(self, k: int, since: int, count: int) -> dict[str, Any]:
+        """choices[k].logprobs of output tokens since .. since + count."""
+        out = self.outs[k]
         assert out.lp is not None
         end = since + count
-        values, ids = out.raw_logprobs[since:end], out.ids[since:end]
+        tops = out.top[since:end] if out.lp.top > 0 else None
         tok = self.state.tokenizer
         if self.chat:
-            tops = out.top[since:end] if out.lp.top > 0 else None
-            return chat_logprobs(values, ids, tops, tok)
+            return chat_logprobs(out.raw_logprobs[since:end], out.ids[since:end], tops, tok)
+        values: list[float | None] = list(out.raw_logprobs[since:end])
+        ids = out.ids[since:end]
         # Where this piece starts in the choice's text: the decoded tokens before it.
         offset = len(tok.decode(out.ids[:since], skip_special_tokens=True)) if since else 0
-        tops = out.top[since:end] if out.lp.top > 0 else None
+        if self.echo is not None and since:  # after the echoed prompt
+            offset += len(self.echo[k // self.n])
+        elif self.echo is not None:  # the prompt's tokens first; its first has no log-prob
+            values = [None, *out.input_logprobs, *values]
+            ids = [*out.scored, *ids]
+            if tops is not None:
+                return completion_logprobs(values, ids, [None, *out.input_top, *tops], tok)
         return completion_logprobs(values, ids, tops, tok, offset)
 
     def full(self) -> dict[str, Any]:

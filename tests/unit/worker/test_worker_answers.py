@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient
 
 from maskgate.worker.config import WorkerConfig
 from maskgate.worker.engine import Event
+from maskgate.worker.server.backend import Backend
 from maskgate.worker.server.output import SeqOutput
 
 CONFIG = WorkerConfig(model="tiny-random", device="cpu", max_model_len=64, max_num_seqs=4)
@@ -237,3 +238,48 @@ async def test_top_p_token_ids_are_bounded_like_masks(client: TestClient) -> Non
     body = {"input_ids": [[1]] * 5, "sampling_params": sp}
     status, err = await post(client, "/generate", body)
     assert status == 400 and err["error"]["code"] == "sampling_mask_payload_too_large", err
+
+
+async def test_completions_echo_prepends_the_prompt_and_its_logprobs(
+    client: TestClient, backend: Backend
+) -> None:
+    base = {"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0, "logprobs": 2}
+    _, plain = await post(client, "/v1/completions", base)
+    status, echoed = await post(client, "/v1/completions", {**base, "echo": True})
+    assert status == 200, echoed
+    got, want = echoed["choices"][0], plain["choices"][0]
+    prompt_text = backend.tokenizer.decode([5, 6, 7], skip_special_tokens=True)
+    assert got["text"] == prompt_text + want["text"]
+    lp, out = got["logprobs"], want["logprobs"]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["token_logprobs"][3:] == out["token_logprobs"]
+    assert lp["top_logprobs"][3:] == out["top_logprobs"]
+    # The prompt's log-probs are /generate's input_token_logprobs from position 0.
+    body = {"input_ids": [5, 6, 7], "return_logprob": True, "logprob_start_len": 0}
+    _, gen = await post(client, "/generate", {**body, "sampling_params": {"max_new_tokens": 0}})
+    assert lp["token_logprobs"][:3] == [v for v, _, _ in gen["meta_info"]["input_token_logprobs"]]
+    assert len(lp["tokens"]) == len(lp["text_offset"]) == 6
+
+
+async def test_completions_echo_with_no_new_tokens_scores_the_prompt(client: TestClient) -> None:
+    body = {"prompt": "hello there", "max_tokens": 0, "echo": True, "logprobs": 0}
+    status, reply = await post(client, "/v1/completions", body)
+    assert status == 200, reply
+    choice = reply["choices"][0]
+    assert choice["text"] == "hello there" and reply["usage"]["completion_tokens"] == 0
+    assert len(choice["logprobs"]["token_logprobs"]) == reply["usage"]["prompt_tokens"]
+    assert all(v is not None for v in choice["logprobs"]["token_logprobs"][1:])
+
+
+async def test_completions_echo_streams_the_prompt_first(client: TestClient) -> None:
+    body = {"prompt": ["ab", "cd"], "max_tokens": 4, "temperature": 0}
+    _, plain = await post(client, "/v1/completions", body)
+    r = await client.post("/v1/completions", json={**body, "echo": True, "stream": True})
+    texts = ["", ""]
+    for chunk in events(await r.text()):
+        for c in chunk["choices"]:
+            texts[c["index"]] += c["text"]
+    assert texts == ["ab" + plain["choices"][0]["text"], "cd" + plain["choices"][1]["text"]]
+    chat = {"messages": [{"role": "user", "content": "hi"}], "echo": True}
+    status, err = await post(client, "/v1/chat/completions", chat)
+    assert status == 400 and err["error"]["code"] == "unsupported_parameter"
