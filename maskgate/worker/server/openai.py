@@ -111,7 +111,7 @@ def _echo_texts(body: dict[str, Any], prompts: list[list[int]], state: WorkerSta
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return [prompt]
-    if all(isinstance(p, str) for p in prompt):
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
         return list(prompt)
     return [state.tokenizer.decode(ids, skip_special_tokens=True) for ids in prompts]
 
