@@ -54,6 +54,7 @@ _KNOWN = frozenset(
         "logprob_start_len",
         "top_logprobs_num",
         "return_text_in_logprobs",
+        "token_ids_logprob",
     }
 )
 
@@ -88,6 +89,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
                     want_logprob=lp is not None,
                     top_logprobs=lp.top if lp is not None else 0,
                     logprob_start=lp.start if lp is not None else -1,
+                    logprob_ids=lp.ids if lp is not None else (),
                 )
             )
             outs.append(
@@ -147,7 +149,7 @@ def parse_request(
     opt_bool(body, "incremental_streaming_output")
     rids = _rids(body.get("rid"), size, is_batch, default_rid)
     check_payload(parsed, state.policy)
-    logprobs = parse_generate_logprobs(body, [len(p) for p in prompts], is_batch)
+    logprobs = parse_generate_logprobs(body, [len(p) for p in prompts], is_batch, state.vocab_size)
     items = []
     for ids, gp, flag, rid, lp in zip(prompts, parsed, flags, rids, logprobs, strict=True):
         if flag not in (None, True, False):

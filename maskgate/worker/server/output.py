@@ -7,7 +7,7 @@ client that went away, SSE framing, and the `meta_info` mask fields.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -55,6 +55,8 @@ class SeqOutput:
     top: list[Top] = field(default_factory=list)
     input_logprobs: list[float] = field(default_factory=list)
     input_top: list[Top] = field(default_factory=list)
+    ids_logprobs: list[list[float]] = field(default_factory=list)  # token_ids_logprob
+    input_ids_logprobs: list[list[float]] = field(default_factory=list)
     texts: dict[int, str] = field(default_factory=dict)  # token id -> text, decoded once
     finish_reason: str | None = None
     matched_stop: int | str | None = None
@@ -93,9 +95,12 @@ class SeqOutput:
                 self.raw_logprobs.append(ev.raw_logprob)
                 if self.lp.top > 0:
                     self.top.append(ev.top or [])
+                if self.lp.ids:
+                    self.ids_logprobs.append(ev.ids_logprobs or [])
         if ev.input_logprobs is not None:
             self.input_logprobs = ev.input_logprobs
             self.input_top = ev.input_top or []
+            self.input_ids_logprobs = ev.input_ids_logprobs or []
         if ev.finished:
             self.finish_reason = ev.finish_reason
             self.matched_stop = ev.matched_stop
@@ -200,7 +205,23 @@ class SeqOutput:
             tops: list[Top | None] = [None, *self.input_top][: len(prompt)]
             info["input_top_logprobs"] = top_triples(tops, text)
             info["output_top_logprobs"] = top_triples(self.top[since:], text)
+        if self.lp.ids:
+            info.update(self.ids_logprob_info(len(prompt), since, text))
         return info
+
+    def ids_logprob_info(
+        self, num_prompt: int, since: int, text: Callable[[int], str] | None
+    ) -> dict[str, Any]:
+        """SGLang's token_ids_logprob fields: per position, one triple per asked id (in the
+        asked order); the prompt's first position, which nothing scores, is null."""
+        assert self.lp is not None
+        ids = self.lp.ids
+        prompt = [None, *(list(zip(v, ids, strict=True)) for v in self.input_ids_logprobs)]
+        output = [list(zip(v, ids, strict=True)) for v in self.ids_logprobs[since:]]
+        return {
+            "input_token_ids_logprobs": top_triples(prompt[:num_prompt], text),
+            "output_token_ids_logprobs": top_triples(output, text),
+        }
 
     def sglang_finish_reason(self) -> dict[str, Any] | None:
         if self.finish_reason == "stop":

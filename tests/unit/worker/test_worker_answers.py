@@ -283,3 +283,74 @@ async def test_completions_echo_streams_the_prompt_first(client: TestClient) -> 
     chat = {"messages": [{"role": "user", "content": "hi"}], "echo": True}
     status, err = await post(client, "/v1/chat/completions", chat)
     assert status == 400 and err["error"]["code"] == "unsupported_parameter"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+async def test_token_ids_logprob_match_the_full_top_lists(
+    client: TestClient, temperature: float
+) -> None:
+    ids = [5, 1, 300, 5]  # any order, repeats allowed: answered in the asked order
+    sp = {"temperature": temperature, "max_new_tokens": 4, "sampling_seed": 3}
+    body = {
+        "input_ids": [7, 8, 9, 10],
+        "sampling_params": sp,
+        "return_logprob": True,
+        "logprob_start_len": 1,
+        "top_logprobs_num": 512,  # the whole tiny-random vocabulary: an oracle for every id
+        "token_ids_logprob": ids,
+    }
+    status, reply = await post(client, "/generate", body)
+    assert status == 200, reply
+    meta = reply["meta_info"]
+    out, inp = meta["output_token_ids_logprobs"], meta["input_token_ids_logprobs"]
+    assert len(out) == 4 and len(inp) == 3 and inp[0] is None
+    for got, top in zip(
+        inp[1:] + out, meta["input_top_logprobs"][1:] + meta["output_top_logprobs"], strict=True
+    ):
+        full = {i: v for v, i, _ in top}
+        assert [i for _, i, _ in got] == ids
+        assert [v for v, _, _ in got] == pytest.approx([full[i] for i in ids], abs=1e-5)
+    for (lp, token, _), got in zip(meta["output_token_logprobs"], out, strict=True):
+        assert dict((i, v) for v, i, _ in got).get(token, lp) == pytest.approx(lp, abs=1e-5)
+
+
+async def test_token_ids_logprob_per_prompt_and_streams(client: TestClient) -> None:
+    body = {
+        "input_ids": [[7, 8], [9, 10]],
+        "sampling_params": {"temperature": 0, "max_new_tokens": 2},
+        "return_logprob": True,
+        "token_ids_logprob": [[3], [4, 6]],
+        "return_text_in_logprobs": True,
+    }
+    status, reply = await post(client, "/generate", body)
+    assert status == 200, reply
+    assert [
+        [i for _, i, _ in pos] for pos in reply[1]["meta_info"]["output_token_ids_logprobs"]
+    ] == [[4, 6]] * 2
+    assert all(
+        isinstance(t, str) for _, _, t in reply[0]["meta_info"]["output_token_ids_logprobs"][0]
+    )
+    assert reply[0]["meta_info"]["input_token_ids_logprobs"] == []  # logprob_start_len -1
+    stream = {**body, "input_ids": [7, 8], "token_ids_logprob": [3], "stream": True}
+    stream["incremental_streaming_output"] = True
+    chunks = events(await (await client.post("/generate", json=stream)).text())
+    assert [len(c["meta_info"]["output_token_ids_logprobs"]) for c in chunks] == [1, 1]
+    _, plain = await post(client, "/generate", {**body, "token_ids_logprob": None})
+    assert "output_token_ids_logprobs" not in plain[0]["meta_info"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        list(range(512)) + list(range(513)),  # more than 1024 ids
+        [512],  # outside the vocabulary
+        [1.5],
+        "5",
+        [[1], [2]],  # per-prompt lists on a single prompt
+    ],
+)
+async def test_bad_token_ids_logprob_are_refused(client: TestClient, value: Any) -> None:
+    body = {"input_ids": [7], "return_logprob": True, "token_ids_logprob": value}
+    status, err = await post(client, "/generate", body)
+    assert status == 400 and err["error"]["code"] == "invalid_parameter", err
+    assert err["error"]["param"].startswith("token_ids_logprob")
