@@ -51,6 +51,9 @@ class RowWork:
     # score prompt_targets[i], the prompt token that follows (log_softmax at T = 1).
     prompt_from: int = 0
     prompt_targets: list[int] | None = None
+    # want_logprob rows: log-probs of these ids too, at the sampled position and at every
+    # scored prompt position (SGLang's token_ids_logprob).
+    logprob_ids: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -67,6 +70,10 @@ class RowResult:
     # samples nothing answers with token -1 when it scored prompt tokens, None otherwise.
     prompt_logprobs: list[float] | None = None
     prompt_top: list[list[tuple[float, int]]] | None = None
+    # Rows with logprob_ids: their log-probs, in the row's order (per scored prompt position
+    # for prompt_ids_logprobs).
+    ids_logprobs: list[float] | None = None
+    prompt_ids_logprobs: list[list[float]] | None = None
 
 
 @dataclass(slots=True)

@@ -49,6 +49,8 @@ class Event:
     # receiver replaces, never extends); None when not asked.
     input_logprobs: list[float] | None = None
     input_top: list[list[tuple[float, int]]] | None = None
+    ids_logprobs: list[float] | None = None  # logprob_ids only: theirs at `token`
+    input_ids_logprobs: list[list[float]] | None = None  # likewise for the prompt (a snapshot)
     finish_reason: str | None = None  # set on the sequence's last event
     matched_stop: int | str | None = None
     text_limit: int | None = None
@@ -278,6 +280,8 @@ class Engine:
             top=seq.top[-1] if raw and seq.top_logprobs > 0 else None,
             input_logprobs=list(seq.input_logprobs) if prompt else None,
             input_top=list(seq.input_top) if prompt and seq.top_logprobs > 0 else None,
+            ids_logprobs=seq.ids_logprobs[-1] if raw and seq.logprob_ids else None,
+            input_ids_logprobs=list(seq.input_ids_logprobs) if prompt and seq.logprob_ids else None,
             finish_reason=seq.finish_reason,
             matched_stop=seq.matched_stop,
             text_limit=seq.text_limit,

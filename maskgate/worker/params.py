@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from maskgate.protocol.errors import ApiError
-from maskgate.protocol.fields import Fields, is_int, json_type
+from maskgate.protocol.fields import GREEDY_TEMPERATURE, Fields, float32, is_int, json_type
 from maskgate.worker.batch import SamplingParams
 from maskgate.worker.sequence import StopRule
 
@@ -41,6 +41,7 @@ _GENERATE_FIELDS = frozenset(
         "ignore_eos",
         "sampling_seed",
         "n",
+        "custom_params",
         *_NEUTRAL,
         *_ACCEPTED_NOOPS,
     }
@@ -54,6 +55,9 @@ class GenParams:
     sampling: SamplingParams
     rule: StopRule
     n: int = 1
+    # custom_params.return_top_p_token_ids on a row whose sampling keeps a subset of the
+    # vocabulary (or is greedy): its tokens' supports come back as top_p_token_ids.
+    top_p_ids: bool = False
 
     def choice_params(self, j: int) -> SamplingParams:
         """Choice `j` of `n`: a distinct seed per choice, derived deterministically so that
@@ -97,24 +101,55 @@ def parse_generate_params(sp: Any, where: str = "sampling_params") -> GenParams:
         raise invalid(f"{where}.{unknown[0]}", "is not a known sampling parameter")
     _check_neutral(sp, where + ".")
     max_new = opt_int(sp, "max_new_tokens", where + ".", minimum=0)
+    sampling = parse_sampling(sp, where + ".", seed_field="sampling_seed")
     return GenParams(
-        sampling=parse_sampling(sp, where + ".", seed_field="sampling_seed"),
+        sampling=sampling,
         rule=parse_stop_rule(
             sp, where + ".", DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new
         ),
         n=opt_int(sp, "n", where + ".", minimum=1, maximum=MAX_N) or 1,
+        top_p_ids=_top_p_ids(sp.get("custom_params"), where + ".custom_params")
+        and truncates(sampling),
     )
 
 
-def parse_openai_params(body: Mapping[str, Any], max_tokens_default: int) -> GenParams:
-    """Chat / completions body -> GenParams. `max_tokens_default` applies when unset."""
+def _top_p_ids(custom: Any, where: str) -> bool:
+    """SGLang's `custom_params` is a free object read by custom logit processors; this worker
+    runs none, so it acts on the one key it knows, `return_top_p_token_ids` (a bool, as slime
+    sends it), and ignores the others."""
+    if custom is None:
+        return False
+    if not isinstance(custom, dict):
+        raise invalid(where, f"must be an object, not {json_type(custom)}")
+    flag = custom.get("return_top_p_token_ids")
+    if flag is not None and not isinstance(flag, bool):
+        raise invalid(where + ".return_top_p_token_ids", f"must be a bool, not {json_type(flag)}")
+    return bool(flag)
+
+
+def truncates(p: SamplingParams) -> bool:
+    """Whether sampling keeps less than the whole vocabulary: greedy, or a top-k, top-p or
+    min-p filter in force (decided on float32 values, as the kernels decide)."""
+    return (
+        float32(p.temperature) < GREEDY_TEMPERATURE
+        or p.top_k > 0
+        or float32(p.top_p) < 1.0
+        or float32(p.min_p) > 0
+    )
+
+
+def parse_openai_params(
+    body: Mapping[str, Any], max_tokens_default: int, *, echo: bool = False
+) -> GenParams:
+    """Chat / completions body -> GenParams. `max_tokens_default` applies when unset; `echo`
+    (completions) allows echo=true, which the caller answers."""
     for name, neutral in (("frequency_penalty", 0.0), ("presence_penalty", 0.0)):
         value = opt_number(body, name, "")
         if value is not None and value != neutral:
             raise unsupported(name, f"{name}={value}")
     if body.get("logit_bias") not in (None, {}):
         raise unsupported("logit_bias", "a non-empty logit_bias")
-    if body.get("echo") not in (None, False):
+    if not echo and body.get("echo") not in (None, False):
         raise unsupported("echo", "echo=true")
     if body.get("best_of") not in (None, 1):
         raise unsupported("best_of", "best_of > 1")

@@ -75,6 +75,27 @@ def token_logprobs(
     return torch.cat([chosen, (vals - lse).clamp_(min=FLOAT32_MIN), ids.to(torch.float32)], dim=1)
 
 
+def ids_logprobs(
+    logits: torch.Tensor,
+    rows: torch.Tensor | None,
+    temperature: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    scale: bool = True,
+) -> torch.Tensor:
+    """Raw log-probs of given token ids (SGLang's token_ids_logprob), float32 [R, K].
+
+    logits [B, V] float32; rows [R] int64 (None: all B); temperature [B] float32; ids [R, K]
+    int64 in [0, V) (rows with fewer ids pad with any valid id). Same distribution as
+    token_logprobs: log_softmax(logits / T), greedy rows at T = 1.
+    """
+    x = logits if rows is None else logits.index_select(0, rows)
+    if scale:
+        x = scaled_logits(x, temperature if rows is None else temperature.index_select(0, rows))
+    lse = torch.logsumexp(x, dim=1, keepdim=True)
+    return (x.gather(1, ids) - lse).clamp_(min=FLOAT32_MIN)
+
+
 def chunk_lse(chunk_max: torch.Tensor, chunk_sumexp: torch.Tensor) -> torch.Tensor:
     """log sum exp(z) of each row [R, 1] from per-segment max m_c and sum exp(z - m_c).
 
@@ -106,8 +127,8 @@ def score_prompts(
             lo = offset + r.prompt_from
             tgt = torch.tensor(targets, dtype=torch.int64).to(hidden.device)
             res = RowResult(token=-1, logprob=float("nan"))
-            res.prompt_logprobs, res.prompt_top = prompt_logprobs(
-                compute_logits, hidden[lo : lo + len(targets)], tgt, r.top_logprobs
+            res.prompt_logprobs, res.prompt_top, res.prompt_ids_logprobs = prompt_logprobs(
+                compute_logits, hidden[lo : lo + len(targets)], tgt, r.top_logprobs, r.logprob_ids
             )
             out[j] = res
         offset += len(r.token_ids)
@@ -118,15 +139,19 @@ def prompt_logprobs(
     hidden: torch.Tensor,
     targets: torch.Tensor,
     top: int,
-) -> tuple[list[float], list[list[tuple[float, int]]] | None]:
+    logprob_ids: tuple[int, ...] = (),
+) -> tuple[list[float], list[list[tuple[float, int]]] | None, list[list[float]] | None]:
     """Log-probs of prompt tokens at T = 1 from the hidden states that precede them.
 
     compute_logits: hidden [P, H] -> logits [P, V] float32 (the model's lm_head); hidden
-    [P, H] at the positions before each target; targets [P] int64. Returns the P log-probs
-    and, when top > 0, each position's top (log-prob, id) list (descending).
+    [P, H] at the positions before each target; targets [P] int64. Returns the P log-probs,
+    when top > 0 each position's top (log-prob, id) list (descending), and when logprob_ids
+    is not empty each position's log-probs of those ids (None otherwise).
     """
     values: list[float] = []
     tops: list[list[tuple[float, int]]] = []
+    chosen: list[list[float]] = []
+    wanted = torch.tensor(logprob_ids, dtype=torch.int64).to(hidden.device) if logprob_ids else None
     for s in range(0, hidden.shape[0], PROMPT_BLOCK):
         lp = _log_softmax(compute_logits(hidden[s : s + PROMPT_BLOCK]))
         values.extend(lp.gather(1, targets[s : s + PROMPT_BLOCK, None]).squeeze(1).tolist())
@@ -136,7 +161,9 @@ def prompt_logprobs(
                 list(zip(v, i, strict=True))
                 for v, i in zip(vals.tolist(), ids.tolist(), strict=True)
             )
-    return values, tops if top > 0 else None
+        if wanted is not None:
+            chosen.extend(lp.index_select(1, wanted).tolist())
+    return values, tops if top > 0 else None, chosen if logprob_ids else None
 
 
 def _log_softmax(z: torch.Tensor) -> torch.Tensor:

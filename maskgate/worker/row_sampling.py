@@ -21,7 +21,7 @@ import torch
 from maskgate import kernels
 from maskgate.kernels.result import STATUS_OVERFLOW
 from maskgate.worker.batch import RowResult, RowWork
-from maskgate.worker.raw_logprobs import token_logprobs
+from maskgate.worker.raw_logprobs import ids_logprobs, token_logprobs
 
 SampleFn = Callable[..., Any]  # kernels.sample or worker.sort_all.sample_sort_all_rows
 
@@ -194,7 +194,9 @@ class RowSampler:
         res: Any,
     ) -> tuple[list[int], int, torch.Tensor] | None:
         """The raw log-probs of the rows that asked (None when none did): their batch
-        indices, the top count computed (the largest asked) and raw_logprobs' block."""
+        indices, the top count computed (the largest asked, cut at the vocabulary) and one
+        block [asked, 1 + 2 * top + K]: raw_logprobs.token_logprobs' columns, then the K
+        log-probs of each row's logprob_ids (K the most any row asked; 0 when none did)."""
         asked = [i for i, r in enumerate(rows) if r.want_logprob]
         if not asked:
             return None
@@ -212,6 +214,14 @@ class RowSampler:
         block = token_logprobs(
             logits, idx, temperature, res.tokens, top, scale=scale, chunks=chunks
         )
+        top = (block.shape[1] - 1) // 2
+        width = max(len(rows[i].logprob_ids) for i in asked)
+        if width:
+            # Padded with id 0; only each row's own count is read back.
+            pad = [[*rows[i].logprob_ids, *[0] * (width - len(rows[i].logprob_ids))] for i in asked]
+            wanted = torch.tensor(pad, dtype=torch.int64).to(logits.device, non_blocking=True)
+            chosen = ids_logprobs(logits, idx, temperature, wanted, scale=scale)
+            block = torch.cat([block, chosen], dim=1)
         return asked, top, block
 
     def _fill(self, rows: list[RowWork]) -> None:
@@ -318,9 +328,8 @@ def _attach_raw(
     values: np.ndarray,
 ) -> None:
     """The raw log-prob block (raw_logprobs.token_logprobs, on the host) onto the results."""
-    asked, _, block = raw
+    asked, top, block = raw  # top: cut at the vocabulary when more were asked
     width = block.shape[1]
-    top = (width - 1) // 2  # topk cut at the vocabulary when top > V
     table = values.reshape(len(asked), width)
     lps = table[:, 0].tolist()
     for j, i in enumerate(asked):
@@ -331,6 +340,9 @@ def _attach_raw(
             vals = table[j, 1 : 1 + k].tolist()
             ids = table[j, 1 + top : 1 + top + k].astype(np.int64).tolist()
             r.top = list(zip(vals, ids, strict=True))
+        if rows[i].logprob_ids:
+            lo = 1 + 2 * top
+            r.ids_logprobs = table[j, lo : lo + len(rows[i].logprob_ids)].tolist()
 
 
 class _Timer:

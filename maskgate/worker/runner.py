@@ -165,6 +165,7 @@ class ModelRunner:
                     scored.prompt_logprobs,
                     scored.prompt_top,
                 )
+                sampled.prompt_ids_logprobs = scored.prompt_ids_logprobs
         return out, stats
 
     @torch.inference_mode()

@@ -151,6 +151,7 @@ class Scheduler:
                 if res is not None and res.prompt_logprobs is not None:
                     seq.input_logprobs.extend(res.prompt_logprobs)
                     seq.input_top.extend(res.prompt_top or ())
+                    seq.input_ids_logprobs.extend(res.prompt_ids_logprobs or ())
             if not row.sample or seq.is_finished:
                 continue
             assert res is not None, "a sampling row needs a result"
@@ -186,6 +187,7 @@ class Scheduler:
                 bounded=seq.bounded,
                 want_logprob=seq.want_logprob,
                 top_logprobs=seq.top_logprobs,
+                logprob_ids=seq.logprob_ids,
             )
         row.token_ids = [seq.output_ids[-1]]
         row.start_pos = len(seq.prompt_ids) + n - 1
@@ -208,6 +210,7 @@ class Scheduler:
             step=len(seq.output_ids),  # > 0 for a retracted sequence's recompute
             want_logprob=seq.want_logprob and last,
             top_logprobs=seq.top_logprobs,
+            logprob_ids=seq.logprob_ids,
         )
         if seq.logprob_start >= 0:
             # Logits at position p score prompt token p + 1, for p from logprob_start on; the
@@ -234,6 +237,8 @@ class Scheduler:
             seq.raw_logprobs.append(res.raw_logprob)
             if seq.top_logprobs > 0:
                 seq.top.append(res.top or [])
+            if seq.logprob_ids:
+                seq.ids_logprobs.append(res.ids_logprobs or [])
         if seq.want_mask:
             assert res.mask is not None, "a mask row needs a mask"
             seq.logprobs.append(res.logprob)

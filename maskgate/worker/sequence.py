@@ -45,6 +45,7 @@ class Sequence:
     want_logprob: bool = False
     top_logprobs: int = 0
     logprob_start: int = -1
+    logprob_ids: tuple[int, ...] = ()  # token_ids_logprob: these ids' log-probs as well
     arrival: float = field(default_factory=time.monotonic)  # seconds, monotonic clock
 
     status: SeqStatus = SeqStatus.WAITING
@@ -65,6 +66,8 @@ class Sequence:
     top: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs: list[float] = field(default_factory=list)
     input_top: list[list[tuple[float, int]]] = field(default_factory=list)
+    ids_logprobs: list[list[float]] = field(default_factory=list)  # per output token
+    input_ids_logprobs: list[list[float]] = field(default_factory=list)  # per scored prompt token
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     matched_stop: int | str | None = None  # the EOS/stop id or the stop string that ended it
     text_limit: int | None = None  # chars of the decoded output kept (cut before a stop string)

@@ -34,6 +34,8 @@ def test_cuda_raw_logprobs_match_float64(kv_bytes: int) -> None:
         for i, p in enumerate(params)
     ]
     rows[0].prompt_targets, rows[0].prompt_from = PROMPT[1:], 0
+    ids = (3, 77, 3)  # token_ids_logprob, repeats allowed
+    rows[0].logprob_ids = rows[1].logprob_ids = ids
     results, _ = runner.run(rows)
     greedy, masked, plain = results
     assert greedy is not None and masked is not None and plain is not None
@@ -43,18 +45,31 @@ def test_cuda_raw_logprobs_match_float64(kv_bytes: int) -> None:
         assert res.raw_logprob == pytest.approx(float(lp[res.token]), abs=1e-4)
         assert res.top is not None
         assert [i for _, i in res.top] == torch.topk(lp, 3).indices.tolist()
+        assert res.ids_logprobs == pytest.approx([float(lp[i]) for i in ids], abs=1e-4)
     # Prompt log-probs: each prefix's last logits score the next prompt token.
     assert greedy.prompt_logprobs is not None and len(greedy.prompt_logprobs) == len(PROMPT) - 1
     for p in range(1, len(PROMPT)):
         x = runner.logits([RowWork(7, PROMPT[:p], 0, sample=True)])[0].double().cpu()
-        want = float(torch.log_softmax(x, 0)[PROMPT[p]])
-        assert greedy.prompt_logprobs[p - 1] == pytest.approx(want, abs=1e-3)
+        lp = torch.log_softmax(x, 0)
+        assert greedy.prompt_logprobs[p - 1] == pytest.approx(float(lp[PROMPT[p]]), abs=1e-3)
+        assert greedy.prompt_ids_logprobs is not None
+        got = greedy.prompt_ids_logprobs[p - 1]
+        assert got == pytest.approx([float(lp[i]) for i in ids], abs=1e-3)
     # Decode steps replayed from CUDA graphs return the same values as eager ones would.
     tokens = {i: r.token for i, r in enumerate(results) if r is not None}
     for step in range(3):
         pos = len(PROMPT) + step
         dec = [
-            RowWork(i, [tokens[i]], pos, True, params[i], want_logprob=True, step=step + 1)
+            RowWork(
+                i,
+                [tokens[i]],
+                pos,
+                True,
+                params[i],
+                want_logprob=True,
+                step=step + 1,
+                logprob_ids=ids,
+            )
             for i in (0, 1)
         ]
         logits = runner.logits(dec).double().cpu()  # rewrites the same K/V: same logits
@@ -65,4 +80,5 @@ def test_cuda_raw_logprobs_match_float64(kv_bytes: int) -> None:
             assert r is not None and r.raw_logprob is not None
             lp = torch.log_softmax((logits[j].float() / t).double(), 0)
             assert r.raw_logprob == pytest.approx(float(lp[r.token]), abs=1e-4)
+            assert r.ids_logprobs == pytest.approx([float(lp[i]) for i in ids], abs=1e-4)
             tokens[j] = r.token

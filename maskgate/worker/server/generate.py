@@ -32,6 +32,7 @@ from maskgate.worker.server.bounds import (
     check_sequences,
     encode_texts,
 )
+from maskgate.worker.server.inflight import duplicate
 from maskgate.worker.server.output import (
     SSE_DONE,
     SeqOutput,
@@ -42,6 +43,7 @@ from maskgate.worker.server.output import (
     sse,
 )
 from maskgate.worker.server.state import WorkerState, admit, check_prompt, request_id
+from maskgate.worker.server.top_p_ids import check_payload
 
 _KNOWN = frozenset(
     {
@@ -57,6 +59,7 @@ _KNOWN = frozenset(
         "logprob_start_len",
         "top_logprobs_num",
         "return_text_in_logprobs",
+        "token_ids_logprob",
     }
 )
 
@@ -86,11 +89,12 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
                     prompt_ids=item.prompt_ids,
                     params=item.params.choice_params(j),
                     rule=item.params.rule,
-                    want_mask=item.want_mask,
+                    want_mask=item.want_mask or item.params.top_p_ids,
                     bounded=bounded and item.want_mask,
                     want_logprob=lp is not None,
                     top_logprobs=lp.top if lp is not None else 0,
                     logprob_start=lp.start if lp is not None else -1,
+                    logprob_ids=lp.ids if lp is not None else (),
                 )
             )
             outs.append(
@@ -102,19 +106,27 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
                     holdback=holdback(item.params.rule.stop),
                     lp=lp,
                     scored=item.prompt_ids[lp.start :] if lp is not None and lp.start >= 0 else [],
+                    admitted_version=state.engine.weight_version,
+                    top_p_ids=item.params.top_p_ids,
                 )
             )
     many = is_batch or len(seqs) > 1
-    handle = state.engine.submit(seqs)
-    try:
-        if opt_bool(body, "stream"):
-            incremental = opt_bool(body, "incremental_streaming_output")
-            if incremental is None:
-                incremental = state.config.incremental_streaming_output
-            return await _stream(request, state, handle, outs, many=many, incremental=incremental)
-        await collect(request, handle, outs)
-    finally:
-        handle.abort()
+    # The request's own rid (a batch's base), its items' and its sequences'.
+    base = [body["rid"]] if is_batch and isinstance(body.get("rid"), str) else []
+    names = {*base, *(item.rid for item in items), *(s.rid for s in seqs)}
+    with state.rids.claim(names):
+        handle = state.engine.submit(seqs)
+        try:
+            if opt_bool(body, "stream"):
+                incremental = opt_bool(body, "incremental_streaming_output")
+                if incremental is None:
+                    incremental = state.config.incremental_streaming_output
+                return await _stream(
+                    request, state, handle, outs, many=many, incremental=incremental
+                )
+            await collect(request, handle, outs)
+        finally:
+            handle.abort()
     results = [_result(state, out) for out in outs]
     return web.json_response(results if many else results[0], dumps=_dumps)
 
@@ -143,9 +155,14 @@ async def parse_request(
     opt_bool(body, "stream")
     opt_bool(body, "incremental_streaming_output")
     rids = _rids(body.get("rid"), size, is_batch, default_rid)
+    check_payload(parsed, state.policy)
     prompts = await _prompts(raw, is_batch, state)
     logprobs = parse_generate_logprobs(
-        body, [len(p) for p in prompts], is_batch, max_top=state.config.max_top_logprobs_num
+        body,
+        [len(p) for p in prompts],
+        is_batch,
+        state.vocab_size,
+        max_top=state.config.max_top_logprobs_num,
     )
     check_prompt_logprob_rows(
         state,
@@ -200,6 +217,11 @@ def _rids(value: Any, size: int, is_batch: bool, default: str) -> list[str]:
         and len(value) == size
         and all(isinstance(v, str) for v in value)
     ):
+        seen: set[str] = set()
+        for v in value:
+            if v in seen:
+                raise duplicate(v)
+            seen.add(v)
         return value
     raise invalid("rid", "must be a string (or, for a batch, a list of one string per prompt)")
 
@@ -238,14 +260,14 @@ async def _stream(
             chunk = {
                 "text": text[sent_chars[k] :],
                 "output_ids": out.ids[sent_ids[k] :],
-                "meta_info": out.meta_info(since=sent_ids[k], tok=state.tokenizer),
+                "meta_info": out.meta_info(since=sent_ids[k], tok=state.tokenizer, stream=True),
             }
             sent_ids[k], sent_chars[k] = len(out.ids), len(text)
         else:
             chunk = {
                 "text": text,
                 "output_ids": out.ids,
-                "meta_info": out.meta_info(tok=state.tokenizer),
+                "meta_info": out.meta_info(tok=state.tokenizer, stream=True),
             }
         if many:
             chunk["index"] = k

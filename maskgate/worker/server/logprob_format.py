@@ -75,14 +75,15 @@ def chat_logprobs(
 
 
 def completion_logprobs(
-    values: Sequence[float],
+    values: Sequence[float | None],
     ids: Sequence[int],
-    tops: Sequence[Top] | None,
+    tops: Sequence[Top | None] | None,
     tok: Decoder,
     offset: int = 0,
 ) -> dict[str, Any]:
     """OpenAI completions `choices[i].logprobs`; text_offset counts characters of the
-    output from `offset` (where this piece starts in the choice's text)."""
+    output from `offset` (where this piece starts in the choice's text). A None value or
+    top list (an echoed prompt's first token) answers null."""
     text = token_texts(tok)
     tokens = [text(i) for i in ids]
     offsets = []
@@ -92,6 +93,10 @@ def completion_logprobs(
     return {
         "tokens": tokens,
         "token_logprobs": list(values),
-        "top_logprobs": ([{text(i): v for v, i in t} for t in tops] if tops is not None else None),
+        "top_logprobs": (
+            [None if t is None else {text(i): v for v, i in t} for t in tops]
+            if tops is not None
+            else None
+        ),
         "text_offset": offsets,
     }

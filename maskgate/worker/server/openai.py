@@ -10,6 +10,7 @@ a worker serves one model and answers with its name.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -54,9 +55,11 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
 
 async def handle_completions(request: web.Request) -> web.StreamResponse:
     state, body, masked = await admit(request, Route.COMPLETIONS)
-    params = parse_openai_params(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    params = parse_openai_params(body, COMPLETIONS_DEFAULT_MAX_TOKENS, echo=True)
     prompts = await _completion_prompts(body, state, params.n)
-    return await _serve(request, state, body, Route.COMPLETIONS, prompts, params, masked)
+    echo = _echo_texts(body, prompts, state) if opt_bool(body, "echo") else None
+    route = Route.COMPLETIONS
+    return await _serve(request, state, body, route, prompts, params, masked, echo=echo)
 
 
 def _chat_messages(body: dict[str, Any], state: WorkerState) -> list[dict[str, str]]:
@@ -120,6 +123,17 @@ async def _completion_prompts(body: dict[str, Any], state: WorkerState, n: int) 
     raise invalid("prompt", "must be a string, a list of strings, or token ids")
 
 
+def _echo_texts(body: dict[str, Any], prompts: list[list[int]], state: WorkerState) -> list[str]:
+    """Completions `echo`: each prompt's text as sent (token-id prompts decoded), prepended
+    to its choices' text, as OpenAI and SGLang do."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    return [state.tokenizer.decode(ids, skip_special_tokens=True) for ids in prompts]
+
+
 async def _serve(
     request: web.Request,
     state: WorkerState,
@@ -128,12 +142,16 @@ async def _serve(
     prompts: list[list[int]],
     params: GenParams,
     masked: bool,
+    *,
+    echo: list[str] | None = None,
 ) -> web.StreamResponse:
     stream = bool(opt_bool(body, "stream"))
     meta = bool(opt_bool(body, "return_meta_info"))
     token_ids = bool(opt_bool(body, "return_token_ids"))
     bounded = masked and body.get("sampling_mask_mode") == "bounded"
     lp = parse_openai_logprobs(body, chat=route is Route.CHAT)
+    if lp is not None and echo is not None:  # the prompt's log-probs come first
+        lp = replace(lp, start=0)
     rid = request_id(request)
     seqs: list[Sequence] = []
     outs: list[SeqOutput] = []
@@ -143,19 +161,24 @@ async def _serve(
             seq = Sequence(f"{rid}-{k}", ids, params.choice_params(j), params.rule)
             seq.want_mask, seq.bounded = masked, bounded
             if lp is not None:
-                seq.want_logprob, seq.top_logprobs = True, lp.top
+                seq.want_logprob, seq.top_logprobs, seq.logprob_start = True, lp.top, lp.start
             seqs.append(seq)
             hold = holdback(params.rule.stop)
-            outs.append(SeqOutput(f"{rid}-{k}", len(ids), masked, bounded, holdback=hold, lp=lp))
+            out = SeqOutput(f"{rid}-{k}", len(ids), masked, bounded, holdback=hold, lp=lp)
+            out.scored = ids if lp is not None and lp.start == 0 else []
+            out.admitted_version = state.engine.weight_version
+            outs.append(out)
     total = sum(len(p) for p in prompts)
     reply = _Reply(state, route, rid, outs, prompt_tokens=total, meta=meta, token_ids=token_ids)
-    handle = state.engine.submit(seqs)
-    try:
-        if stream:
-            return await _stream(request, handle, reply, body)
-        await collect(request, handle, outs)
-    finally:
-        handle.abort()
+    reply.echo, reply.n = echo, params.n
+    with state.rids.claim([rid, *(s.rid for s in seqs)]):
+        handle = state.engine.submit(seqs)
+        try:
+            if stream:
+                return await _stream(request, handle, reply, body)
+            await collect(request, handle, outs)
+        finally:
+            handle.abort()
     return web.json_response(reply.full(), dumps=lambda o: orjson.dumps(o).decode())
 
 
@@ -179,6 +202,8 @@ class _Reply:
         self.created = int(time.time())
         self.prompt_tokens = prompt_tokens  # each prompt once, whatever n is (as OpenAI)
         self.meta, self.token_ids = meta, token_ids
+        self.echo: list[str] | None = None  # completions echo: each prompt's text
+        self.n = 1  # choices per prompt
 
     def envelope(self, chunk: bool) -> dict[str, Any]:
         kind = "chat.completion" if self.chat else "text_completion"
@@ -208,9 +233,9 @@ class _Reply:
             c["delta" if delta else "message"] = (
                 {"content": text} if delta else {"role": "assistant", "content": text}
             )
-        else:
-            c["text"] = text
-        c["logprobs"] = self.logprobs(out, since, len(ids)) if out.lp is not None else None
+        else:  # a choice's first piece starts with its prompt under echo
+            c["text"] = text if self.echo is None or since else self.echo[k // self.n] + text
+        c["logprobs"] = self.logprobs(k, since, len(ids)) if out.lp is not None else None
         c["finish_reason"] = out.openai_finish_reason()
         c["matched_stop"] = out.matched_stop
         if self.meta and not delta:
@@ -219,27 +244,33 @@ class _Reply:
             c["token_ids"] = ids
         return c
 
-    def logprobs(self, out: SeqOutput, since: int, count: int) -> dict[str, Any]:
-        """choices[i].logprobs of output tokens since .. since + count."""
+    def logprobs(self, k: int, since: int, count: int) -> dict[str, Any]:
+        """choices[k].logprobs of output tokens since .. since + count."""
+        out = self.outs[k]
         assert out.lp is not None
         end = since + count
-        values, ids = out.raw_logprobs[since:end], out.ids[since:end]
+        tops = out.top[since:end] if out.lp.top > 0 else None
         tok = self.state.tokenizer
         if self.chat:
-            tops = out.top[since:end] if out.lp.top > 0 else None
-            return chat_logprobs(values, ids, tops, tok)
+            return chat_logprobs(out.raw_logprobs[since:end], out.ids[since:end], tops, tok)
+        values: list[float | None] = list(out.raw_logprobs[since:end])
+        ids = out.ids[since:end]
         # Where this piece starts in the choice's text: the decoded tokens before it.
         offset = len(tok.decode(out.ids[:since], skip_special_tokens=True)) if since else 0
-        tops = out.top[since:end] if out.lp.top > 0 else None
+        if self.echo is not None and since:  # after the echoed prompt
+            offset += len(self.echo[k // self.n])
+        elif self.echo is not None:  # the prompt's tokens first; its first has no log-prob
+            values = [None, *out.input_logprobs, *values]
+            ids = [*out.scored, *ids]
+            if tops is not None:
+                return completion_logprobs(values, ids, [None, *out.input_top, *tops], tok)
         return completion_logprobs(values, ids, tops, tok, offset)
 
     def full(self) -> dict[str, Any]:
         tok = self.state.tokenizer
         choices = [self.choice(k, o.text(tok), o.ids) for k, o in enumerate(self.outs)]
         full = {**self.envelope(False), "choices": choices, "usage": self.usage()}
-        # As SGLang: the weights that produced the response (choices' meta_info has the spans).
-        version = self.outs[0].meta_info()["weight_version"] if self.outs else None
-        full["metadata"] = {"weight_version": version}
+        full.update(versions(self.outs[0]))
         return full
 
     def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -256,12 +287,10 @@ async def _stream(
     include_usage = bool(opts and opt_bool(opts, "include_usage", "stream_options."))
     tok = reply.state.tokenizer
     resp = await open_stream(request)
-    if reply.chat:  # the role arrives first, as OpenAI sends it
-        first = [
-            {"index": k, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-            for k in range(len(reply.outs))
-        ]
-        await resp.write(sse(reply.chunk(first)))
+    if reply.chat:  # the role arrives first, one chunk per choice, as OpenAI sends it
+        for k in range(len(reply.outs)):
+            role = {"index": k, "delta": {"role": "assistant", "content": ""}}
+            await resp.write(sse(reply.chunk([{**role, "finish_reason": None}])))
     sent_ids = [0] * len(reply.outs)
     sent_chars = [0] * len(reply.outs)
     async for ev in follow(request, handle):
@@ -277,8 +306,23 @@ async def _stream(
             continue  # an incomplete character: wait for the next token
         choice = reply.choice(k, piece, ids, delta=True, since=sent_ids[k])
         sent_chars[k], sent_ids[k] = max(len(text), sent_chars[k]), len(out.ids)
-        await resp.write(sse(reply.chunk([choice])))
+        chunk = reply.chunk([choice])
+        if out.finished:  # a choice's last chunk: the weights that produced it
+            chunk.update(versions(out))
+        await resp.write(sse(chunk))
     if include_usage:
         await resp.write(sse({**reply.chunk([]), "usage": reply.usage()}))
     await resp.write(SSE_DONE)
     return resp
+
+
+def versions(out: SeqOutput) -> dict[str, Any]:
+    """The weight versions of a choice, at the top level of an answer: `metadata` (a flat
+    string map, as OpenAI defines it) holds the version of its last token's weights, and
+    `sglext`, as SGLang's answers, that version and its spans."""
+    spans = out.spans()
+    version = spans[-1]["version"]
+    return {
+        "metadata": {"weight_version": version},
+        "sglext": {"weight_version": version, "weight_versions": spans},
+    }

@@ -7,7 +7,7 @@ client that went away, SSE framing, and the `meta_info` mask fields.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -18,6 +18,7 @@ from maskgate.protocol.errors import ApiError
 from maskgate.worker.engine import Event, RequestHandle
 from maskgate.worker.logprob_params import LogprobOptions
 from maskgate.worker.server.logprob_format import Top, token_texts, top_triples, triples
+from maskgate.worker.server.top_p_ids import add_top_p_info
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting handler checks that its client is still there
 REPLACEMENT_CHAR = "\ufffd"  # a token that ends inside a multi-byte character decodes to this
@@ -54,6 +55,8 @@ class SeqOutput:
     top: list[Top] = field(default_factory=list)
     input_logprobs: list[float] = field(default_factory=list)
     input_top: list[Top] = field(default_factory=list)
+    ids_logprobs: list[list[float]] = field(default_factory=list)  # token_ids_logprob
+    input_ids_logprobs: list[list[float]] = field(default_factory=list)
     texts: dict[int, str] = field(default_factory=dict)  # token id -> text, decoded once
     finish_reason: str | None = None
     matched_stop: int | str | None = None
@@ -63,6 +66,9 @@ class SeqOutput:
     # Weight versions over output positions: [{"version", "start", "end"}], end exclusive.
     weight_versions: list[dict[str, Any]] = field(default_factory=list)
     weight_version: str | None = None  # the engine's version at the latest event
+    admitted_version: str | None = None  # the engine's version when the request was admitted
+    top_p_ids: bool = False  # custom_params.return_top_p_token_ids (server/top_p_ids.py)
+    spans_sent: dict[int, int] = field(default_factory=dict)  # streams: span start -> end sent
     # Incremental detokenization for streams (token offsets into `ids`).
     streamed: str = ""
     prefix_offset: int = 0
@@ -79,7 +85,7 @@ class SeqOutput:
             else:
                 n = len(self.ids)
                 spans.append({"version": ev.weight_version, "start": n - 1, "end": n})
-            if self.want_mask:
+            if self.want_mask or self.top_p_ids:
                 assert ev.mask is not None and ev.logprob is not None
                 self.masks.append(ev.mask)
                 self.logprobs.append(ev.logprob)
@@ -89,9 +95,12 @@ class SeqOutput:
                 self.raw_logprobs.append(ev.raw_logprob)
                 if self.lp.top > 0:
                     self.top.append(ev.top or [])
+                if self.lp.ids:
+                    self.ids_logprobs.append(ev.ids_logprobs or [])
         if ev.input_logprobs is not None:
             self.input_logprobs = ev.input_logprobs
             self.input_top = ev.input_top or []
+            self.input_ids_logprobs = ev.input_ids_logprobs or []
         if ev.finished:
             self.finish_reason = ev.finish_reason
             self.matched_stop = ev.matched_stop
@@ -129,9 +138,13 @@ class SeqOutput:
             return self.finish_reason
         return "abort" if self.finish_reason == "abort" else None
 
-    def meta_info(self, *, since: int = 0, tok: Tokenizer | None = None) -> dict[str, Any]:
+    def meta_info(
+        self, *, since: int = 0, tok: Tokenizer | None = None, stream: bool = False
+    ) -> dict[str, Any]:
         """SGLang-style meta_info; mask and log-prob fields from output index `since` on
-        (prompt log-probs only with since=0). `tok` decodes return_text_in_logprobs."""
+        (prompt log-probs only with since=0). `tok` decodes return_text_in_logprobs.
+        `stream`: a stream chunk, whose weight_versions are the spans new since the last."""
+        spans = self.spans()
         info: dict[str, Any] = {
             "id": self.rid,
             "finish_reason": self.sglang_finish_reason(),
@@ -139,11 +152,9 @@ class SeqOutput:
             "completion_tokens": len(self.ids),
             "cached_tokens": 0,
             "e2e_latency": round(time.monotonic() - self.start, 6),
-            # The version of the last token's weights (the live one before any token).
-            "weight_version": (
-                self.weight_versions[-1]["version"] if self.weight_versions else self.weight_version
-            ),
-            "weight_versions": self.weight_versions,
+            # The version of the last token's weights (before any token, the admitted one).
+            "weight_version": spans[-1]["version"],
+            "weight_versions": self.stream_spans(spans) if stream else spans,
         }
         if self.want_mask:
             info["output_token_sampling_mask"] = self.masks[since:]
@@ -153,7 +164,27 @@ class SeqOutput:
                 info["output_token_sampling_mask_truncated"] = self.truncated[since:]
         if self.lp is not None:
             info.update(self.logprob_info(since, tok))
+        if self.top_p_ids:
+            add_top_p_info(info, self.masks, self.finished)
         return info
+
+    def spans(self) -> list[dict[str, Any]]:
+        """`weight_versions`, never empty: a sequence that has no token yet (or was aborted
+        before its first) holds one empty span of the version it was admitted under."""
+        if self.weight_versions:
+            return self.weight_versions
+        version = self.admitted_version or self.weight_version
+        return [{"version": version, "start": 0, "end": 0}]
+
+    def stream_spans(self, spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A stream chunk's spans: those that began or grew since this sequence's previous
+        chunk (usually the current one alone); the final chunk holds the whole list."""
+        if self.finished:
+            return spans
+        new = [dict(s) for s in spans if self.spans_sent.get(s["start"]) != s["end"]]
+        for s in new:
+            self.spans_sent[s["start"]] = s["end"]
+        return new  # copies: the last span keeps growing after the chunk is built
 
     def logprob_info(self, since: int, tok: Tokenizer | None) -> dict[str, Any]:
         """SGLang's return_logprob fields of meta_info."""
@@ -162,16 +193,35 @@ class SeqOutput:
         # The prompt's scored positions that have log-probs so far (all once prefilled).
         prompt = [None, *self.input_logprobs] if since == 0 and self.scored else []
         ids = self.scored[: len(prompt)]
+        # Rows returning top-p ids report the log-prob over those ids (the distribution the
+        # token was drawn from), as slime's SGLang does; the others the raw one.
+        values = self.logprobs if self.top_p_ids else self.raw_logprobs
         info: dict[str, Any] = {
             "input_token_logprobs": triples(prompt, ids, text),
-            "output_token_logprobs": triples(self.raw_logprobs[since:], self.ids[since:], text),
+            "output_token_logprobs": triples(values[since:], self.ids[since:], text),
             "output_token_logprobs_length": len(self.ids) - since,
         }
         if self.lp.top > 0:
             tops: list[Top | None] = [None, *self.input_top][: len(prompt)]
             info["input_top_logprobs"] = top_triples(tops, text)
             info["output_top_logprobs"] = top_triples(self.top[since:], text)
+        if self.lp.ids:
+            info.update(self.ids_logprob_info(len(prompt), since, text))
         return info
+
+    def ids_logprob_info(
+        self, num_prompt: int, since: int, text: Callable[[int], str] | None
+    ) -> dict[str, Any]:
+        """SGLang's token_ids_logprob fields: per position, one triple per asked id (in the
+        asked order); the prompt's first position, which nothing scores, is null."""
+        assert self.lp is not None
+        ids = self.lp.ids
+        prompt = [None, *(list(zip(v, ids, strict=True)) for v in self.input_ids_logprobs)]
+        output = [list(zip(v, ids, strict=True)) for v in self.ids_logprobs[since:]]
+        return {
+            "input_token_ids_logprobs": top_triples(prompt[:num_prompt], text),
+            "output_token_ids_logprobs": top_triples(output, text),
+        }
 
     def sglang_finish_reason(self) -> dict[str, Any] | None:
         if self.finish_reason == "stop":

@@ -22,6 +22,7 @@ from maskgate.worker.batch import Runner
 from maskgate.worker.config import WorkerConfig
 from maskgate.worker.engine import Engine
 from maskgate.worker.metrics import WorkerMetrics
+from maskgate.worker.server.inflight import InFlight
 from maskgate.worker.server.output import Tokenizer
 
 
@@ -37,6 +38,7 @@ class WorkerState:
     sync: Any = None  # maskgate.worker.weight_sync.WeightSync (torch; built at startup)
     runner_config: dict[str, Any] = field(default_factory=dict)  # model_type, architectures
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight change at once
+    rids: InFlight = field(default_factory=InFlight)  # request ids in flight
 
     @property
     def vocab_size(self) -> int:

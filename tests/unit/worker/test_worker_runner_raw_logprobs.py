@@ -99,3 +99,34 @@ def test_prompt_targets_past_the_row_are_refused(tiny: LoadedModel) -> None:
     runner = ModelRunner(tiny, max_num_slots=2, max_model_len=64)
     with pytest.raises(ValueError, match="prompt_targets"):
         runner.run([RowWork(0, PROMPT[:3], 0, False, prompt_from=1, prompt_targets=[1, 2, 3])])
+
+
+def test_logprob_ids_match_float64_at_output_and_prompt(tiny: LoadedModel) -> None:
+    runner = ModelRunner(tiny, max_num_slots=4, max_model_len=64)
+    ref = full_logits(runner, PROMPT)
+    ids = (3, 401, 3, 0)
+    rows = [
+        RowWork(0, PROMPT, 0, True, SamplingParams(temperature=0.7, seed=1), want_logprob=True),
+        RowWork(
+            1,
+            PROMPT,
+            0,
+            True,
+            SamplingParams(temperature=0.7, seed=1),
+            want_logprob=True,
+            top_logprobs=2,
+            logprob_ids=ids,
+        ),
+        RowWork(2, PROMPT[:4], 0, False, prompt_targets=PROMPT[1:5], logprob_ids=ids[:1]),
+    ]
+    plain, asked, chunk = runner.run(rows)[0]
+    assert plain is not None and asked is not None and chunk is not None
+    assert plain.ids_logprobs is None and asked.token == plain.token
+    lp07 = torch.log_softmax(ref[-1] / 0.7, 0)
+    assert asked.ids_logprobs == pytest.approx([float(lp07[i]) for i in ids], abs=1e-4)
+    assert asked.top is not None and len(asked.top) == 2  # the columns before stay in place
+    lp1 = torch.log_softmax(ref[:4], 1)  # prompt positions: T = 1
+    assert chunk.prompt_ids_logprobs is not None
+    assert [v for (v,) in chunk.prompt_ids_logprobs] == pytest.approx(
+        [float(lp1[p, 3]) for p in range(4)], abs=1e-4
+    )
