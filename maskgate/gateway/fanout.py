@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 
 from maskgate.gateway.state import GatewayState
-from maskgate.gateway.upstream import UpstreamError
+from maskgate.gateway.upstream import ConnectError, UpstreamError
 from maskgate.protocol.errors import ServerError
 from maskgate.protocol.responses import json_response
 
@@ -31,6 +31,7 @@ class Reply:
     status: int | None
     body: bytes
     error: str | None = None
+    reached: bool = True  # False when no connection was made: the endpoint never saw it
 
     def json(self) -> Any:
         try:
@@ -94,7 +95,8 @@ async def call(
     except TimeoutError:
         return Reply(url, None, b"", f"no answer within {timeout_s:g} s")
     except UpstreamError as e:
-        return Reply(url, None, b"", f"{type(e).__name__}: {e}")
+        reached = not isinstance(e, ConnectError)
+        return Reply(url, None, b"", f"{type(e).__name__}: {e}", reached=reached)
     return Reply(url, resp.status, data)
 
 

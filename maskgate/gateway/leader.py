@@ -39,7 +39,7 @@ from aiohttp import web
 from maskgate.gateway import mirror
 from maskgate.gateway.forward import add_barrier, add_forwarding
 from maskgate.gateway.state import STATE, GatewayState
-from maskgate.gateway.weight_sync import PoolControl
+from maskgate.gateway.holds import PoolControl
 
 LOG = logging.getLogger("maskgate.leader")
 _BARRIER_S = 2.0  # how long the leader waits for every follower to apply a change

@@ -203,6 +203,13 @@ class GatewayMetrics:
             ["pool"],
             registry=r,
         )
+        self.control_hold_expired = Counter(
+            "maskgate_control_hold_expired",
+            "Holds of the trained pool (sync, paused, released, leader) released because "
+            "they passed control.hold_deadline_s.",
+            ["reason"],
+            registry=r,
+        )
         # --- several processes on one port (leader.py) ---
         self.control_barrier_timeouts = Counter(
             "maskgate_control_barrier_timeouts",
