@@ -18,7 +18,8 @@ from typing import Any
 
 from maskgate.gateway.control_openapi import CONTROL_CODES, control_paths
 from maskgate.protocol.errors import GATEWAY_CODES
-from maskgate.protocol.policy import GRAMMAR_FIELDS, POLICY_CODES
+from maskgate.protocol.policy import POLICY_CODES
+from maskgate.protocol.transforms import GRAMMAR_FIELDS
 
 ERROR_CODES = tuple(dict.fromkeys((*sorted(POLICY_CODES), *GATEWAY_CODES, *CONTROL_CODES)))
 
