@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from maskgate.gateway.relay import AnswerTooLarge, read_whole
 from maskgate.gateway.state import GatewayState
 from maskgate.gateway.upstream import ConnectError, UpstreamError
 from maskgate.protocol.errors import ServerError
@@ -87,13 +88,15 @@ async def call(
                 url, method, path, headers, body, timeout_s=timeout_s
             )
             try:
-                data = await resp.read()
+                data = await read_whole(resp, timeout_s, state.config.max_upstream_answer_bytes)
             except BaseException:
                 resp.close()
                 raise
             resp.release()
     except TimeoutError:
         return Reply(url, None, b"", f"no answer within {timeout_s:g} s")
+    except AnswerTooLarge as e:
+        return Reply(url, None, b"", e.message)
     except UpstreamError as e:
         reached = not isinstance(e, ConnectError)
         return Reply(url, None, b"", f"{type(e).__name__}: {e}", reached=reached)
