@@ -16,8 +16,8 @@ from multidict import CIMultiDict
 
 from maskgate.gateway.bodyread import read_body
 from maskgate.gateway.control import CHANGING_GET_PATHS, CONTROL_PATHS
-from maskgate.gateway.registration import REGISTRATION_PATHS
 from maskgate.gateway.holds import PoolControl
+from maskgate.gateway.registration import REGISTRATION_PATHS
 from maskgate.protocol.errors import ServerError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

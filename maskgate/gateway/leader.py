@@ -44,8 +44,8 @@ from aiohttp import web
 
 from maskgate.gateway import mirror
 from maskgate.gateway.forward import add_barrier, add_forwarding
-from maskgate.gateway.state import STATE, GatewayState
 from maskgate.gateway.holds import TRAINER_HOLDS, PoolControl
+from maskgate.gateway.state import STATE, GatewayState
 
 LOG = logging.getLogger("maskgate.leader")
 _BARRIER_S = 2.0  # how long the leader waits for every follower to apply a change

@@ -12,9 +12,9 @@ import asyncio
 from typing import Any
 
 from maskgate.gateway.health import check_endpoint
+from maskgate.gateway.holds import PoolControl
 from maskgate.gateway.pool import Endpoint
 from maskgate.gateway.state import GatewayState
-from maskgate.gateway.holds import PoolControl
 from maskgate.gateway.weight_sync import set_version
 
 MIRROR_HOLD = "leader"  # the hold reason a follower uses for the leader's holds

@@ -17,6 +17,7 @@ import copy
 from typing import Any
 
 from maskgate.gateway.control_openapi import CONTROL_CODES, control_paths
+from maskgate.protocol.bounds import BOUNDS
 from maskgate.protocol.errors import GATEWAY_CODES
 from maskgate.protocol.policy import POLICY_CODES
 from maskgate.protocol.transforms import GRAMMAR_FIELDS
@@ -48,7 +49,11 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-_INT_GE0 = {"type": "integer", "minimum": 0}
+def _bounded(name: str) -> dict[str, Any]:
+    """A numeric field with the policy's own range (protocol/bounds.py), or null."""
+    return _nullable(BOUNDS[name].schema())
+
+
 _STOP = _nullable({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]})
 
 _ANY: dict[str, Any] = {}  # any JSON value
@@ -58,16 +63,16 @@ _EMPTY = {"anyOf": [{"type": "null"}, {"const": ""}, {"const": []}, {"const": {}
 
 # Sampling fields shared by the OpenAI bodies (top level) and SGLang's `sampling_params`.
 SAMPLING_FIELDS: dict[str, Any] = {
-    "temperature": _nullable({"type": "number", "minimum": 0}),
-    "top_p": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
-    "top_k": _nullable({"type": "integer", "minimum": -1, "description": "-1 and 0 mean off"}),
-    "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+    "temperature": _bounded("temperature"),
+    "top_p": _bounded("top_p"),
+    "top_k": _nullable({**BOUNDS["top_k"].schema(), "description": "-1 and 0 mean off"}),
+    "min_p": _bounded("min_p"),
     "frequency_penalty": _nullable({"type": "number"}),
     "presence_penalty": _nullable({"type": "number"}),
     "repetition_penalty": _nullable({"type": "number"}),
-    "min_tokens": _nullable(_INT_GE0),
-    "min_new_tokens": _nullable(_INT_GE0),
-    "n": _nullable({"type": "integer", "minimum": 1}),
+    "min_tokens": _bounded("min_tokens"),
+    "min_new_tokens": _bounded("min_new_tokens"),
+    "n": _bounded("n"),
     "stop": _STOP,
     "logit_bias": _ANY,
     "custom_logit_processor": _ANY,
@@ -97,7 +102,7 @@ def _openai_request(extra: dict[str, Any], required: list[str]) -> dict[str, Any
         "model": {"type": "string"},
         **extra,
         **SAMPLING_FIELDS,
-        "max_tokens": _nullable(_INT_GE0),
+        "max_tokens": _bounded("max_tokens"),
         "stream": _nullable({"type": "boolean"}),
         "seed": _nullable({"type": "integer"}),
         "response_format": _nullable({"type": "object"}),
@@ -138,7 +143,7 @@ CHAT_REQUEST = _openai_request(
                 "required": ["role"],
             },
         },
-        "max_completion_tokens": _nullable(_INT_GE0),
+        "max_completion_tokens": _bounded("max_completion_tokens"),
     },
     ["messages"],
 )
@@ -158,7 +163,7 @@ COMPLETION_REQUEST = _openai_request(
 
 SAMPLING_PARAMS = {
     "type": "object",
-    "properties": {**SAMPLING_FIELDS, "max_new_tokens": _nullable(_INT_GE0)},
+    "properties": {**SAMPLING_FIELDS, "max_new_tokens": _bounded("max_new_tokens")},
     "additionalProperties": True,
 }
 _MASKED_SAMPLING_PARAMS = {"type": "object", "properties": _NEUTRAL}

@@ -57,8 +57,8 @@ def openai_cost(body: Mapping[str, Any], fields: Fields, chat: bool) -> LogprobC
     if chat:
         if not fields.boolean(body, "logprobs"):
             return LogprobCost()
-        return LogprobCost(1 + (fields.integer(body, "top_logprobs", "", minimum=0) or 0))
-    top = fields.integer(body, "logprobs", "", minimum=0)
+        return LogprobCost(1 + (fields.count(body, "top_logprobs", "") or 0))
+    top = fields.integer(body, "logprobs", "", minimum=0)  # completions: the top count
     if top is None:
         return LogprobCost()
     echo = fields.boolean(body, "echo")

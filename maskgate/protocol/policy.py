@@ -115,12 +115,12 @@ def _check_openai(
     _FIELDS.boolean(body, "return_sampling_mask", required=True)
     prompts = _prompt_count(body, cfg) if route is Route.COMPLETIONS else 1
     params = _check_sampling_fields(body, "")
-    n = _FIELDS.integer(body, "n", "", minimum=1) or 1
-    best_of = _FIELDS.integer(body, "best_of", "", minimum=1) or 1
+    n = _FIELDS.count(body, "n", "") or 1
+    best_of = _FIELDS.count(body, "best_of", "") or 1
     max_tokens_field = "max_completion_tokens" if route is Route.CHAT else "max_tokens"
-    max_tokens = _FIELDS.integer(body, "max_tokens", "", minimum=0)
+    max_tokens = _FIELDS.count(body, "max_tokens", "")
     if route is Route.CHAT:
-        alt = _FIELDS.integer(body, max_tokens_field, "", minimum=0)
+        alt = _FIELDS.count(body, max_tokens_field, "")
         max_tokens = max_tokens if max_tokens is not None else alt
     for name in ("return_meta_info", "stream", "return_token_ids"):
         _FIELDS.boolean(body, name)
@@ -220,8 +220,8 @@ def _check_generate_item(
     sp: Mapping[str, Any], where: str
 ) -> tuple[ResolvedParams, int, int | None]:
     params = _check_sampling_fields(sp, where)
-    n = _FIELDS.integer(sp, "n", where, minimum=1) or 1
-    max_new = _FIELDS.integer(sp, "max_new_tokens", where, minimum=0)
+    n = _FIELDS.count(sp, "n", where) or 1
+    max_new = _FIELDS.count(sp, "max_new_tokens", where)
     return params, n, max_new
 
 
@@ -319,7 +319,7 @@ def _check_sampling_fields(d: Mapping[str, Any], where: str) -> ResolvedParams:
     for name, _neutral in PENALTIES:
         _FIELDS.number(d, name, where)
     for name in MIN_TOKENS_FIELDS:
-        _FIELDS.integer(d, name, where, minimum=0)
+        _FIELDS.count(d, name, where)
     return params
 
 

@@ -137,7 +137,9 @@ class RLWorker:
             await asyncio.sleep(self.update_delay_s)
         if self.fail_update:
             message = f"Failed to update weights ({what}). Rolling back."
-            return web.json_response({"success": False, "message": message}, status=self.fail_status)
+            return web.json_response(
+                {"success": False, "message": message}, status=self.fail_status
+            )
         message = "Succeeded to update model weights."
         if body.get("weight_version") is not None and not self.refuse_version:
             self.version = body["weight_version"]
