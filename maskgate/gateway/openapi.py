@@ -49,6 +49,11 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
+def _per_item(schema: dict[str, Any]) -> dict[str, Any]:
+    """A /generate field given once, or once per batch item (null entries allowed)."""
+    return _nullable({"anyOf": [schema, {"type": "array", "items": _nullable(schema)}]})
+
+
 def _bounded(name: str) -> dict[str, Any]:
     """A numeric field with the policy's own range (protocol/bounds.py), or null."""
     return _nullable(BOUNDS[name].schema())
@@ -103,6 +108,7 @@ def _openai_request(extra: dict[str, Any], required: list[str]) -> dict[str, Any
         **extra,
         **SAMPLING_FIELDS,
         "max_tokens": _bounded("max_tokens"),
+        "best_of": _bounded("best_of"),
         "stream": _nullable({"type": "boolean"}),
         "seed": _nullable({"type": "integer"}),
         "response_format": _nullable({"type": "object"}),
@@ -144,6 +150,8 @@ CHAT_REQUEST = _openai_request(
             },
         },
         "max_completion_tokens": _bounded("max_completion_tokens"),
+        "logprobs": _nullable({"type": "boolean"}),
+        "top_logprobs": _bounded("top_logprobs"),
     },
     ["messages"],
 )
@@ -156,7 +164,9 @@ COMPLETION_REQUEST = _openai_request(
                 {"type": "array", "items": {"type": "integer"}},
                 {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
             ]
-        }
+        },
+        "logprobs": _nullable({"type": "integer", "minimum": 0}),  # the top count
+        "echo": _nullable({"type": "boolean"}),
     },
     ["prompt"],
 )
@@ -201,7 +211,10 @@ GENERATE_REQUEST = {
         "sampling_mask_mode": _MASK_MODE,
         "stream": _nullable({"type": "boolean"}),
         "rid": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-        "return_logprob": _nullable({"type": "boolean"}),
+        "return_logprob": _per_item({"type": "boolean"}),
+        "top_logprobs_num": _per_item(BOUNDS["top_logprobs_num"].schema()),
+        "logprob_start_len": _per_item(BOUNDS["logprob_start_len"].schema()),
+        "token_ids_logprob": _per_item({"type": "array", "items": {"type": "integer"}}),
         "custom_logit_processor": _ANY,
     },
     "additionalProperties": True,
