@@ -33,13 +33,15 @@ _MASK_POLICY = [
     "4. Chat and completions: return_meta_info=true (400 sampling_mask_requires_meta_info).",
     "5. Chat and completions: not stream=true (400 sampling_mask_stream_unsupported).",
     "6. No penalties, logit_bias, grammar constraints, min_tokens, custom logit processors, "
-    "or tools / functions unless tool_choice is 'none' (400 sampling_mask_logit_transform).",
+    "LoRA adapters (lora_path, lora_id, lora_name, model 'base:adapter'), or tools / "
+    "functions unless tool_choice is 'none' (400 sampling_mask_logit_transform).",
     "7. Not the full vocabulary: with defaults resolved and every value read in float32, a "
     "sampling request (temperature >= 1e-6) with top_k off (-1, 0 or >= vocab size), "
     "top_p >= 1 and min_p == 0 is rejected (400 sampling_mask_full_vocabulary).",
     "8. top_k <= max_mask_tokens (400 sampling_mask_top_k_exceeds_cap).",
     "9. At most max_batch_items prompts (413 sampling_mask_batch_too_large), and "
-    "prompts * n * max_tokens * min(top_k or cap, cap) <= max_mask_ids_per_request "
+    "prompts * n * max(max_tokens, 1) * (min(top_k or cap, cap) + log-prob width) + prompt "
+    "log-prob rows * width <= max_mask_ids_per_request "
     "(400 sampling_mask_payload_too_large).",
     "10. Mask pool admission (429 pool_overloaded / 503 queue_timeout, with Retry-After).",
 ]
