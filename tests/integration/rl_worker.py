@@ -28,6 +28,7 @@ class RLWorker:
     fail_pause: bool = False
     fail_release: bool = False  # /release_memory_occupation answers 400
     generate_s: float = 0.0  # how long a /generate runs (a pause with mode abort ends it)
+    model_path: str = "fake-rl"  # in /model_info
     update_delay_s: float = 0.0
     flush_busy: int = 0  # /flush_cache answers 400 this many times first
     refuse_version: bool = False  # updates ignore weight_version; /update_weight_version 400
@@ -80,7 +81,7 @@ class RLWorker:
 
     async def _model_info(self, request: web.Request, body: Any) -> web.Response:
         return web.json_response(
-            {"model_path": "fake-rl", "is_generation": True, "weight_version": self.version}
+            {"model_path": self.model_path, "is_generation": True, "weight_version": self.version}
         )
 
     async def _get_weight_version(self, request: web.Request, body: Any) -> web.Response:

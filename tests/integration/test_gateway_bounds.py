@@ -75,3 +75,16 @@ async def test_a_buffered_upstream_answer_is_bounded(upstreams, gateway, make_co
         # Not an endpoint fault: the circuit stays closed and the next request is served.
         assert all(ep.circuit.available() for ep in gw.state.pools["general"].endpoints)
         assert (await gw.post("/generate", {"text": ["hi"]}))[0] == 200
+
+
+async def test_a_control_reply_is_bounded_too(workers, gateway, make_config):
+    a = await workers(name="a", model_path="p" * 4096)
+    config = make_config([a.url], [a.url], max_upstream_answer_bytes=1024)
+    async with gateway(config) as gw:
+        async with gw.client.get(gw.url + "/model_info") as resp:
+            body = await resp.json()
+        # The one endpoint's answer was cut: none answered usably.
+        assert (resp.status, body["error"]["code"]) == (503, "no_trained_endpoints")
+        a.model_path = "fake-rl"
+        async with gw.client.get(gw.url + "/model_info") as resp:
+            assert (resp.status, (await resp.json())["model_path"]) == (200, "fake-rl")
