@@ -179,7 +179,7 @@ class GatewayMetrics:
         self.sync_endpoint_failures = Counter(
             "maskgate_weight_sync_endpoint_failures",
             "Endpoints that failed a weight sync, by the step that failed "
-            "(pause, flush, update, version).",
+            "(pause, flush, update, version, continue).",
             ["pool", "stage"],
             registry=r,
         )
