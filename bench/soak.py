@@ -42,6 +42,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 UPSTREAM_PATH = "tests/integration/faults/fault_upstream.py"
+GATEWAY_PATHS = ("maskgate/__init__.py", "maskgate/gateway", "maskgate/protocol")
 RESULTS = REPO / "bench" / "results"
 RETRYABLE, NON_RETRYABLE = ("503", "reset"), ("500", "abort")
 OPEN_LOOP_CONNECTIONS = 256
@@ -81,14 +82,15 @@ MIX: list[tuple[float, str, dict[str, Any]]] = [
 
 
 def snapshot(rev: str, into: Path) -> str:
-    """Export `gateway/` and the fake upstream at `rev` into `into`; returns the commit.
+    """Export the gateway's packages (`maskgate.gateway` and the `maskgate.protocol` it
+    imports) and the fake upstream at `rev` into `into`; returns the commit.
 
     The soak runs for minutes: it must not pick up files that change meanwhile."""
     commit = subprocess.run(
         ["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
     archive = subprocess.run(
-        ["git", "archive", commit, "gateway", UPSTREAM_PATH],
+        ["git", "archive", commit, *GATEWAY_PATHS, UPSTREAM_PATH],
         cwd=REPO,
         capture_output=True,
         check=True,

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from maskgate.gateway.admin_urls import check_endpoint_url
 from maskgate.gateway.auth import check_admin
+from maskgate.gateway.bodyread import read_body
 from maskgate.gateway.config import normalize_endpoint
 from maskgate.gateway.health import check_endpoint
 from maskgate.gateway.pool import Pool
@@ -53,7 +54,7 @@ async def _urls(request: web.Request) -> list[str]:
     urls: list[Any] = list(request.query.getall("url", []))
     if request.can_read_body:
         try:
-            body = orjson.loads(await request.read())
+            body = orjson.loads(await read_body(request))
         except orjson.JSONDecodeError as e:
             raise ApiError("invalid_json", f"request body is not valid JSON: {e}") from e
         if not isinstance(body, dict) or not ({"url", "urls"} & body.keys()):

@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--client-header-timeout", type=float, metavar="S", help="request head (10)")
     p.add_argument("--client-body-timeout", type=float, metavar="S", help="body silence (30)")
+    p.add_argument("--client-body-deadline", type=float, metavar="S", help="whole body (120)")
     p.add_argument("--client-idle-timeout", type=float, metavar="S", help="keep-alive idle (75)")
     p.add_argument("--max-client-connections", type=int, metavar="N", help="open (10000)")
     p.add_argument(
@@ -110,6 +111,7 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
         for flag, key in (
             ("client_header_timeout", "header_timeout_s"),
             ("client_body_timeout", "body_timeout_s"),
+            ("client_body_deadline", "body_deadline_s"),
             ("client_idle_timeout", "idle_timeout_s"),
             ("max_client_connections", "max_connections"),
         )

@@ -61,6 +61,7 @@ class ClientsConfig(StrictModel):
 
     header_timeout_s: PositiveFloat = 10.0  # first byte of a request head -> its end (408)
     body_timeout_s: PositiveFloat = 30.0  # longest silence while a request body is read (408)
+    body_deadline_s: PositiveFloat = 120.0  # a whole request body, from its head's end (408)
     idle_timeout_s: PositiveFloat = 75.0  # a kept-alive connection with no request in progress
     # Open client connections. When full, a new one closes the longest-idle one; with none
     # idle it gets 503 `too_many_connections`. Lowered at start to 3/4 of the open-file
@@ -126,9 +127,11 @@ class ControlSettings(StrictModel):
     how a fleet-wide weight sync waits on its endpoints."""
 
     trained_pool: Literal["general", "mask"] = "mask"
-    # SGLang's pause mode for a sync the gateway wraps: "abort" drains in-flight requests
-    # (they end with finish_reason abort), "retract" and "in_place" keep them.
-    pause_mode: Literal["abort", "retract", "in_place"] = "abort"
+    # A weight update sent with no pause before it: "none" (SGLang's default for an update)
+    # holds only new requests while it runs and leaves in-flight ones running; "abort",
+    # "retract" or "in_place" pause every endpoint with that SGLang mode first ("abort" ends
+    # in-flight requests with finish_reason abort) and continue them after.
+    pause_mode: Literal["none", "abort", "retract", "in_place"] = "none"
     # /flush_cache answers 400 while requests are still running: retried this often, this far
     # apart (seconds), before the endpoint counts as failed.
     flush_attempts: int = Field(default=60, ge=1)
@@ -136,6 +139,10 @@ class ControlSettings(StrictModel):
     # Seconds one control call may take on one endpoint (a weight load, or an init that waits
     # for the trainer to join the process group).
     timeout_s: PositiveFloat = 600.0
+    # The longest any hold of the pool (a sync, a pause, a memory release) may last; then the
+    # pool is released (holds.py). Longer than the trainer's longest step between a pause
+    # or release and its continue or resume.
+    hold_deadline_s: PositiveFloat = 3600.0
 
 
 class PolicySettings(StrictModel):
@@ -211,6 +218,9 @@ class GatewayConfig(StrictModel):
     trusted_proxies: list[Annotated[str, AfterValidator(_network)]] = Field(default_factory=list)
     upstream_api_key: str | None = None  # sent upstream as `Authorization: Bearer ...`
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
+    # The largest upstream answer the gateway reads whole (a non-streamed answer, a control
+    # reply); past it, 502 `upstream_answer_too_large`. Streams are relayed, never buffered.
+    max_upstream_answer_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     # SIGTERM: readiness fails at once; the listener stays open `shutdown_delay_s` (so load
     # balancers notice), then in-flight requests get `shutdown_grace_s` to finish.
     shutdown_delay_s: float = Field(default=0.0, ge=0)

@@ -7,7 +7,8 @@ mid-body for minutes, and enough of them exhausted the process's file descriptor
 
 - `header_timeout_s`: from the first byte of a request head to its end (slowloris). 408,
   then the connection closes.
-- `body_timeout_s`: the longest silence while the proxy reads a request body (proxy.py asks
+- `body_timeout_s` and `body_deadline_s`: the longest silence while a request body is read,
+  and the longest the whole body may take, on every route that reads one (bodyread.py asks
   `body_timed_out`). 408, then the connection closes.
 - `idle_timeout_s`: a kept-alive connection with no request in progress is closed.
 - `max_connections` open at once (per process): a new connection past the cap closes the

@@ -8,6 +8,7 @@ read-only ones (`/model_info`, `/get_weight_version`, `/get_world_size`) a clien
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,15 +16,18 @@ import orjson
 from aiohttp import web
 
 from maskgate.gateway.auth import authenticate, check_control
+from maskgate.gateway.bodyread import read_body
 from maskgate.gateway.fanout import answer, call, fan_out
+from maskgate.gateway.holds import PoolControl
 from maskgate.gateway.pool import Endpoint, Pool
 from maskgate.gateway.state import STATE, GatewayState
-from maskgate.gateway.versions import MIXED, normalize, pool_version
-from maskgate.gateway.weight_sync import PoolControl, run_update, set_version
+from maskgate.gateway.versions import MIXED, pool_version, strict_version
+from maskgate.gateway.weight_sync import run_update, set_version
 from maskgate.protocol.errors import ApiError, ServerError
 from maskgate.protocol.responses import json_response
 
 CONTROL = web.AppKey("maskgate_control", PoolControl)
+LOG = logging.getLogger("maskgate.control")
 _INFO_TIMEOUT_S = 5.0  # one endpoint's /model_info
 
 UPDATE_PATHS = {
@@ -40,8 +44,10 @@ def _admin(request: web.Request) -> tuple[GatewayState, PoolControl]:
 
 
 async def _object(request: web.Request, required: tuple[str, ...] = ()) -> tuple[bytes, dict]:
-    """The body as (bytes, dict); `{}` when empty. 400 on anything but a JSON object."""
-    raw = await request.read()
+    """The body as (bytes, dict); `{}` when empty. 400 on anything but a JSON object, or on a
+    `weight_version` that is not a version string (SGLang's is `Optional[str]`: an integer
+    is refused before anything reaches an endpoint)."""
+    raw = await read_body(request)
     if not raw.strip():
         raw = b"{}"
     try:
@@ -53,14 +59,20 @@ async def _object(request: web.Request, required: tuple[str, ...] = ()) -> tuple
     for name in required:
         if name not in body:
             raise ApiError("missing_field", f"{name!r} is required", param=name)
-    version = body.get("weight_version")
-    if version is not None and normalize(version) is None:
+    if body.get("weight_version") is not None:
+        _version_field(body, "weight_version")
+    return raw, body
+
+
+def _version_field(body: dict[str, Any], name: str) -> str:
+    version = strict_version(body.get(name))
+    if version is None:
         raise ApiError(
             "invalid_weight_version",
-            "weight_version must be a non-empty printable string",
-            param="weight_version",
+            f"{name} must be a non-empty printable string (send str(step), not a number)",
+            param=name,
         )
-    return raw, body
+    return version
 
 
 def _members(pool: Pool) -> list[Endpoint]:
@@ -88,11 +100,21 @@ async def _hold_and_broadcast(
     state: GatewayState, ctl: PoolControl, reason: str, path: str, raw: bytes
 ) -> list[dict[str, Any]]:
     """Holds new requests for `reason` (lifted by the matching resume call), shares the hold
-    with the other processes, then POSTs `path` to the trained pool."""
+    with the other processes, then POSTs `path` to the trained pool. With no endpoint to
+    reach, or when every endpoint refused, no hold is left behind."""
     async with ctl.lock:
+        urls = [ep.url for ep in _members(ctl.pool)]
         ctl.hold(reason)
-        await ctl.shared()
-        return await _broadcast(state, ctl.pool, "POST", path, raw)
+        held = False
+        try:
+            await ctl.shared()
+            replies = await fan_out(state, urls, "POST", path, raw, state.config.control.timeout_s)
+            held = any(r.ok for r in replies)
+        finally:
+            if not held:
+                ctl.unhold(reason)
+                await ctl.shared()
+        return [r.result() for r in replies]
 
 
 async def update_weights(request: web.Request) -> web.Response:
@@ -125,7 +147,8 @@ async def continue_generation(request: web.Request) -> web.Response:
         try:
             results = await _broadcast(state, ctl.pool, "POST", "/continue_generation", raw)
         finally:
-            ctl.unhold("paused")
+            if "released" in ctl.unhold_all():
+                LOG.warning("/continue_generation lifted the hold of a memory release")
     ok = {"message": "Generation continued successfully.", "status": "ok"}
     return answer("continue_generation", "control_failed", results, ok)
 
@@ -142,8 +165,10 @@ async def resume_memory(request: web.Request) -> web.Response:
     state, ctl = _admin(request)
     raw, _ = await _object(request)
     async with ctl.lock:
-        results = await _broadcast(state, ctl.pool, "POST", request.path, raw)
-        ctl.unhold("released")
+        try:
+            results = await _broadcast(state, ctl.pool, "POST", request.path, raw)
+        finally:
+            ctl.unhold("released")
     return answer("resume_memory_occupation", "control_failed", results)
 
 
@@ -167,11 +192,7 @@ async def abort_request(request: web.Request) -> web.Response:
 async def update_weight_version(request: web.Request) -> web.Response:
     state, ctl = _admin(request)
     raw, body = await _object(request, ("new_version",))
-    version = normalize(body["new_version"])
-    if version is None:
-        raise ApiError(
-            "invalid_weight_version", "new_version must be a string", param="new_version"
-        )
+    version = _version_field(body, "new_version")
     pool = ctl.pool
     async with ctl.lock:
         pool.sync_epoch += 1
@@ -184,18 +205,28 @@ async def update_weight_version(request: web.Request) -> web.Response:
             raw,
             state.config.control.timeout_s,
         )
-        pool.version = version
-        for ep, reply in zip(members, replies, strict=True):
-            if reply.ok:
-                ep.stale, ep.rejoin = False, True
-                set_version(state, pool, ep, version)
-            else:
-                ep.stale, ep.rejoin = True, True
-        for ep in pool.endpoints:
-            if ep not in members:
-                ep.stale, ep.rejoin = True, True
-    ok = {"new_version": version, "message": f"Weight version updated to {version}"}
-    return answer("update_weight_version", "weight_sync_failed", [r.result() for r in replies], ok)
+        ok = [r.ok for r in replies]
+        if any(ok):  # refused everywhere: the pool keeps its version and its rotation
+            _set_pool_version(state, pool, members, ok, version)
+    ok_body = {"new_version": version, "message": f"Weight version updated to {version}"}
+    return answer(
+        "update_weight_version", "weight_sync_failed", [r.result() for r in replies], ok_body
+    )
+
+
+def _set_pool_version(
+    state: GatewayState, pool: Pool, members: list[Endpoint], ok: list[bool], version: str
+) -> None:
+    pool.version = version
+    for ep, reply_ok in zip(members, ok, strict=True):
+        if reply_ok:
+            ep.stale, ep.rejoin = False, True
+            set_version(state, pool, ep, version)
+        else:
+            ep.stale, ep.rejoin = True, True
+    for ep in pool.endpoints:
+        if ep not in members:
+            ep.stale, ep.rejoin = True, True
 
 
 async def init_group(request: web.Request) -> web.Response:
@@ -331,7 +362,18 @@ def _only(methods: frozenset[str], handler: Handler) -> Handler:
 
 def add_control_routes(app: web.Application) -> None:
     state = app[STATE]
-    app[CONTROL] = PoolControl(state.pools[state.config.control.trained_pool])
+    ctl = PoolControl(
+        state.pools[state.config.control.trained_pool], state.config.control.hold_deadline_s
+    )
+
+    async def release(reason: str) -> None:  # an expired trainer hold: resume the endpoints
+        path = "/continue_generation" if reason == "paused" else "/resume_memory_occupation"
+        urls = [ep.url for ep in ctl.pool.endpoints if ep.healthy is not False]
+        await fan_out(state, urls, "POST", path, b"{}", state.config.control.timeout_s)
+
+    ctl.release = release
+    ctl.on_expired = lambda reason: state.metrics.control_hold_expired.labels(reason).inc()
+    app[CONTROL] = ctl
     for table, methods in ((_POST, {"POST"}), (_GET_OR_POST, {"GET", "POST"}), (_GET, {"GET"})):
         for path, handler in table.items():
             app.router.add_route("*", path, _only(frozenset(methods), handler))

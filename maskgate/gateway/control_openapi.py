@@ -58,7 +58,11 @@ def _read(summary: str) -> dict[str, Any]:
     }
 
 
-_SYNC = "Fleet-wide weight sync of the trained pool (pause, flush, update, version, continue)"
+_SYNC = (
+    "Fleet-wide weight sync of the trained pool: new requests held while it runs, in-flight "
+    "ones left running unless control.pause_mode pauses the endpoints; a sync no endpoint "
+    "took leaves the pool as it was"
+)
 _FAN_OUT = {
     "/update_weights_from_disk": _SYNC,
     "/update_weights_from_distributed": _SYNC + "; sent to every rank of the group at once",
@@ -66,7 +70,7 @@ _FAN_OUT = {
     "/init_weights_update_group": "One rank per endpoint (rank_offset + i), all at once",
     "/destroy_weights_update_group": "Destroy the group on its endpoints",
     "/pause_generation": "Pause every endpoint; the pool's new requests wait at the gateway",
-    "/continue_generation": "Continue every endpoint; held requests go on",
+    "/continue_generation": "Continue every endpoint; lifts every hold; held requests go on",
     "/abort_request": "Abort a rid, or all (abort_all), on every endpoint",
     "/update_weight_version": "Set the weight version on every endpoint and the pool",
 }

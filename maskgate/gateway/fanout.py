@@ -15,8 +15,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from maskgate.gateway.relay import AnswerTooLarge, read_whole
 from maskgate.gateway.state import GatewayState
-from maskgate.gateway.upstream import UpstreamError
+from maskgate.gateway.upstream import ConnectError, UpstreamError
 from maskgate.protocol.errors import ServerError
 from maskgate.protocol.responses import json_response
 
@@ -31,6 +32,7 @@ class Reply:
     status: int | None
     body: bytes
     error: str | None = None
+    reached: bool = True  # False when no connection was made: the endpoint never saw it
 
     def json(self) -> Any:
         try:
@@ -86,15 +88,18 @@ async def call(
                 url, method, path, headers, body, timeout_s=timeout_s
             )
             try:
-                data = await resp.read()
+                data = await read_whole(resp, timeout_s, state.config.max_upstream_answer_bytes)
             except BaseException:
                 resp.close()
                 raise
             resp.release()
     except TimeoutError:
         return Reply(url, None, b"", f"no answer within {timeout_s:g} s")
+    except AnswerTooLarge as e:
+        return Reply(url, None, b"", e.message)
     except UpstreamError as e:
-        return Reply(url, None, b"", f"{type(e).__name__}: {e}")
+        reached = not isinstance(e, ConnectError)
+        return Reply(url, None, b"", f"{type(e).__name__}: {e}", reached=reached)
     return Reply(url, resp.status, data)
 
 

@@ -14,9 +14,10 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from maskgate.gateway.bodyread import read_body
 from maskgate.gateway.control import CHANGING_GET_PATHS, CONTROL_PATHS
+from maskgate.gateway.holds import PoolControl
 from maskgate.gateway.registration import REGISTRATION_PATHS
-from maskgate.gateway.weight_sync import PoolControl
 from maskgate.protocol.errors import ServerError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -71,7 +72,7 @@ def add_forwarding(app: web.Application, socket: str, timeout_s: float) -> None:
     async def forward(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not leader_path(request.path):
             return await handler(request)
-        body = await request.read()
+        body = await read_body(request)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
         try:
             async with request.app[key].request(

@@ -16,10 +16,16 @@ sockets in a private directory the supervisor made (0700): `main.sock` (its traf
   any control or registration call) it waits until every follower has applied the new
   generation, at most `_BARRIER_S` (then it logs and counts
   `maskgate_control_barrier_timeouts_total`).
-- A follower holds the trained pool until its first copy, and releases the leader's holds
-  (keeping the stale set) when the leader has not answered for `_LOST_S`.
+- A follower holds the trained pool until its first copy. When the leader has not answered
+  for `_LOST_S` it releases the leader's holds (keeping the stale set), except a trainer's
+  pause or memory release: those endpoints cannot serve, so it keeps holding until the
+  leader is back (or the hold's deadline, holds.py).
 - The leader writes each generation to `state.json` there, so a restarted leader starts from
-  its predecessor's versions, stale set, endpoints and groups.
+  its predecessor's versions, stale set, endpoints, groups and the trainer's holds (a pause
+  survives a leader restart; the trainer's `/continue_generation` ends it). A sync hold is
+  not taken over: its call died with the old leader; when that sync had paused the
+  endpoints (a `pause_mode`), the new leader continues them.
+- The state endpoint always answers a complete snapshot, a new leader's first one included.
 """
 
 from __future__ import annotations
@@ -38,8 +44,8 @@ from aiohttp import web
 
 from maskgate.gateway import mirror
 from maskgate.gateway.forward import add_barrier, add_forwarding
+from maskgate.gateway.holds import TRAINER_HOLDS, PoolControl
 from maskgate.gateway.state import STATE, GatewayState
-from maskgate.gateway.weight_sync import PoolControl
 
 LOG = logging.getLogger("maskgate.leader")
 _BARRIER_S = 2.0  # how long the leader waits for every follower to apply a change
@@ -124,7 +130,8 @@ class Leader:
             self.acks[index] = gen if current else 0
             self._acked.set()
             self._acked = asyncio.Event()
-        if current and gen >= self.refresh():
+        # Always a fresh snapshot first: a new leader has published nothing yet.
+        if self.refresh() <= gen and current:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), _POLL_WAIT_S)
             self.refresh()
@@ -134,17 +141,36 @@ class Leader:
         )
 
 
-async def _restore(state: GatewayState, ctl: PoolControl, cluster: Cluster) -> None:
+async def _restore(state: GatewayState, ctl: PoolControl, cluster: Cluster) -> bool:
+    """Start from the state the previous leader saved; True when that leader died during a
+    sync that had paused the endpoints (they need a continue)."""
     try:
         with open(cluster.socket("state.json"), "rb") as f:
             snap = orjson.loads(f.read())
     except FileNotFoundError:
-        return
+        return False
     except (OSError, orjson.JSONDecodeError):
         LOG.exception("could not read the previous leader's state; starting fresh")
-        return
+        return False
     await mirror.apply(state, ctl, snap, holds=False)
-    LOG.info("control state restored from the previous leader")
+    held = set(snap.get("holds", ()))
+    for reason in sorted(held & TRAINER_HOLDS):  # the trainer's pause or release goes on
+        ctl.hold(reason)
+    LOG.info(
+        "control state restored from the previous leader",
+        extra={"holds": sorted(held & TRAINER_HOLDS)},
+    )
+    # A sync that died with its leader may have left the endpoints paused for it.
+    return "sync" in held and "paused" not in held and state.config.control.pause_mode != "none"
+
+
+async def _continue_after_dead_sync(ctl: PoolControl) -> None:
+    LOG.warning("the previous leader died during a sync; continuing the endpoints")
+    try:
+        if ctl.release is not None:
+            await ctl.release("paused")
+    except Exception:
+        LOG.exception("continuing the endpoints after the previous leader's sync failed")
 
 
 async def follow(state: GatewayState, ctl: PoolControl, cluster: Cluster) -> None:
@@ -153,6 +179,7 @@ async def follow(state: GatewayState, ctl: PoolControl, cluster: Cluster) -> Non
     timeout = aiohttp.ClientTimeout(total=_POLL_WAIT_S + 5.0)
     boot, gen = "", 0
     last_ok, lost = time.monotonic(), False
+    trainer_held = False  # the last copy held the pool for the trainer (pause, release)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         while True:
             try:
@@ -163,6 +190,7 @@ async def follow(state: GatewayState, ctl: PoolControl, cluster: Cluster) -> Non
                 if (data["boot"], data["generation"]) != (boot, gen):
                     await mirror.apply(state, ctl, data["state"])
                     boot, gen = data["boot"], data["generation"]
+                    trainer_held = bool(TRAINER_HOLDS & set(data["state"]["holds"]))
                 last_ok = time.monotonic()
                 if lost:
                     lost = False
@@ -173,9 +201,16 @@ async def follow(state: GatewayState, ctl: PoolControl, cluster: Cluster) -> Non
                 if not lost and time.monotonic() - last_ok > _LOST_S:
                     lost = True
                     state.metrics.control_leader_lost.inc()
-                    LOG.warning("control leader unreachable (%s); releasing its holds", e)
-                    if mirror.MIRROR_HOLD in ctl.holds:
-                        ctl.unhold(mirror.MIRROR_HOLD)
+                    if trainer_held:  # the endpoints are paused or released: keep holding
+                        LOG.warning(
+                            "control leader unreachable (%s); keeping the trainer's hold "
+                            "until it is back (at most control.hold_deadline_s)",
+                            e,
+                        )
+                    else:
+                        LOG.warning("control leader unreachable (%s); releasing its holds", e)
+                        if mirror.MIRROR_HOLD in ctl.holds:
+                            ctl.unhold(mirror.MIRROR_HOLD)
                 await asyncio.sleep(_RETRY_S)
 
 
@@ -188,8 +223,14 @@ def install(app: web.Application, ctl: PoolControl, cluster: Cluster) -> Leader 
         add_barrier(app, ctl)
 
         async def restore(app: web.Application) -> AsyncIterator[None]:
-            await _restore(state, ctl, cluster)
+            task = None
+            if await _restore(state, ctl, cluster):
+                task = asyncio.create_task(_continue_after_dead_sync(ctl))
             yield
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
         app.cleanup_ctx.append(restore)
         return lead

@@ -179,7 +179,7 @@ class GatewayMetrics:
         self.sync_endpoint_failures = Counter(
             "maskgate_weight_sync_endpoint_failures",
             "Endpoints that failed a weight sync, by the step that failed "
-            "(pause, flush, update, version).",
+            "(pause, flush, update, version, continue).",
             ["pool", "stage"],
             registry=r,
         )
@@ -201,6 +201,13 @@ class GatewayMetrics:
             "maskgate_weight_sync_held_requests",
             "Requests that queued because a weight sync or a pause held the pool.",
             ["pool"],
+            registry=r,
+        )
+        self.control_hold_expired = Counter(
+            "maskgate_control_hold_expired",
+            "Holds of the trained pool (sync, paused, released, leader) released because "
+            "they passed control.hold_deadline_s.",
+            ["reason"],
             registry=r,
         )
         # --- several processes on one port (leader.py) ---

@@ -12,9 +12,10 @@ import asyncio
 from typing import Any
 
 from maskgate.gateway.health import check_endpoint
+from maskgate.gateway.holds import PoolControl
 from maskgate.gateway.pool import Endpoint
 from maskgate.gateway.state import GatewayState
-from maskgate.gateway.weight_sync import PoolControl, set_version
+from maskgate.gateway.weight_sync import set_version
 
 MIRROR_HOLD = "leader"  # the hold reason a follower uses for the leader's holds
 
@@ -44,8 +45,8 @@ async def apply(
 ) -> None:
     """Make this process's pools match `snap`. Endpoints new here get their first health
     check before this returns, so they route as soon as the snapshot counts as applied.
-    `holds` False (a leader restoring a dead leader's state): the holds are not taken over,
-    since the calls that held are gone."""
+    `holds` False (a leader restoring a dead leader's state): the holds are not copied
+    (leader.py takes over the trainer's own)."""
     new: list[tuple[Any, Endpoint]] = []
     for name, data in snap["pools"].items():
         pool = state.pools.get(name)

@@ -17,8 +17,10 @@ import copy
 from typing import Any
 
 from maskgate.gateway.control_openapi import CONTROL_CODES, control_paths
+from maskgate.protocol.bounds import BOUNDS
 from maskgate.protocol.errors import GATEWAY_CODES
-from maskgate.protocol.policy import GRAMMAR_FIELDS, POLICY_CODES
+from maskgate.protocol.policy import POLICY_CODES
+from maskgate.protocol.transforms import GRAMMAR_FIELDS
 
 ERROR_CODES = tuple(dict.fromkeys((*sorted(POLICY_CODES), *GATEWAY_CODES, *CONTROL_CODES)))
 
@@ -31,13 +33,15 @@ _MASK_POLICY = [
     "4. Chat and completions: return_meta_info=true (400 sampling_mask_requires_meta_info).",
     "5. Chat and completions: not stream=true (400 sampling_mask_stream_unsupported).",
     "6. No penalties, logit_bias, grammar constraints, min_tokens, custom logit processors, "
-    "or tools / functions unless tool_choice is 'none' (400 sampling_mask_logit_transform).",
+    "LoRA adapters (lora_path, lora_id, lora_name, model 'base:adapter'), or tools / "
+    "functions unless tool_choice is 'none' (400 sampling_mask_logit_transform).",
     "7. Not the full vocabulary: with defaults resolved and every value read in float32, a "
     "sampling request (temperature >= 1e-6) with top_k off (-1, 0 or >= vocab size), "
     "top_p >= 1 and min_p == 0 is rejected (400 sampling_mask_full_vocabulary).",
     "8. top_k <= max_mask_tokens (400 sampling_mask_top_k_exceeds_cap).",
     "9. At most max_batch_items prompts (413 sampling_mask_batch_too_large), and "
-    "prompts * n * max_tokens * min(top_k or cap, cap) <= max_mask_ids_per_request "
+    "prompts * n * max(max_tokens, 1) * (min(top_k or cap, cap) + log-prob width) + prompt "
+    "log-prob rows * width <= max_mask_ids_per_request "
     "(400 sampling_mask_payload_too_large).",
     "10. Mask pool admission (429 pool_overloaded / 503 queue_timeout, with Retry-After).",
 ]
@@ -47,7 +51,16 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-_INT_GE0 = {"type": "integer", "minimum": 0}
+def _per_item(schema: dict[str, Any]) -> dict[str, Any]:
+    """A /generate field given once, or once per batch item (null entries allowed)."""
+    return _nullable({"anyOf": [schema, {"type": "array", "items": _nullable(schema)}]})
+
+
+def _bounded(name: str) -> dict[str, Any]:
+    """A numeric field with the policy's own range (protocol/bounds.py), or null."""
+    return _nullable(BOUNDS[name].schema())
+
+
 _STOP = _nullable({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]})
 
 _ANY: dict[str, Any] = {}  # any JSON value
@@ -57,16 +70,16 @@ _EMPTY = {"anyOf": [{"type": "null"}, {"const": ""}, {"const": []}, {"const": {}
 
 # Sampling fields shared by the OpenAI bodies (top level) and SGLang's `sampling_params`.
 SAMPLING_FIELDS: dict[str, Any] = {
-    "temperature": _nullable({"type": "number", "minimum": 0}),
-    "top_p": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
-    "top_k": _nullable({"type": "integer", "minimum": -1, "description": "-1 and 0 mean off"}),
-    "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+    "temperature": _bounded("temperature"),
+    "top_p": _bounded("top_p"),
+    "top_k": _nullable({**BOUNDS["top_k"].schema(), "description": "-1 and 0 mean off"}),
+    "min_p": _bounded("min_p"),
     "frequency_penalty": _nullable({"type": "number"}),
     "presence_penalty": _nullable({"type": "number"}),
     "repetition_penalty": _nullable({"type": "number"}),
-    "min_tokens": _nullable(_INT_GE0),
-    "min_new_tokens": _nullable(_INT_GE0),
-    "n": _nullable({"type": "integer", "minimum": 1}),
+    "min_tokens": _bounded("min_tokens"),
+    "min_new_tokens": _bounded("min_new_tokens"),
+    "n": _bounded("n"),
     "stop": _STOP,
     "logit_bias": _ANY,
     "custom_logit_processor": _ANY,
@@ -96,7 +109,8 @@ def _openai_request(extra: dict[str, Any], required: list[str]) -> dict[str, Any
         "model": {"type": "string"},
         **extra,
         **SAMPLING_FIELDS,
-        "max_tokens": _nullable(_INT_GE0),
+        "max_tokens": _bounded("max_tokens"),
+        "best_of": _bounded("best_of"),
         "stream": _nullable({"type": "boolean"}),
         "seed": _nullable({"type": "integer"}),
         "response_format": _nullable({"type": "object"}),
@@ -137,7 +151,9 @@ CHAT_REQUEST = _openai_request(
                 "required": ["role"],
             },
         },
-        "max_completion_tokens": _nullable(_INT_GE0),
+        "max_completion_tokens": _bounded("max_completion_tokens"),
+        "logprobs": _nullable({"type": "boolean"}),
+        "top_logprobs": _bounded("top_logprobs"),
     },
     ["messages"],
 )
@@ -150,14 +166,16 @@ COMPLETION_REQUEST = _openai_request(
                 {"type": "array", "items": {"type": "integer"}},
                 {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
             ]
-        }
+        },
+        "logprobs": _nullable({"type": "integer", "minimum": 0}),  # the top count
+        "echo": _nullable({"type": "boolean"}),
     },
     ["prompt"],
 )
 
 SAMPLING_PARAMS = {
     "type": "object",
-    "properties": {**SAMPLING_FIELDS, "max_new_tokens": _nullable(_INT_GE0)},
+    "properties": {**SAMPLING_FIELDS, "max_new_tokens": _bounded("max_new_tokens")},
     "additionalProperties": True,
 }
 _MASKED_SAMPLING_PARAMS = {"type": "object", "properties": _NEUTRAL}
@@ -195,7 +213,10 @@ GENERATE_REQUEST = {
         "sampling_mask_mode": _MASK_MODE,
         "stream": _nullable({"type": "boolean"}),
         "rid": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-        "return_logprob": _nullable({"type": "boolean"}),
+        "return_logprob": _per_item({"type": "boolean"}),
+        "top_logprobs_num": _per_item(BOUNDS["top_logprobs_num"].schema()),
+        "logprob_start_len": _per_item(BOUNDS["logprob_start_len"].schema()),
+        "token_ids_logprob": _per_item({"type": "array", "items": {"type": "integer"}}),
         "custom_logit_processor": _ANY,
     },
     "additionalProperties": True,

@@ -14,11 +14,11 @@ import random
 import time
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
 
 from maskgate.gateway import versions
 from maskgate.gateway.auth import authenticate
 from maskgate.gateway.bodycheck import BodyJob
+from maskgate.gateway.bodyread import read_body
 from maskgate.gateway.encoding import codings, decode_body
 from maskgate.gateway.forwarding import upstream_headers
 from maskgate.gateway.logs import log_access
@@ -89,7 +89,7 @@ async def _proxy(
 ) -> web.StreamResponse:
     key = authenticate(request.headers, state.api_keys)
     limit = state.config.max_body_bytes
-    raw = await _read_body(request, state)
+    raw = await read_body(request)
     pool = state.pools["general"]
     mask = False
     decoded = False
@@ -130,49 +130,6 @@ async def _proxy(
         pool.admission.release()
 
 
-async def _read_body(request: web.Request, state: GatewayState) -> bytes:
-    limit = state.config.max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise _too_large(request.content_length, limit)
-    content = request.content
-    if content.is_eof():  # the whole body came with the head: the usual case
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge as e:
-            raise _too_large(None, limit) from e
-        except RequestPayloadError as e:  # a broken chunked framing, a short body
-            raise _unreadable(e) from e
-    # Still arriving: each piece within `body_timeout_s` of the last (a stalled client
-    # must not hold its connection, nor its admission slot, for ever).
-    gap_s = state.config.clients.body_timeout_s
-    pieces: list[bytes] = []
-    size = 0
-    while True:
-        try:
-            async with asyncio.timeout(gap_s):
-                piece = await content.readany()
-        except TimeoutError as e:
-            if state.connections is not None:
-                state.connections.body_timed_out(request)
-            raise ApiError(
-                "request_timeout",
-                f"the request body stalled for {gap_s:g} s (body_timeout_s)",
-                status=408,
-            ) from e
-        except RequestPayloadError as e:
-            raise _unreadable(e) from e
-        if not piece:
-            return b"".join(pieces)
-        size += len(piece)
-        if size > limit:
-            raise _too_large(None, limit)
-        pieces.append(piece)
-
-
-def _unreadable(e: RequestPayloadError) -> ApiError:
-    return ApiError("invalid_body", f"the request body could not be read: {e}")
-
-
 def _min_version(value: object) -> str | None:
     """`min_weight_version` (body field or X-Min-Weight-Version header), as a version string."""
     if value is None:
@@ -185,13 +142,6 @@ def _min_version(value: object) -> str | None:
             param="min_weight_version",
         )
     return version
-
-
-def _too_large(size: int | None, limit: int) -> ApiError:
-    got = f"{size} bytes" if size is not None else "over the limit"
-    return policy.PolicyError(
-        "body_too_large", f"request body is {got}; the limit is {limit}", status=413
-    )
 
 
 def _unavailable(pool: Pool) -> ApiError:

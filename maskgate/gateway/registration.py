@@ -24,6 +24,7 @@ from aiohttp import web
 from maskgate.gateway.admin import admin_disabled
 from maskgate.gateway.admin_urls import check_endpoint_url
 from maskgate.gateway.auth import authenticate, check_admin
+from maskgate.gateway.bodyread import read_body
 from maskgate.gateway.config import normalize_endpoint
 from maskgate.gateway.fanout import fan_out
 from maskgate.gateway.health import check_endpoint
@@ -102,7 +103,7 @@ def _find(state: GatewayState, key: str) -> list[tuple[Pool, Endpoint]]:
 async def add_worker(request: web.Request) -> web.Response:
     state = _admin(request)
     try:
-        body = orjson.loads(await request.read())
+        body = orjson.loads(await read_body(request))
     except orjson.JSONDecodeError as e:
         raise ApiError("invalid_json", f"request body is not valid JSON: {e}") from e
     if not isinstance(body, dict):

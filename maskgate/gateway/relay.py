@@ -104,7 +104,9 @@ async def relay(
             return out
         t0 = time.perf_counter()
         try:
-            body = await _read_whole(upstream, state.config.timeouts.idle_s)
+            body = await read_whole(
+                upstream, state.config.timeouts.idle_s, state.config.max_upstream_answer_bytes
+            )
         except (UpstreamError, TimeoutError) as e:
             state.metrics.upstream_errors.labels(pool.name, ep.url, "body").inc()
             ep.circuit.record_failure()
@@ -131,18 +133,38 @@ async def relay(
             upstream.close()
 
 
-async def _read_whole(upstream: Response, idle_s: float) -> bytes:
-    """The whole body, each piece within `idle_s` of the last (no limit on the total). It
-    usually came with the headers, and then no timer is needed."""
+class AnswerTooLarge(ServerError):
+    """An upstream answer the gateway would have to buffer past `max_upstream_answer_bytes`."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            "upstream_answer_too_large",
+            f"the upstream's answer is larger than the gateway buffers "
+            f"(max_upstream_answer_bytes = {limit}); ask for less (fewer log-probs, prompts or "
+            "tokens) or stream it",
+            status=502,
+        )
+
+
+async def read_whole(upstream: Response, idle_s: float, limit: int) -> bytes:
+    """The whole body, each piece within `idle_s` of the last, at most `limit` bytes
+    (AnswerTooLarge past it, before reading when the length is announced). It usually came
+    with the headers, and then no timer is needed."""
+    if upstream.content_length is not None and upstream.content_length > limit:
+        raise AnswerTooLarge(limit)
     body = upstream.take_complete_body()
     if body is not None:
         return body
     pieces: list[bytes] = []
+    size = 0
     while True:
         async with asyncio.timeout(idle_s):
             piece = await upstream.readchunk()
         if not piece:
             return b"".join(pieces)
+        size += len(piece)
+        if size > limit:
+            raise AnswerTooLarge(limit)
         pieces.append(piece)
 
 

@@ -40,6 +40,12 @@ def normalize(value: object) -> str | None:
     return None
 
 
+def strict_version(value: object) -> str | None:
+    """A version from a control body (`weight_version`, `new_version`): SGLang's fields are
+    strings, so only a non-empty printable string of at most 256 characters is one."""
+    return normalize(value) if isinstance(value, str) else None
+
+
 def pool_version(versions: Iterable[str | None]) -> str | None:
     """One version when every endpoint agrees, `MIXED` when they do not, None when no endpoint
     has reported one."""

@@ -1,18 +1,24 @@
 """The fleet-wide weight sync of the trained pool, and the endpoint versions it relies on.
 
 A weight update sent to the gateway (`/update_weights_from_disk`, `_distributed`, `_tensor`)
-runs on every endpoint of the trained pool:
+runs on every endpoint of the trained pool. By default (`control.pause_mode: none`), as an
+SGLang engine does with an update sent to it, in-flight requests are not aborted:
 
-    hold the pool's admission -> pause every endpoint -> flush (retried while busy)
-    -> the update itself -> check the version (set it where the update did not)
-    -> mark the ones that failed stale -> continue every endpoint -> admit again
+    hold the pool's admission -> the update itself -> check the version (set it where the
+    update did not) -> mark the ones that failed stale -> admit again
+
+With a pause mode (`abort`, `retract`, `in_place`) every endpoint is paused and flushed
+(retried while busy) before the update, and continued after it.
 
 When the trainer has paused the pool itself (`/pause_generation` on the gateway; needed when
 one sync is several update calls, such as bucketed broadcasts), only the update and the
 version check run: the pause, and the hold, stay the trainer's until `/continue_generation`.
 
-Endpoints that failed, or were out of the pool (unhealthy) during it, are stale: they serve
-nothing until they report the pool's version (polled with the health checks).
+A sync that changed nothing (every endpoint refused it with a 4xx, or never got it) leaves
+the pool as it was: the old version, nothing stale. Otherwise the pool takes the new
+version, and endpoints that failed, or were out of the pool (unhealthy) during it, are
+stale: they serve nothing until they report the pool's version (polled with the health
+checks).
 """
 
 from __future__ import annotations
@@ -20,50 +26,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from maskgate.gateway.fanout import Reply, call, fan_out
+from maskgate.gateway.holds import PoolControl
 from maskgate.gateway.pool import Endpoint, Pool
 from maskgate.gateway.state import GatewayState
 from maskgate.gateway.versions import at_least, normalize
 
 LOG = logging.getLogger("maskgate.control")
 _READ_TIMEOUT_S = 5.0  # reading an endpoint's version
-
-
-@dataclass(eq=False)
-class PoolControl:
-    """The control-plane state of the trained pool."""
-
-    pool: Pool
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one state change at a time
-    holds: set[str] = field(default_factory=set)  # "sync", "paused", "released"
-    groups: dict[str, list[str]] = field(default_factory=dict)  # group -> urls by rank
-    # Several gateway processes (leader.py): publishes this state to every other process and
-    # waits until each has applied it. None in a single-process gateway.
-    barrier: Callable[[], Awaitable[None]] | None = None
-
-    @property
-    def paused(self) -> bool:
-        return "paused" in self.holds
-
-    def hold(self, reason: str) -> None:
-        self.holds.add(reason)
-        self.pool.admission.hold()
-
-    def unhold(self, reason: str) -> None:
-        self.holds.discard(reason)
-        if not self.holds:
-            self.pool.admission.resume()
-
-    async def shared(self) -> None:
-        """Return once every gateway process routes by the state as it is now."""
-        if self.barrier is not None:
-            await self.barrier()
 
 
 async def read_version(state: GatewayState, url: str) -> tuple[bool, str | None]:
@@ -148,53 +122,86 @@ async def run_update(
     target = normalize(body.get("weight_version"))
     group = body.get("group_name", "weight_update_group") if kind == "distributed" else None
     started = time.perf_counter()
+    done: dict[str, Reply] = {}
+    failed: dict[str, tuple[str, Reply]] = {}
     async with ctl.lock:
         pool.sync_epoch += 1
         members = ctl.groups.get(group) if group is not None else None
-        eps = {ep.url: ep for ep in pool.endpoints}
         if members is not None:  # a broadcast needs every rank of the group, healthy or not
             urls = list(members)
         else:
             urls = [ep.url for ep in pool.endpoints if ep.healthy is not False]
         skipped = [ep for ep in pool.endpoints if ep.url not in urls]
         wrap = not ctl.paused
-        failed: dict[str, tuple[str, Reply]] = {}
+        pause = wrap and state.config.control.pause_mode != "none"
         if wrap:
             ctl.hold("sync")
-            await ctl.shared()  # no process sends new requests into a pool being paused
+            await ctl.shared()  # no process sends new requests into a pool being updated
         try:
-            targets = urls
-            if wrap:
-                mode = orjson.dumps({"mode": state.config.control.pause_mode})
-                timeout = state.config.control.timeout_s
-                for reply in await fan_out(state, urls, "POST", "/pause_generation", mode, timeout):
-                    if not reply.ok:
-                        failed[reply.url] = ("pause", reply)
-                targets = [u for u in urls if u not in failed]
+            targets = await _pause(state, urls, failed) if pause else urls
             outcomes = await asyncio.gather(
-                *(_update_one(state, u, path, raw, target, wrap) for u in targets)
+                *(_update_one(state, u, path, raw, target, pause) for u in targets)
             )
-            done: dict[str, Reply] = {}
             for url, (stage, reply) in zip(targets, outcomes, strict=True):
                 if stage is None:
                     done[url] = reply
                 else:
                     failed[url] = (stage, reply)
-            _apply(state, pool, eps, done, failed, skipped, target)
+            changed = _apply(state, pool, done, failed, skipped, target)
             # Every process knows the new version and which endpoints are stale before any
             # endpoint generates again.
             await ctl.shared()
-            if wrap:
-                timeout = state.config.control.timeout_s
-                for reply in await fan_out(
-                    state, urls, "POST", "/continue_generation", b"{}", timeout
-                ):
-                    if not reply.ok and reply.url in done:
-                        failed[reply.url] = ("continue", done.pop(reply.url))
-                        _eject(state, pool, eps.get(reply.url), "continue", target)
+            if pause:
+                await _continue(state, pool, urls, done, failed, target if changed else None)
         finally:
             if wrap:
                 ctl.unhold("sync")
+    _report(state, pool, kind, target, done, failed, len(urls), wrap, started)
+    return _results(urls, done, failed, skipped, target)
+
+
+async def _pause(state: GatewayState, urls: list[str], failed: dict[str, Any]) -> list[str]:
+    """Pause every endpoint; the ones that paused (the others are recorded in `failed`)."""
+    cfg = state.config.control
+    mode = orjson.dumps({"mode": cfg.pause_mode})
+    for reply in await fan_out(state, urls, "POST", "/pause_generation", mode, cfg.timeout_s):
+        if not reply.ok:
+            failed[reply.url] = ("pause", reply)
+    return [u for u in urls if u not in failed]
+
+
+async def _continue(
+    state: GatewayState,
+    pool: Pool,
+    urls: list[str],
+    done: dict[str, Reply],
+    failed: dict[str, tuple[str, Reply]],
+    target: str | None,
+) -> None:
+    """Continue every endpoint paused for the sync; an updated one whose continue fails is
+    ejected (it would stay paused)."""
+    timeout = state.config.control.timeout_s
+    eps = {ep.url: ep for ep in pool.endpoints}
+    for reply in await fan_out(state, urls, "POST", "/continue_generation", b"{}", timeout):
+        if not reply.ok and reply.url in done:
+            failed[reply.url] = ("continue", done.pop(reply.url))
+            state.metrics.sync_endpoint_failures.labels(pool.name, "continue").inc()
+            ep = eps.get(reply.url)
+            if ep is not None and not ep.removed:
+                ep.stale, ep.rejoin = True, target is not None
+
+
+def _report(
+    state: GatewayState,
+    pool: Pool,
+    kind: str,
+    target: str | None,
+    done: dict[str, Reply],
+    failed: dict[str, tuple[str, Reply]],
+    count: int,
+    wrap: bool,
+    started: float,
+) -> None:
     elapsed = time.perf_counter() - started
     state.metrics.sync_duration.labels(pool.name, kind).observe(elapsed)
     extra = {"pool": pool.name}
@@ -212,11 +219,20 @@ async def run_update(
         kind,
         target,
         len(done),
-        len(urls),
+        count,
         elapsed,
         "" if wrap else " (pool paused by the trainer)",
         extra=extra,
     )
+
+
+def _results(
+    urls: list[str],
+    done: dict[str, Reply],
+    failed: dict[str, tuple[str, Reply]],
+    skipped: list[Endpoint],
+    target: str | None,
+) -> list[dict[str, Any]]:
     results = [done[u].result(stage="done", weight_version=target) for u in urls if u in done]
     results += [failed[u][1].result(stage=failed[u][0]) for u in urls if u in failed]
     for res in results:
@@ -237,29 +253,36 @@ async def run_update(
     return results
 
 
-def _eject(
-    state: GatewayState, pool: Pool, ep: Endpoint | None, stage: str, target: str | None
-) -> None:
-    """An endpoint that failed after the versions were applied (its continue)."""
-    state.metrics.sync_endpoint_failures.labels(pool.name, stage).inc()
-    if ep is not None and not ep.removed:
-        ep.stale, ep.rejoin = True, target is not None
+def accepted(stage: str, reply: Reply) -> bool:
+    """Whether an endpoint that failed a sync at `stage` may have changed its weights: it got
+    the update and did not refuse it with a 4xx (SGLang, like our worker, keeps or rolls back
+    to the old weights when it answers an update with an error status)."""
+    if stage in ("version", "continue"):
+        return True  # the update itself succeeded
+    if stage != "update":
+        return False  # failed before the update was sent (pause, flush)
+    if reply.status is None:
+        return reply.reached  # no answer: it may have loaded them; no connection: it did not
+    return reply.status >= 500
 
 
 def _apply(
     state: GatewayState,
     pool: Pool,
-    eps: dict[str, Endpoint],
     done: dict[str, Reply],
     failed: dict[str, tuple[str, Reply]],
     skipped: list[Endpoint],
     target: str | None,
-) -> None:
-    """Versions and rotation after a sync, before any held request is admitted."""
-    if target is not None:
-        pool.version = target
+) -> bool:
+    """Versions and rotation after a sync, before any held request is admitted. False (and
+    nothing changed) when no endpoint may have changed its weights."""
     for stage, _ in failed.values():
         state.metrics.sync_endpoint_failures.labels(pool.name, stage).inc()
+    if not done and not any(accepted(stage, reply) for stage, reply in failed.values()):
+        return False
+    if target is not None:
+        pool.version = target
+    eps = {ep.url: ep for ep in pool.endpoints}
     for url in done:
         ep = eps.get(url)
         if ep is not None and not ep.removed:
@@ -272,3 +295,4 @@ def _apply(
         # Without a version there is nothing an endpoint could report to prove it caught
         # up: only a later sync that succeeds on it (or registering it again) brings it back.
         ep.rejoin = target is not None
+    return True

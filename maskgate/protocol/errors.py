@@ -26,6 +26,7 @@ GATEWAY_CODES = (  # the policy's own are policy.POLICY_CODES
     "upstream_error",
     "upstream_protocol_error",
     "upstream_stream_error",
+    "upstream_answer_too_large",
     "unknown_pool",
     "unknown_endpoint",
     "invalid_endpoint",

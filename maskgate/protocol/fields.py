@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from maskgate.protocol.bounds import BOUNDS
 from maskgate.protocol.errors import ApiError
 
 # Defaults applied when a sampling field is absent or null (docs/design.md, Policy, rule 7).
@@ -24,7 +25,6 @@ DEFAULT_MIN_P = 0.0
 # A row samples greedily when its float32 temperature is below this, compared in float64 as
 # the worker's kernels do (docs/design.md, Mask semantics).
 GREEDY_TEMPERATURE = 1e-6
-_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def float32(x: float) -> float:
@@ -102,26 +102,33 @@ class Fields:
             raise self.invalid(where + name, f"must be {bound}, got {value}")
         return int(value)
 
+    def bounded(self, d: Mapping[str, Any], name: str, where: str) -> float | None:
+        """A numeric field read by its row of bounds.BOUNDS (the published schema's ranges)."""
+        bound = BOUNDS[name]
+        if bound.integer:
+            value = d.get(name)
+            if value is not None and not is_int(value):
+                raise self.invalid(where + name, f"must be an integer, not {json_type(value)}")
+        else:
+            value = self.number(d, name, where)
+        if value is not None and not bound.admits(value):
+            raise self.invalid(where + name, f"must be {bound.describe()}, got {value}")
+        return value
+
+    def count(self, d: Mapping[str, Any], name: str, where: str) -> int | None:
+        """An integer field of bounds.BOUNDS."""
+        value = self.bounded(d, name, where)
+        return None if value is None else int(value)
+
     def sampling(self, d: Mapping[str, Any], where: str) -> ResolvedParams:
-        """temperature, top_p, min_p and top_k: types first, then ranges, then defaults."""
-        temperature = self.number(d, "temperature", where)
-        top_p = self.number(d, "top_p", where)
-        min_p = self.number(d, "min_p", where)
-        top_k = self.integer(d, "top_k", where, minimum=-1)
-        # Ranges hold for the float32 values the worker samples with, not only the float64
-        # ones the JSON carried (top_p=1e-46 is 0, temperature=1e39 is inf in float32).
-        if temperature is not None and not 0 <= float32(temperature) < math.inf:
-            raise self.invalid(
-                where + "temperature",
-                f"must be >= 0 and finite in float32 (at most {_FLOAT32_MAX:.7g}), "
-                f"got {temperature}",
-            )
-        if top_p is not None and not 0 < float32(top_p) <= 1:
-            raise self.invalid(
-                where + "top_p", f"must be in (0, 1] (in float32, as sampled), got {top_p}"
-            )
-        if min_p is not None and not 0 <= float32(min_p) <= 1:
-            raise self.invalid(where + "min_p", f"must be in [0, 1], got {min_p}")
+        """temperature, top_p, min_p and top_k: types first, then ranges (for the float32
+        values the worker samples with: bounds.py), then defaults."""
+        for name in ("temperature", "top_p", "min_p"):
+            self.number(d, name, where)
+        top_k = self.count(d, "top_k", where)
+        temperature = self.bounded(d, "temperature", where)
+        top_p = self.bounded(d, "top_p", where)
+        min_p = self.bounded(d, "min_p", where)
         return ResolvedParams(
             temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
             top_k=DEFAULT_TOP_K if top_k is None else top_k,

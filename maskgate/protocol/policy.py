@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from maskgate.protocol import payload
 from maskgate.protocol.errors import PolicyError
 from maskgate.protocol.fields import (
     GREEDY_TEMPERATURE,
@@ -23,25 +24,20 @@ from maskgate.protocol.fields import (
     is_int,
     json_type,
 )
+from maskgate.protocol.transforms import (
+    MIN_TOKENS_FIELDS,
+    PENALTIES,
+    check_adapter,
+    check_custom_processor,
+    check_logit_transforms,
+    check_response_format,
+    check_tools,
+)
 
 FULL_VOCAB_MESSAGE = (
     "return_sampling_mask cannot return the full vocabulary; set top_p < 1 or a finite top_k."
 )
 META_INFO_MESSAGE = "return_sampling_mask requires return_meta_info=true"
-
-# Fields that change logits in a way a trainer cannot replay from the mask alone (rule 6).
-_PENALTIES = (("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("repetition_penalty", 1.0))
-GRAMMAR_FIELDS = (
-    "regex",
-    "ebnf",
-    "json_schema",
-    "structural_tag",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-)
-_MIN_TOKENS_FIELDS = ("min_tokens", "min_new_tokens")
 
 
 class Route(StrEnum):
@@ -119,12 +115,12 @@ def _check_openai(
     _FIELDS.boolean(body, "return_sampling_mask", required=True)
     prompts = _prompt_count(body, cfg) if route is Route.COMPLETIONS else 1
     params = _check_sampling_fields(body, "")
-    n = _FIELDS.integer(body, "n", "", minimum=1) or 1
-    best_of = _FIELDS.integer(body, "best_of", "", minimum=1) or 1
+    n = _FIELDS.count(body, "n", "") or 1
+    best_of = _FIELDS.count(body, "best_of", "") or 1
     max_tokens_field = "max_completion_tokens" if route is Route.CHAT else "max_tokens"
-    max_tokens = _FIELDS.integer(body, "max_tokens", "", minimum=0)
+    max_tokens = _FIELDS.count(body, "max_tokens", "")
     if route is Route.CHAT:
-        alt = _FIELDS.integer(body, max_tokens_field, "", minimum=0)
+        alt = _FIELDS.count(body, max_tokens_field, "")
         max_tokens = max_tokens if max_tokens is not None else alt
     for name in ("return_meta_info", "stream", "return_token_ids"):
         _FIELDS.boolean(body, name)
@@ -144,15 +140,17 @@ def _check_openai(
         )
     # Rule 6.
     if cfg.reject_logit_transforms:
-        _check_logit_transforms(body, "")
-        _check_response_format(body)
-        _check_tools(body)
+        check_logit_transforms(body, "")
+        check_response_format(body)
+        check_tools(body)
+        check_adapter(body, [True], openai=True)
     # Rules 7-9. Every prompt of a completions list is answered with its own choices.
     _check_support(params, vocab_size, cfg, "")
     _check_payload(
         [(prompts * max(n, best_of), max_tokens, params)],
         cfg,
         "max_tokens" if route is Route.COMPLETIONS else None,
+        payload.openai_cost(body, _FIELDS, chat=route is Route.CHAT),
     )
     out = dict(body)
     out.update(params.as_dict())
@@ -177,12 +175,18 @@ def _check_generate(
         params, n, max_new = _check_generate_item(shared, "sampling_params.")
         masked = sum(flags)
         if cfg.reject_logit_transforms and masked:
-            _check_logit_transforms(shared, "sampling_params.")
+            check_logit_transforms(shared, "sampling_params.")
         if cfg.reject_logit_transforms:
-            _check_custom_processor(body.get("custom_logit_processor"), flags)
+            check_custom_processor(body.get("custom_logit_processor"), flags)
+            check_adapter(body, flags, openai=False)
         if masked:
             _check_support(params, vocab_size, cfg, "sampling_params.")
-            _check_payload([(masked * n, max_new, params)], cfg, "sampling_params.max_new_tokens")
+            _check_payload(
+                [(masked * n, max_new, params)],
+                cfg,
+                "sampling_params.max_new_tokens",
+                payload.generate_cost(body, _FIELDS),
+            )
         return _write_generate_params(body, size, flags, [shared], [params])
     items = _sampling_items(body, size)
     # Rule 3 for every item's sampling fields (the whole batch goes to the mask pool).
@@ -196,8 +200,9 @@ def _check_generate(
     if cfg.reject_logit_transforms:
         for i, item in enumerate(items):
             if flags[i]:
-                _check_logit_transforms(item, f"sampling_params[{i}].")
-        _check_custom_processor(body.get("custom_logit_processor"), flags)
+                check_logit_transforms(item, f"sampling_params[{i}].")
+        check_custom_processor(body.get("custom_logit_processor"), flags)
+        check_adapter(body, flags, openai=False)
     # Rules 7, 8 and 9 on the items that ask for a mask.
     for i, params in enumerate(resolved):
         if flags[i]:
@@ -206,6 +211,7 @@ def _check_generate(
         [(n, mt, p) for (n, mt), p, f in zip(sizes, resolved, flags, strict=True) if f],
         cfg,
         "sampling_params.max_new_tokens",
+        payload.generate_cost(body, _FIELDS),
     )
     return _write_generate_params(body, size, flags, items, resolved)
 
@@ -214,8 +220,8 @@ def _check_generate_item(
     sp: Mapping[str, Any], where: str
 ) -> tuple[ResolvedParams, int, int | None]:
     params = _check_sampling_fields(sp, where)
-    n = _FIELDS.integer(sp, "n", where, minimum=1) or 1
-    max_new = _FIELDS.integer(sp, "max_new_tokens", where, minimum=0)
+    n = _FIELDS.count(sp, "n", where) or 1
+    max_new = _FIELDS.count(sp, "max_new_tokens", where)
     return params, n, max_new
 
 
@@ -284,15 +290,6 @@ def _sampling_items(body: Mapping[str, Any], size: int | None) -> list[Mapping[s
     raise _invalid("sampling_params", f"must be {want}")
 
 
-def _check_custom_processor(value: Any, flags: list[bool]) -> None:
-    if isinstance(value, list):
-        hit = any(v not in (None, "") and f for v, f in zip(value, flags, strict=False))
-    else:
-        hit = value not in (None, "")
-    if hit:
-        raise _transform("custom_logit_processor", "a custom logit processor")
-
-
 def _write_generate_params(
     body: Mapping[str, Any],
     size: int | None,
@@ -319,56 +316,11 @@ def _write_generate_params(
 
 def _check_sampling_fields(d: Mapping[str, Any], where: str) -> ResolvedParams:
     params = _FIELDS.sampling(d, where)
-    for name, _neutral in _PENALTIES:
+    for name, _neutral in PENALTIES:
         _FIELDS.number(d, name, where)
-    for name in _MIN_TOKENS_FIELDS:
-        _FIELDS.integer(d, name, where, minimum=0)
+    for name in MIN_TOKENS_FIELDS:
+        _FIELDS.count(d, name, where)
     return params
-
-
-def _check_logit_transforms(d: Mapping[str, Any], where: str) -> None:
-    for name, neutral in _PENALTIES:
-        value = d.get(name)
-        if value is not None and value != neutral:
-            raise _transform(where + name, f"{name}={value}")
-    bias = d.get("logit_bias")
-    if bias not in (None, {}, []):
-        raise _transform(where + "logit_bias", "a non-empty logit_bias")
-    for name in GRAMMAR_FIELDS:
-        if d.get(name) not in (None, "", [], {}):
-            raise _transform(where + name, f"a grammar constraint ({name})")
-    for name in _MIN_TOKENS_FIELDS:
-        if (d.get(name) or 0) > 0:
-            raise _transform(where + name, f"{name} (it suppresses end-of-sequence tokens)")
-    if d.get("custom_logit_processor") not in (None, ""):
-        raise _transform(where + "custom_logit_processor", "a custom logit processor")
-
-
-def _check_tools(body: Mapping[str, Any]) -> None:
-    """Tool calling constrains decoding in SGLang: always for tool_choice "required" or a
-    named function, and for "auto" when a tool is strict or the server's tool strictness
-    says so (which the gateway cannot see). Only tool_choice "none" leaves sampling free."""
-    for tools_name, choice_name in (("tools", "tool_choice"), ("functions", "function_call")):
-        if body.get(tools_name) in (None, [], {}):
-            continue
-        choice = body.get(choice_name, "auto")
-        if choice in ("none", None):
-            continue
-        shown = choice if isinstance(choice, str) else "a named function"
-        raise _transform(
-            choice_name,
-            f"{tools_name} with {choice_name} {shown!r} (tool calls constrain decoding to "
-            f'their grammar; send {choice_name} "none" or no {tools_name})',
-        )
-
-
-def _check_response_format(body: Mapping[str, Any]) -> None:
-    fmt = body.get("response_format")
-    if fmt is None:
-        return
-    kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-    if kind not in (None, "text"):
-        raise _transform("response_format", f"a grammar constraint (response_format {kind!r})")
 
 
 def _check_support(
@@ -392,23 +344,20 @@ def _check_support(
 
 
 def _check_payload(
-    items: list[tuple[int, int | None, ResolvedParams]], cfg: PolicyConfig, param: str | None
+    items: list[tuple[int, int | None, ResolvedParams]],
+    cfg: PolicyConfig,
+    param: str | None,
+    cost: payload.LogprobCost,
 ) -> None:
     """`items`: (answers, max_tokens, params), answers = prompts * choices per prompt."""
     cap = cfg.max_mask_tokens
-    total = 0
-    for n, max_tokens, p in items:
-        per_token = min(p.top_k, cap) if p.top_k > 0 else cap
-        tokens = cfg.default_max_tokens if max_tokens is None else max_tokens
-        total += n * tokens * per_token
-    if total > cfg.max_mask_ids_per_request:
-        raise PolicyError(
-            "sampling_mask_payload_too_large",
-            f"the masks of this request could hold up to {total} token ids "
-            f"(prompts * n * max_tokens * min(top_k or cap, cap)); the limit is "
-            f"{cfg.max_mask_ids_per_request}. Lower the prompt count, n, max_tokens or top_k.",
-            param=param,
-        )
+    payload.check_payload(
+        [(n, mt, min(p.top_k, cap) if p.top_k > 0 else cap) for n, mt, p in items],
+        cost,
+        limit=cfg.max_mask_ids_per_request,
+        default_max_tokens=cfg.default_max_tokens,
+        param=param,
+    )
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -425,15 +374,6 @@ def _invalid(param: str, problem: str) -> PolicyError:
 
 
 _FIELDS = Fields(_invalid)  # strict typed reads whose errors carry the policy's code
-
-
-def _transform(param: str, what: str) -> PolicyError:
-    return PolicyError(
-        "sampling_mask_logit_transform",
-        f"return_sampling_mask cannot be combined with {what}: the trainer cannot replay "
-        "that logit transform from the mask",
-        param=param,
-    )
 
 
 def _path(route: Route) -> str:

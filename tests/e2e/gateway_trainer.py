@@ -42,7 +42,7 @@ def main() -> None:
     )
     tensors = perturbed_weights(args.seed)
     body = distributed_body(tensors, GROUP, weight_version=args.version)
-    # The gateway pauses and flushes every worker, then forwards the update to all of them
+    # The gateway holds new requests for the pool, then forwards the update to every worker
     # at once; they receive while rank 0 broadcasts, in the same order as `names`.
     thread, box = in_thread(
         lambda: request(args.url, "/update_weights_from_distributed", body, args.key)

@@ -9,6 +9,7 @@ stamps `meta_info.weight_version`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +23,12 @@ _PROBES = frozenset({"/health", "/model_info", "/get_weight_version", "/get_mode
 class RLWorker:
     name: str = "worker"
     version: str | None = "0"
-    fail_update: bool = False  # weight updates answer 400 success=false
+    fail_update: bool = False  # weight updates answer `fail_status` success=false
+    fail_status: int = 400  # 400: refused (old weights kept); 500: failed after accepting
     fail_pause: bool = False
+    fail_release: bool = False  # /release_memory_occupation answers 400
+    generate_s: float = 0.0  # how long a /generate runs (a pause with mode abort ends it)
+    model_path: str = "fake-rl"  # in /model_info
     update_delay_s: float = 0.0
     flush_busy: int = 0  # /flush_cache answers 400 this many times first
     refuse_version: bool = False  # updates ignore weight_version; /update_weight_version 400
@@ -35,6 +40,7 @@ class RLWorker:
     calls: list[tuple[str, Any]] = field(default_factory=list)  # (path, body), probes left out
     url: str = ""
     _resumed: asyncio.Event = field(default_factory=asyncio.Event)
+    _aborted: asyncio.Event = field(default_factory=asyncio.Event)
     _runner: web.AppRunner | None = None
 
     def paths(self) -> list[str]:
@@ -75,7 +81,7 @@ class RLWorker:
 
     async def _model_info(self, request: web.Request, body: Any) -> web.Response:
         return web.json_response(
-            {"model_path": "fake-rl", "is_generation": True, "weight_version": self.version}
+            {"model_path": self.model_path, "is_generation": True, "weight_version": self.version}
         )
 
     async def _get_weight_version(self, request: web.Request, body: Any) -> web.Response:
@@ -91,6 +97,12 @@ class RLWorker:
         await self._resumed.wait()  # SGLang: new requests wait while generation is paused
         assert not self.released, "a request reached a worker whose memory is released"
         meta = {"id": body.get("rid"), "weight_version": self.version, "finish_reason": None}
+        if self.generate_s:
+            aborted = self._aborted
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(aborted.wait(), self.generate_s)
+            finish = {"type": "abort"} if aborted.is_set() else {"type": "length"}
+            meta = {**meta, "weight_version": self.version, "finish_reason": finish}
         if isinstance(body, dict) and "weight_versions_span" in body:
             meta["weight_versions"] = body["weight_versions_span"]
         return web.json_response({"text": "hi", "meta_info": meta, "worker": self.name})
@@ -105,6 +117,9 @@ class RLWorker:
             return web.json_response({"error": {"message": "pause failed"}}, status=500)
         self.paused = True
         self._resumed.clear()
+        if body.get("mode", "abort") == "abort":  # in-flight requests end now
+            self._aborted.set()
+            self._aborted = asyncio.Event()
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def _continue_generation(self, request: web.Request, body: Any) -> web.Response:
@@ -122,7 +137,10 @@ class RLWorker:
         if self.update_delay_s:
             await asyncio.sleep(self.update_delay_s)
         if self.fail_update:
-            return self._result(False, f"Failed to update weights ({what}). Rolling back.")
+            message = f"Failed to update weights ({what}). Rolling back."
+            return web.json_response(
+                {"success": False, "message": message}, status=self.fail_status
+            )
         message = "Succeeded to update model weights."
         if body.get("weight_version") is not None and not self.refuse_version:
             self.version = body["weight_version"]
@@ -165,6 +183,8 @@ class RLWorker:
         return web.Response(status=200)
 
     async def _release_memory_occupation(self, request: web.Request, body: Any) -> web.Response:
+        if self.fail_release:
+            return web.json_response({"error": {"message": "already released"}}, status=400)
         self.released = True
         return web.json_response(None)
 

@@ -18,6 +18,7 @@ from mask_bodies import MASK_GEN
 from maskgate.gateway import leader
 from maskgate.gateway.app import LEADER, create_app
 from maskgate.gateway.config import GatewayConfig
+from maskgate.gateway.control import CONTROL
 from maskgate.gateway.leader import Cluster, start_leader_sites
 from maskgate.gateway.state import STATE, GatewayState
 
@@ -139,3 +140,44 @@ async def test_follower_without_a_leader(workers, make_config, until, directory,
         status, out = await follower.call("POST", "/generate", MASK_GEN)
         assert (status, out["worker"]) == (200, "a")
         assert follower.state.metrics.control_leader_lost._value.get() == 1
+
+
+async def test_a_fresh_leaders_state_is_valid_json(make_config, directory):
+    config = config_for(make_config, [])
+    async with process(config, Cluster(directory, 0, 2)):
+        connector = aiohttp.UnixConnector(path=Cluster(directory, 0, 2).socket("leader.sock"))
+        async with aiohttp.ClientSession(connector=connector) as session:
+            # A follower that copied another leader: another boot, a later generation.
+            params = {"index": "1", "boot": "an-old-boot", "generation": "7"}
+            async with session.get("http://leader/state", params=params) as resp:
+                assert resp.status == 200
+                data = orjson.loads(await resp.read())
+    assert data["generation"] >= 1 and data["state"]["holds"] == []
+    assert set(data["state"]["pools"]) == {"general", "mask"}
+
+
+async def test_a_trainers_pause_survives_a_leader_restart(
+    workers, make_config, until, directory, monkeypatch
+):
+    monkeypatch.setattr(leader, "_LOST_S", 0.2)
+    a = await workers(name="a")
+    config = config_for(make_config, [a.url])
+    async with process(config, Cluster(directory, 1, 2)) as follower:
+        mask = follower.state.pools["mask"]
+        async with process(config, Cluster(directory, 0, 2)) as lead:
+            await until(lambda: not mask.admission.held)
+            status, out = await lead.call("POST", "/pause_generation", {})
+            assert status == 200, out
+            assert mask.admission.held and a.paused
+        # The leader is gone: the follower keeps holding, since a's generation is paused.
+        await until(lambda: follower.state.metrics.control_leader_lost._value.get() == 1)
+        assert mask.admission.held
+        async with process(config, Cluster(directory, 0, 2)) as lead:
+            assert lead.state.pools["mask"].admission.held  # restored from state.json
+            assert "paused" in lead.app[CONTROL].holds
+            status, out = await follower.call("POST", "/continue_generation", {})
+            assert status == 200, out
+            assert not a.paused
+            assert not mask.admission.held and not lead.state.pools["mask"].admission.held
+            status, out = await follower.call("POST", "/generate", MASK_GEN)
+            assert (status, out["worker"]) == (200, "a")

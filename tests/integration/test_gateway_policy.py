@@ -62,6 +62,10 @@ CASES = [
     ("/v1/chat/completions", {**CHAT, "stream": True}, 400, "sampling_mask_stream_unsupported"),
     ("/v1/completions", {**COMPLETION, "stream": True}, 400, "sampling_mask_stream_unsupported"),
     # rule 6
+    ("/v1/chat/completions", {**CHAT, "lora_path": "a"}, 400, "sampling_mask_logit_transform"),
+    ("/v1/completions", {**COMPLETION, "lora_id": "7"}, 400, "sampling_mask_logit_transform"),
+    ("/v1/chat/completions", {**CHAT, "model": "m:a"}, 400, "sampling_mask_logit_transform"),
+    ("/generate", {**GENERATE, "lora_path": "a"}, 400, "sampling_mask_logit_transform"),
     (
         "/v1/chat/completions",
         {**CHAT, "frequency_penalty": 0.5},
@@ -114,6 +118,24 @@ CASES = [
         "sampling_mask_top_k_exceeds_cap",
     ),
     # rule 9
+    (
+        "/v1/completions",
+        {**COMPLETION, "max_tokens": 0, "n": 1 << 20},
+        400,
+        "sampling_mask_payload_too_large",
+    ),
+    (
+        "/generate",
+        {
+            **GENERATE,
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": 30_000,
+            "text": "x" * 3000,  # 3,000 prompt rows of 30,001 entries
+        },
+        400,
+        "sampling_mask_payload_too_large",
+    ),
     (
         "/v1/chat/completions",
         {**CHAT, "n": 64, "max_tokens": 4000, "top_p": 0.9, "top_k": -1},

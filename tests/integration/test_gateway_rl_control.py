@@ -48,15 +48,9 @@ async def test_sync_runs_on_every_endpoint(workers, gateway, make_config, until)
         assert status == 200, body
         assert body["success"] is True
         assert {r["url"]: r["stage"] for r in body["endpoints"]} == {a.url: "done", b.url: "done"}
-        for worker in (a, b):
-            assert worker.paths() == [
-                "/pause_generation",
-                "/flush_cache",
-                DISK,
-                "/continue_generation",
-            ]
+        for worker in (a, b):  # no pause around it: SGLang's default for an update
+            assert worker.paths() == [DISK]
             assert worker.bodies(DISK) == [{"model_path": "/ckpt/1", "weight_version": "1"}]
-            assert worker.bodies("/pause_generation") == [{"mode": "abort"}]
             assert worker.version == "1"
         status, versions = await get(gw, "/get_weight_version")
         assert (status, versions["weight_version"], versions["pool_weight_version"]) == (
@@ -95,7 +89,6 @@ async def test_failed_endpoint_is_ejected_until_it_reports_the_version(
         assert (results[a.url]["success"], results[a.url]["stage"]) == (True, "done")
         assert (results[b.url]["success"], results[b.url]["stage"]) == (False, "update")
         assert "Rolling back" in results[b.url]["message"]
-        assert b.paths()[-1] == "/continue_generation"  # it is not left paused
         before = len(b.bodies("/generate"))
         for _ in range(8):
             status, out, _ = await gw.post("/generate", MASK_GEN)
@@ -130,13 +123,34 @@ async def test_failed_endpoint_is_ejected_until_it_reports_the_version(
         await until(lambda: not pool.endpoints[1].stale)
 
 
-async def test_every_endpoint_failing_is_a_400_when_they_refused(workers, gateway, make_config):
-    a = await workers(name="a", fail_update=True)
-    async with gateway(trained([a.url], make_config)) as gw:
-        status, body, _ = await gw.post(DISK, {"model_path": "/nope", "weight_version": "1"})
+async def test_a_sync_every_endpoint_refused_leaves_the_pool_serving(
+    workers, gateway, make_config, until
+):
+    a, b = await workers(name="a", fail_update=True), await workers(name="b", fail_update=True)
+    async with gateway(trained([a.url, b.url], make_config)) as gw:
+        pool = gw.state.pools["mask"]
+        await gw.post("/update_weight_version", {"new_version": "3"})
+        await until(lambda: all(ep.weight_version == "3" for ep in pool.endpoints))
+        status, body, _ = await gw.post(DISK, {"model_path": "/nope", "weight_version": "4"})
         assert (status, body["error"]["code"]) == (400, "weight_sync_failed")
-        status, body, _ = await gw.post("/generate", MASK_GEN)  # its one endpoint is stale
-        assert (status, body["error"]["code"]) == (503, "mask_pool_unavailable")
+        assert pool.version == "3"
+        assert [(ep.stale, ep.weight_version) for ep in pool.endpoints] == [(False, "3")] * 2
+        for _ in range(4):  # the old weights keep serving
+            status, out, _ = await gw.post("/generate", MASK_GEN)
+            assert (status, out["meta_info"]["weight_version"]) == (200, "3")
+        status, versions = await get(gw, "/get_weight_version")
+        assert (versions["weight_version"], versions["pool_weight_version"]) == ("3", "3")
+        # An integer version (SGLang's field is a string) is refused before anything is sent.
+        calls = len(a.calls)
+        for path, field in ((DISK, "weight_version"), ("/update_weight_version", "new_version")):
+            status, body, _ = await gw.post(path, {"model_path": "/c", field: 5})
+            assert (status, body["error"]["code"]) == (400, "invalid_weight_version"), path
+        assert len(a.calls) == calls and pool.version == "3"
+        # /update_weight_version refused by every endpoint: nothing changes either.
+        a.refuse_version = b.refuse_version = True
+        status, body, _ = await gw.post("/update_weight_version", {"new_version": "9"})
+        assert (status, body["error"]["code"]) == (400, "weight_sync_failed")
+        assert pool.version == "3" and not any(ep.stale for ep in pool.endpoints)
         status, body, _ = await gw.post(DISK, {"weight_version": "1"})
         assert (status, body["error"]["code"]) == (400, "missing_field")
         status, body, _ = await gw.post(DISK, b"[1]")
@@ -150,17 +164,14 @@ async def test_requests_during_a_sync_wait_and_get_the_new_version(
     async with gateway(trained([a.url, b.url], make_config)) as gw:
         pool = gw.state.pools["mask"]
         sync = asyncio.create_task(gw.post(DISK, {"model_path": "/ckpt/2", "weight_version": "2"}))
-        await until(lambda: a.paused and b.paused)
+        await until(lambda: bool(a.bodies(DISK) and b.bodies(DISK)))
         requests = [asyncio.create_task(gw.post("/generate", MASK_GEN)) for _ in range(5)]
         await until(lambda: pool.admission.depth == 5)
         assert not any(t.done() for t in requests)
         assert (await sync)[0] == 200
+        # None reached a worker while it was updating (the fake reports "0" until it is done).
         for status, out, _ in await asyncio.gather(*requests):
             assert (status, out["meta_info"]["weight_version"]) == (200, "2")
-        for worker in (a, b):  # nothing reached a worker between pause and continue
-            paths = worker.paths()
-            window = paths[paths.index("/pause_generation") : paths.index("/continue_generation")]
-            assert "/generate" not in window
         text = await gw.metrics()
         assert 'maskgate_weight_sync_held_requests_total{pool="mask"} 5.0' in text
 
@@ -170,7 +181,7 @@ async def test_held_requests_obey_the_queue_bounds(workers, gateway, make_config
     pools = {"mask": {"endpoints": [a.url], "max_queue": 2, "queue_timeout_s": 0.3}}
     async with gateway(make_config([], [], pools=pools, **CONTROL)) as gw:
         sync = asyncio.create_task(gw.post(DISK, {"model_path": "/c", "weight_version": "3"}))
-        await until(lambda: a.paused)
+        await until(lambda: bool(a.bodies(DISK)))
         held = [asyncio.create_task(gw.post("/generate", MASK_GEN)) for _ in range(2)]
         await until(lambda: gw.state.pools["mask"].admission.depth == 2)
         status, body, _ = await gw.post("/generate", MASK_GEN)
@@ -362,7 +373,8 @@ async def test_busy_flush_is_retried_and_a_dead_endpoint_fails_the_sync(
 ):
     a = await workers(name="a", flush_busy=3)
     b = await workers(name="b")
-    async with gateway(trained([a.url, b.url], make_config)) as gw:
+    control = {**CONTROL["control"], "pause_mode": "abort"}
+    async with gateway(trained([a.url, b.url], make_config, control=control)) as gw:
         pool = gw.state.pools["mask"]
         await until(lambda: all(ep.weight_version == "0" for ep in pool.endpoints))
         status, body, _ = await gw.post(DISK, {"model_path": "/c", "weight_version": "1"})

@@ -37,7 +37,7 @@ def test_flags_map_onto_config_fields():
         ["--general-endpoint", "http://a:1", "--general-endpoint", "http://b:2",
          "--max-mask-tokens", "64", "--api-key", "k1", "--api-key", "k2", "--workers", "3",
          "--mask-dns", "mask.svc", "--no-access-log", "--client-header-timeout", "2.5",
-         "--client-body-timeout", "4", "--client-idle-timeout", "9",
+         "--client-body-timeout", "4", "--client-body-deadline", "60", "--client-idle-timeout", "9",
          "--max-client-connections", "77"]
     )  # fmt: skip
     c = load(overrides=overrides_from(args))
@@ -46,8 +46,8 @@ def test_flags_map_onto_config_fields():
     assert c.api_keys == ["k1", "k2"] and c.workers == 3 and not c.access_log
     assert c.pools.mask.dns == "mask.svc"
     assert c.clients.model_dump() == {
-        "header_timeout_s": 2.5, "body_timeout_s": 4.0, "idle_timeout_s": 9.0,
-        "max_connections": 77,
+        "header_timeout_s": 2.5, "body_timeout_s": 4.0, "body_deadline_s": 60.0,
+        "idle_timeout_s": 9.0, "max_connections": 77,
     }  # fmt: skip
     assert (
         load(overrides=overrides_from(build_parser().parse_args(["--workers", "auto"]))).workers
