@@ -41,6 +41,8 @@ GATEWAY_CODES = (  # the policy's own are policy.POLICY_CODES
     "request_timeout",
     "too_many_connections",
     "internal_error",
+    "unsafe_upstream_request",
+    "control_forbidden",
 )
 
 
