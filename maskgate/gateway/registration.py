@@ -175,8 +175,8 @@ def _one(state: GatewayState, key: str) -> list[tuple[Pool, Endpoint]]:
 
 async def get_worker(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    ep = _one(state, request.match_info["worker_id"])[0][1]
-    pools = next(pools for pools, known in _workers(state) if known is ep)
+    url = _one(state, request.match_info["worker_id"])[0][1].url
+    pools, ep = next((pools, ep) for pools, ep in _workers(state) if ep.url == url)
     return json_response(_info(pools, ep))
 
 
