@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from maskgate.gateway import outbound, versions
-from maskgate.gateway.auth import authenticate
+from maskgate.gateway.access import API_KEY
 from maskgate.gateway.bodycheck import BodyJob
 from maskgate.gateway.encoding import codings, decode_body
 from maskgate.gateway.forwarding import upstream_headers
@@ -93,7 +93,7 @@ async def _proxy(
     route: policy.Route | None,
     target: str,
 ) -> web.StreamResponse:
-    key = authenticate(request.headers, state.api_keys)  # the client row's access check
+    key = request.get(API_KEY)  # set by the client row's access check (access.py)
     limit = state.config.max_body_bytes
     raw = await _read_body(request, state)
     pool = state.pools["general"]

@@ -36,7 +36,6 @@ GATEWAY_CODES = (  # the policy's own are policy.POLICY_CODES
     "invalid_body",
     "admin_api_disabled",
     "unsafe_endpoint",
-    "admin_key_required",
     "http_error",
     "request_timeout",
     "too_many_connections",

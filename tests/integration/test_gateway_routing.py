@@ -68,9 +68,7 @@ async def test_mask_request_with_no_mask_endpoint_configured(upstreams, gateway,
     assert general.requests == []
 
 
-async def test_undeclared_paths_get_404_and_models_go_to_general(
-    upstreams, gateway, make_config
-):
+async def test_undeclared_paths_get_404_and_models_go_to_general(upstreams, gateway, make_config):
     general = await upstreams(name="general")
     mask = await upstreams(name="mask")
     async with gateway(make_config([general.url], [mask.url])) as gw:
