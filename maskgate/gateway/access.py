@@ -32,7 +32,8 @@ from maskgate.gateway.state import STATE
 from maskgate.protocol.errors import ApiError
 
 PEER_HEADER = "X-Maskgate-Peer"
-API_KEY = web.RequestKey("maskgate_api_key", str)  # a client row's authenticated key
+# A client row's key, set by its access check (None: no keys configured, or the admin key).
+API_KEY: web.RequestKey[str | None] = web.RequestKey("maskgate_api_key")
 
 
 class Access(StrEnum):
@@ -50,12 +51,12 @@ def _admin_token(request: web.Request, admin_key: str | None) -> bool:
 
 
 def check_client(request: web.Request) -> None:
+    """Sets the caller's client key (None: no keys configured, or the admin key)."""
     state = request.app[STATE]
     if state.api_keys and _admin_token(request, state.config.admin_key):
-        return
-    key = authenticate(request.headers, state.api_keys)
-    if key is not None:
-        request[API_KEY] = key
+        request[API_KEY] = None
+    else:
+        request[API_KEY] = authenticate(request.headers, state.api_keys)
 
 
 def check_control(request: web.Request) -> None:

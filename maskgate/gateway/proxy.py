@@ -55,7 +55,9 @@ def proxied(label: str, route: policy.Route | None, path: str) -> Handler:
             rid = state.new_request_id()
         ctx = RequestCtx(rid, label, started)
         try:
-            target = outbound.target(path, request.query.items()) if request.query else path
+            target = path
+            if "?" in request.raw_path:
+                target = outbound.target(path, request.query.items())
             resp = await _proxy(request, state, ctx, route, target)
             ctx.status = resp.status
             return resp
@@ -93,7 +95,7 @@ async def _proxy(
     route: policy.Route | None,
     target: str,
 ) -> web.StreamResponse:
-    key = request.get(API_KEY)  # set by the client row's access check (access.py)
+    key = request[API_KEY]  # set by the client row's access check (access.py)
     limit = state.config.max_body_bytes
     raw = await _read_body(request, state)
     pool = state.pools["general"]
