@@ -1,7 +1,7 @@
 """No client input can make the gateway send an upstream a second request, or a malformed
 one: arbitrary strings pushed through every route that copies client input into an upstream
 request (the proxied query and headers, the `/flush_cache` fan-out's query, `/v1/loads`'s
-`include`, registration's worker URL, a control body), against an upstream on raw sockets
+`include`, registration's worker URL, control bodies and queries), against an upstream on raw sockets
 that records every request head exactly as it arrives.
 
 Property, per call: the gateway either refuses it (4xx, and nothing reaches the upstream)
@@ -117,6 +117,10 @@ def _query(value: str) -> str:
     return quote(value, safe="")
 
 
+def _version(value: str) -> bytes:
+    return orjson.dumps({"new_version": value.encode("utf-8", "replace").decode() or "v"})
+
+
 def _json_string(value: str) -> bytes:
     return orjson.dumps({"rid": value.encode("utf-8", "replace").decode()})
 
@@ -138,6 +142,16 @@ def test_client_input_never_smuggles_a_request_upstream(values: list[str], heade
                 ("GET", f"/flush_cache?x={q}", b"", {"X-Any": header}, "/flush_cache", 1),
                 ("GET", f"/v1/loads?include={q}", b"", {}, "/v1/loads", 1),
                 ("POST", "/abort_request", _json_string(value), {}, "/abort_request", 1),
+                ("POST", "/pause_generation", _json_string(value), {}, "/pause_generation", 1),
+                ("POST", f"/continue_generation?{q}", b"", {}, "/continue_generation", 1),
+                (
+                    "POST",
+                    f"/update_weight_version?v={q}",
+                    _version(value),
+                    {},
+                    "/update_weight_version",
+                    1,
+                ),
             ]
         return out
 
