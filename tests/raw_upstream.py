@@ -45,3 +45,33 @@ class RawUpstream(asyncio.Protocol):
 
     async def first(self) -> None:
         raise NotImplementedError
+
+
+class RecordingUpstream(asyncio.Protocol):
+    """One connection of a fake upstream that keeps every request head it reads, byte for
+    byte, in `heads` (framed by Content-Length, as an upstream server frames them), and
+    answers each with `answer`. Bytes that do not (yet) make a whole request are kept in
+    `leftover`, by connection."""
+
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+    def __init__(self, heads: list[bytes], leftover: dict[int, bytes]) -> None:
+        self.heads = heads
+        self.leftover = leftover
+        self.buf = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while b"\r\n\r\n" in self.buf:
+            head, _, rest = self.buf.partition(b"\r\n\r\n")
+            length = _LENGTH.search(head + b"\r\n")
+            size = int(length[1]) if length else 0
+            if len(rest) < size:
+                break
+            self.heads.append(head)
+            self.buf = rest[size:]
+            self.transport.write(self.answer)
+        self.leftover[id(self)] = self.buf

@@ -4,9 +4,9 @@ RL frameworks register their rollout servers here. Changes live in memory (a res
 to the configuration); with `workers > 1` the control leader makes them and every process
 copies them (leader.py).
 
-Secure by default: the API exists only when `admin_key` is set (on the traffic port, key
-required) or `admin_port` opens a loopback-only listener (app.py, serve.py); otherwise
-`/admin/...` answers 404 `admin_api_disabled` and is never proxied. URLs are checked by
+Secure by default: the API's rows (routes.py, `admin` access) exist only when `admin_key` is
+set (on the traffic port, key required) or `admin_port` opens a loopback-only listener
+(app.py, serve.py); otherwise `/admin/...` answers 404 `admin_api_disabled`. URLs are checked by
 admin_urls.py. An endpoint added here takes no traffic until a health check has passed: the
 first one runs before the answer, and the answer shows its result (`healthy`).
 """
@@ -20,7 +20,6 @@ import orjson
 from aiohttp import web
 
 from maskgate.gateway.admin_urls import check_endpoint_url
-from maskgate.gateway.auth import check_admin
 from maskgate.gateway.bodyread import read_body
 from maskgate.gateway.config import normalize_endpoint
 from maskgate.gateway.health import check_endpoint
@@ -28,12 +27,6 @@ from maskgate.gateway.pool import Pool
 from maskgate.gateway.state import STATE, GatewayState
 from maskgate.protocol.errors import ApiError
 from maskgate.protocol.responses import json_response
-
-
-def _authorized(request: web.Request) -> GatewayState:
-    state = request.app[STATE]
-    check_admin(request.headers, state.config.admin_key)
-    return state
 
 
 def _pool(state: GatewayState, request: web.Request) -> Pool:
@@ -83,12 +76,12 @@ async def _urls(request: web.Request) -> list[str]:
 
 
 async def list_pools(request: web.Request) -> web.Response:
-    state = _authorized(request)
+    state = request.app[STATE]
     return json_response({"pools": [pool.describe() for pool in state.pools.values()]})
 
 
 async def add_endpoints(request: web.Request) -> web.Response:
-    state = _authorized(request)
+    state = request.app[STATE]
     pool = _pool(state, request)
     urls = await _urls(request)
     for url in urls:
@@ -101,7 +94,7 @@ async def add_endpoints(request: web.Request) -> web.Response:
 
 
 async def remove_endpoints(request: web.Request) -> web.Response:
-    state = _authorized(request)
+    state = request.app[STATE]
     pool = _pool(state, request)
     urls = await _urls(request)
     missing = [url for url in urls if all(ep.url != url for ep in pool.endpoints)]
@@ -124,20 +117,3 @@ async def admin_disabled(request: web.Request) -> web.Response:
         "or admin_port for a loopback-only admin listener",
         status=404,
     )
-
-
-async def admin_unknown(request: web.Request) -> web.Response:
-    raise ApiError("not_found", f"the admin API has no {request.method} {request.path}", status=404)
-
-
-def add_admin_refusal(app: web.Application, *, enabled: bool) -> None:
-    """`/admin/...` that no admin route took: answered here, never proxied upstream."""
-    handler = admin_unknown if enabled else admin_disabled
-    app.router.add_route("*", "/admin/{tail:.*}", handler)
-    app.router.add_route("*", "/admin", handler)
-
-
-def add_admin_routes(app: web.Application) -> None:
-    app.router.add_get("/admin/pools", list_pools)
-    app.router.add_post("/admin/pools/{pool}/endpoints", add_endpoints)
-    app.router.add_delete("/admin/pools/{pool}/endpoints", remove_endpoints)

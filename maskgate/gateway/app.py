@@ -9,29 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from hmac import compare_digest
 from typing import Any
 
 import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
 
-from maskgate.gateway import discovery, health, leader, proxy
-from maskgate.gateway.admin import add_admin_refusal, add_admin_routes
-from maskgate.gateway.auth import authenticate, bearer_token
+from maskgate.gateway import discovery, health, leader, probes
+from maskgate.gateway.access import CHECKS, networks
 from maskgate.gateway.bodycheck import BodyChecker
 from maskgate.gateway.config import POOL_NAMES, GatewayConfig
 from maskgate.gateway.connections import ConnectionGuard
-from maskgate.gateway.control import CONTROL, add_control_routes
+from maskgate.gateway.control import CONTROL, install_control
 from maskgate.gateway.forward import add_barrier, add_forwarding
 from maskgate.gateway.leader import Cluster, Leader
 from maskgate.gateway.metrics import GatewayMetrics
 from maskgate.gateway.openapi import openapi_spec
 from maskgate.gateway.pool import Pool
-from maskgate.gateway.registration import add_load_routes, add_registration_routes
+from maskgate.gateway.probes import OPENAPI_BODY
+from maskgate.gateway.routes import Row, admin_table, leader_paths, main_table, probe_table
 from maskgate.gateway.state import STATE, GatewayState, Resolver
 from maskgate.gateway.upstream import UpstreamClient, UpstreamError
 from maskgate.protocol.errors import ApiError, ServerError
@@ -45,6 +42,7 @@ LEADER = web.AppKey("maskgate_leader", Leader)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # what aiohttp stores as a route's handler: an `async def`, not any awaitable-returning callable
 RouteHandler = Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]
+Check = Callable[[web.Request], None]
 
 
 def _error_answer(request: web.Request, e: Exception) -> web.Response | None:
@@ -69,11 +67,14 @@ def _error_answer(request: web.Request, e: Exception) -> web.Response | None:
     )
 
 
-def with_errors(handler: Handler) -> RouteHandler:
-    """`handler` with its exceptions answered by the one renderer."""
+def with_errors(handler: Handler, check: Check | None = None) -> RouteHandler:
+    """`handler` behind its access check (access.py), its exceptions answered by the one
+    renderer: a row's one wrapper, so a request pays one coroutine level for both."""
 
     async def answered(request: web.Request) -> web.StreamResponse:
         try:
+            if check is not None:
+                check(request)
             return await handler(request)
         except asyncio.CancelledError:
             raise
@@ -88,49 +89,36 @@ def with_errors(handler: Handler) -> RouteHandler:
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """For apps whose router can answer by itself (404, 405: the probe and admin apps) and
-    for a main app that has middlewares already (several processes, see create_app)."""
+    """For a main app that has middlewares already (several processes, see create_app): the
+    forwarding middleware raises errors of its own."""
     return await with_errors(handler)(request)
 
 
-def _answer_errors_per_route(app: web.Application) -> None:
-    """Every route's handler wrapped in `with_errors`, instead of a middleware: any
-    middleware makes aiohttp add two coroutine levels to every request (its own
-    `_fix_request_current_app` and ours), about 6 % of the gateway's throughput. The main
-    app needs no middleware for router answers: its catch-all route takes every path and
-    method, so its router never answers 404 or 405 by itself."""
-    for route in app.router.routes():
-        route._handler = with_errors(route.handler)  # aiohttp has no setter for it
+def add_rows(app: web.Application, rows: tuple[Row, ...]) -> None:
+    """Register exactly `rows`, each behind its access group's check, instead of a
+    middleware: any middleware makes aiohttp add two coroutine levels to every request (its
+    own `_fix_request_current_app` and ours), about 6 % of the gateway's throughput. Every
+    path answers the methods it does not take with 405, and a last route answers every
+    undeclared path with 404, so aiohttp's router never answers by itself."""
+    by_path: dict[str, list[Row]] = {}
+    for row in rows:
+        by_path.setdefault(row.path, []).append(row)
+    for path, group in by_path.items():  # one resource per path: its routes added together
+        methods: list[str] = []
+        for row in group:
+            wrapped = with_errors(row.handler, CHECKS[row.access])
+            for method in row.methods:
+                app.router.add_route(method, path, wrapped)
+                methods.append(method)
+        app.router.add_route("*", path, with_errors(_not_allowed(path, tuple(methods))))
+    app.router.add_route("*", "/{tail:.*}", with_errors(probes.not_found))
 
 
-async def healthz(request: web.Request) -> web.Response:
-    return web.Response(body=b'{"status":"ok"}', content_type="application/json")
+def _not_allowed(path: str, methods: tuple[str, ...]) -> Handler:
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        raise probes.method_not_allowed(path, methods)
 
-
-async def readyz(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    if state.ready:
-        return web.Response(body=b'{"status":"ready"}', content_type="application/json")
-    status = "draining" if state.draining else "starting"
-    return web.Response(
-        status=503, body=orjson.dumps({"status": status}), content_type="application/json"
-    )
-
-
-async def metrics_handler(request: web.Request) -> web.Response:
-    body = request.app[STATE].metrics.render()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-async def keyed_metrics_handler(request: web.Request) -> web.Response:
-    """/metrics on the traffic port: it lists upstream URLs, so with `api_keys` set it takes a
-    client key (or the admin key) like any other request there."""
-    state = request.app[STATE]
-    admin_key = state.config.admin_key
-    token = bearer_token(request.headers)
-    if admin_key is None or token is None or not compare_digest(token, admin_key):
-        authenticate(request.headers, state.api_keys)
-    return await metrics_handler(request)
+    return refuse
 
 
 async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
@@ -185,9 +173,9 @@ def create_app(
         mask_allow_keys=(
             frozenset(config.mask_allow_keys) if config.mask_allow_keys is not None else None
         ),
-        trusted_proxies=tuple(
-            ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies
-        ),
+        trusted_proxies=networks(config.trusted_proxies),
+        trusted_networks=networks(config.trusted_networks),
+        insecure_control=config.insecure_control,
     )
     state.checker = BodyChecker(config.offload, on_offload=metrics.policy_offloads.inc)
     metrics.ready.set_function(lambda: 1.0 if state.ready else 0.0)
@@ -204,70 +192,63 @@ def create_app(
     app[STATE] = state
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_background)
-    add_probe_routes(app, with_metrics=config.metrics_port is None, keyed=True)
-    if config.admin_key is not None:
-        add_admin_routes(app)
-    add_admin_refusal(app, enabled=config.admin_key is not None)
-    add_control_routes(app)
+    install_control(app)
+    rows = main_table(config)
+    app[OPENAPI_BODY] = orjson.dumps(openapi_spec(rows))
     if cluster is not None:
         app[CLUSTER] = cluster
-        lead = leader.install(app, app[CONTROL], cluster)
+        lead = leader.install(app, app[CONTROL], cluster, leader_paths(rows))
         if lead is not None:
             app[LEADER] = lead
-    add_registration_routes(app, enabled=config.admin_key is not None)
-    add_load_routes(app)
-    add_openapi_route(app)
-    # The inference routes by exact path first: a plain resource is found by one dict lookup,
-    # the catch-all below by a regex match (~4% of the gateway's CPU samples under load).
-    for path in proxy.HOT_PATHS:
-        app.router.add_route("*", path, proxy.handle)
-    app.router.add_route("*", "/{tail:.*}", proxy.handle)
-    _answer_errors_per_route(app)
+    add_rows(app, rows)
     if app.middlewares:
         # Several processes (leader.py): the barrier or forwarding middleware runs outside
         # the routes' wrappers, and the forwarding one raises errors of its own (503
         # control_leader_unavailable, 413 while reading the body): the error middleware goes
         # outermost. A single process keeps no middleware at all.
         app.middlewares.insert(0, error_middleware)
+    _log_control(config)
     return app
 
 
-def add_probe_routes(app: web.Application, *, with_metrics: bool, keyed: bool = False) -> None:
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    if with_metrics:
-        app.router.add_get("/metrics", keyed_metrics_handler if keyed else metrics_handler)
-
-
-def add_openapi_route(app: web.Application) -> None:
-    """`GET /openapi.json`: the gateway's own API description, serialised once per app."""
-    body = orjson.dumps(openapi_spec())
-
-    async def openapi_json(request: web.Request) -> web.Response:
-        return web.Response(body=body, content_type="application/json")
-
-    app.router.add_get("/openapi.json", openapi_json)
+def _log_control(config: GatewayConfig) -> None:
+    """Say at start who can reach the control plane, loudly when anyone can."""
+    if config.insecure_control and config.control_enabled():
+        LOG.warning(
+            "INSECURE: insecure_control is on: anyone who reaches port %d may update the "
+            "workers' weights, pause them and register workers, with no key",
+            config.port,
+        )
+    elif not config.control_enabled() and config.control.enabled is None:
+        LOG.warning(
+            "the control plane (RL control, registration) is off: the gateway listens on %s "
+            "with no admin_key and no trusted_networks beyond loopback; set admin_key or "
+            "trusted_networks to serve it",
+            config.host,
+        )
 
 
 def create_probe_app(main: web.Application) -> web.Application:
     """The app for `metrics_port`: probes and /metrics over the main app's state."""
-    app = web.Application(middlewares=[error_middleware])
+    app = web.Application()
     app[STATE] = main[STATE]
-    add_probe_routes(app, with_metrics=True)
+    add_rows(app, probe_table())
     return app
 
 
 def create_admin_app(main: web.Application) -> web.Application:
-    """The app for `admin_port` (a loopback-only listener): the admin API over the main app's
-    state; it takes the admin key only when one is set."""
-    app = web.Application(middlewares=[error_middleware])
+    """The app for `admin_port` (a loopback-only listener): the admin API and registration
+    over the main app's state; the admin rows take the admin key only when one is set."""
+    app = web.Application()
     app[STATE] = main[STATE]
+    rows = admin_table()
     cluster = main.get(CLUSTER)
     if cluster is not None and cluster.is_leader:
-        add_barrier(app, main[CONTROL])
+        add_barrier(app, main[CONTROL], leader_paths(rows))
     elif cluster is not None:
-        add_forwarding(app, cluster.socket("admin.sock"), main[STATE].config.control.timeout_s)
-    add_admin_routes(app)
-    add_registration_routes(app, enabled=True)
-    add_admin_refusal(app, enabled=True)
+        timeout_s = main[STATE].config.control.timeout_s
+        add_forwarding(app, cluster.socket("admin.sock"), timeout_s, leader_paths(rows))
+    add_rows(app, rows)
+    if app.middlewares:
+        app.middlewares.insert(0, error_middleware)
     return app

@@ -50,23 +50,6 @@ def check_mask_allowed(key: str | None, allow: frozenset[str] | None) -> None:
         )
 
 
-def check_control(
-    headers: Mapping[str, str], admin_key: str | None, api_keys: frozenset[str]
-) -> None:
-    """The RL control paths (weight updates, pause, flush, abort; docs/rl.md) change what every
-    worker of the trained pool serves. Once any key is configured they take the admin key,
-    never a client key; with no keys at all (a demo on one machine) they are open."""
-    if admin_key is None:
-        if api_keys:
-            raise ApiError(
-                "admin_key_required",
-                "the control paths need the admin key, and none is configured: set admin_key",
-                status=403,
-            )
-        return
-    check_admin(headers, admin_key)
-
-
 def check_admin(headers: Mapping[str, str], admin_key: str | None) -> None:
     """The admin API takes the admin key when one is set. Without one it is served only on the
     loopback-only `admin_port` listener (app.py), which needs no key."""

@@ -66,7 +66,24 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CIDR",
         help="peer whose X-Forwarded-For is kept and extended (repeatable)",
     )
+    p.add_argument(
+        "--trusted-network",
+        action="append",
+        metavar="CIDR",
+        help="callers that reach control and registration without the admin key "
+        "(repeatable; default loopback)",
+    )
+    p.add_argument(
+        "--insecure-control",
+        action="store_true",
+        help="serve control and registration to anyone, with no key (logged as insecure)",
+    )
     p.add_argument("--upstream-api-key", metavar="KEY", help="credential sent upstream")
+    p.add_argument(
+        "--upstream-admin-api-key",
+        metavar="KEY",
+        help="credential sent on control calls to workers (default: --upstream-api-key)",
+    )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--no-access-log", action="store_true", help="no per-request log line")
     p.add_argument(
@@ -98,7 +115,9 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
         "admin_key": "admin_key",
         "admin_port": "admin_port",
         "trusted_proxy": "trusted_proxies",
+        "trusted_network": "trusted_networks",
         "upstream_api_key": "upstream_api_key",
+        "upstream_admin_api_key": "upstream_admin_api_key",
         "log_level": "log_level",
     }
     for flag, key in simple.items():
@@ -106,6 +125,8 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
             out[key] = a[flag]
     if a.get("no_access_log"):
         out["access_log"] = False
+    if a.get("insecure_control"):
+        out["insecure_control"] = True
     clients = {
         key: a[flag]
         for flag, key in (
@@ -163,7 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_SECRET_FIELDS = ("api_keys", "mask_allow_keys", "admin_key", "upstream_api_key")
+_SECRET_FIELDS = (
+    "api_keys",
+    "mask_allow_keys",
+    "admin_key",
+    "upstream_api_key",
+    "upstream_admin_api_key",
+)
 
 
 def redacted_json(config: GatewayConfig) -> str:

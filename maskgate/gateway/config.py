@@ -126,6 +126,10 @@ class ControlSettings(StrictModel):
     """The RL control plane (docs/rl.md): which pool the trainer's control calls act on, and
     how a fleet-wide weight sync waits on its endpoints."""
 
+    # The control plane (RL control and worker registration on the traffic port). null:
+    # on wherever it can be secured (`GatewayConfig.control_enabled`); true: on, and the
+    # start fails where it cannot be; false: off (its paths answer 404).
+    enabled: bool | None = None
     trained_pool: Literal["general", "mask"] = "mask"
     # A weight update sent with no pause before it: "none" (SGLang's default for an update)
     # holds only new requests while it runs and leaves in-flight ones running; "abort",
@@ -171,14 +175,17 @@ def _network(value: str) -> str:
     return value
 
 
-def _loopback(host: str) -> str:
+def _is_loopback(host: str) -> bool:
     if host == "localhost":
-        return host
+        return True
     try:
-        ok = ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        ok = False
-    if not ok:
+        return False
+
+
+def _loopback(host: str) -> str:
+    if not _is_loopback(host):
         raise ValueError(f"admin_host must be a loopback address (127.0.0.1, ::1), not {host!r}")
     return host
 
@@ -217,6 +224,15 @@ class GatewayConfig(StrictModel):
     # are kept and extended; from anyone else these headers are dropped.
     trusted_proxies: list[Annotated[str, AfterValidator(_network)]] = Field(default_factory=list)
     upstream_api_key: str | None = None  # sent upstream as `Authorization: Bearer ...`
+    # Sent instead on control calls to workers (their `--admin-api-key`); null: upstream_api_key.
+    upstream_admin_api_key: str | None = None
+    # Callers (IP addresses or CIDR networks) that reach the control plane and registration
+    # without the admin key (access.py).
+    trusted_networks: list[Annotated[str, AfterValidator(_network)]] = Field(
+        default_factory=lambda: ["127.0.0.0/8", "::1/128"]
+    )
+    # The control plane open to every caller, keys or not (logged as a warning at start).
+    insecure_control: bool = False
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
     # The largest upstream answer the gateway reads whole (a non-streamed answer, a control
     # reply); past it, 502 `upstream_answer_too_large`. Streams are relayed, never buffered.
@@ -253,7 +269,34 @@ class GatewayConfig(StrictModel):
             raise ValueError("admin_port must differ from port and metrics_port")
         if self.admin_key == "":
             raise ValueError("admin_key must not be empty")
+        if "" in (self.upstream_api_key, self.upstream_admin_api_key):
+            raise ValueError("upstream_api_key and upstream_admin_api_key must not be empty")
+        if self.control.enabled and not (self.control_securable() or self.insecure_control):
+            raise ValueError(
+                f"control.enabled is true, but the control plane cannot be secured: the "
+                f"gateway listens on {self.host}, with no admin_key and no trusted_networks "
+                "outside loopback. Set admin_key, or add the trainer's network to "
+                "trusted_networks, or set insecure_control: true (then anyone who reaches "
+                "the port may update weights and register workers), or control.enabled: false"
+            )
         return self
+
+    def control_securable(self) -> bool:
+        """Whether something keeps strangers off the control plane: a loopback listener,
+        the admin key, or a trusted network beyond loopback."""
+        return (
+            _is_loopback(self.host)
+            or self.admin_key is not None
+            or any(
+                not ipaddress.ip_network(n, strict=False).is_loopback for n in self.trusted_networks
+            )
+        )
+
+    def control_enabled(self) -> bool:
+        """Whether the control plane's rows are served (`control.enabled`, resolved)."""
+        if self.control.enabled is not None:
+            return self.control.enabled
+        return self.control_securable() or self.insecure_control
 
     def process_count(self) -> int:
         """How many gateway processes `workers` asks for, with `auto` resolved."""

@@ -2,8 +2,9 @@
 worker (docs/rl.md). Same paths and bodies as an SGLang engine, so a trainer written for one
 engine drives a pool of them through one URL.
 
-Every path that changes state needs the admin key (or, without one, a client key); the
-read-only ones (`/model_info`, `/get_weight_version`, `/get_world_size`) a client key.
+Who may call each path is the route table's (routes.py, access.py): the paths that change
+state are `control` rows (the admin key or a trusted network), the read-only ones
+(`/model_info`, `/get_weight_version`, `/get_world_size`) `client` rows.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from maskgate.gateway.auth import authenticate, check_control
+from maskgate.gateway import outbound
 from maskgate.gateway.bodyread import read_body
 from maskgate.gateway.fanout import answer, call, fan_out
 from maskgate.gateway.holds import PoolControl
@@ -38,9 +39,7 @@ UPDATE_PATHS = {
 
 
 def _admin(request: web.Request) -> tuple[GatewayState, PoolControl]:
-    state = request.app[STATE]
-    check_control(request.headers, state.config.admin_key, state.api_keys)
-    return state, request.app[CONTROL]
+    return request.app[STATE], request.app[CONTROL]
 
 
 async def _object(request: web.Request, required: tuple[str, ...] = ()) -> tuple[bytes, dict]:
@@ -176,7 +175,7 @@ async def flush_cache(request: web.Request) -> web.Response:
     """Once on every endpoint, no retry: 400 while any is busy, like one engine, so the
     trainer's own retry loop works unchanged."""
     state, ctl = _admin(request)
-    target = "/flush_cache" + (f"?{request.query_string}" if request.query_string else "")
+    target = outbound.target("/flush_cache", request.query.items())
     results = await _broadcast(state, ctl.pool, "POST", target, None)
     return answer("flush_cache", "flush_cache_failed", results, {"message": "Cache flushed."})
 
@@ -283,15 +282,11 @@ def _versions(pool: Pool) -> dict[str, Any]:
 
 
 async def get_weight_version(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    authenticate(request.headers, state.api_keys)
     return json_response(_versions(request.app[CONTROL].pool))
 
 
 async def get_world_size(request: web.Request) -> web.Response:
     """The pool's ranks (one per endpoint, TP=1): the trainer's world_size is 1 + this."""
-    state = request.app[STATE]
-    authenticate(request.headers, state.api_keys)
     pool = request.app[CONTROL].pool
     members = [ep.url for ep in pool.endpoints if ep.healthy is not False]
     return json_response(
@@ -303,7 +298,6 @@ async def model_info(request: web.Request) -> web.Response:
     """One serving endpoint's `/model_info`, with the pool's version (or "mixed") instead of
     that endpoint's own."""
     state = request.app[STATE]
-    authenticate(request.headers, state.api_keys)
     pool = request.app[CONTROL].pool
     info: dict[str, Any] = {}
     for ep in [ep for ep in pool.endpoints if ep.usable()]:  # the first that answers
@@ -325,7 +319,8 @@ async def model_info(request: web.Request) -> web.Response:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_POST: dict[str, Handler] = {
+# The route table's control rows (routes.py) are made from these.
+POST_HANDLERS: dict[str, Handler] = {
     **dict.fromkeys(UPDATE_PATHS, update_weights),
     "/pause_generation": pause_generation,
     "/continue_generation": continue_generation,
@@ -334,33 +329,23 @@ _POST: dict[str, Handler] = {
     "/init_weights_update_group": init_group,
     "/destroy_weights_update_group": destroy_group,
 }
-_GET_OR_POST: dict[str, Handler] = {
+GET_OR_POST_HANDLERS: dict[str, Handler] = {
     "/flush_cache": flush_cache,
     "/release_memory_occupation": release_memory,
     "/resume_memory_occupation": resume_memory,
 }
-_GET: dict[str, Handler] = {
+GET_HANDLERS: dict[str, Handler] = {
     "/model_info": model_info,
+    "/get_model_info": model_info,
     "/get_weight_version": get_weight_version,
     "/weight_version": get_weight_version,
     "/get_world_size": get_world_size,
 }
-CONTROL_PATHS = (*_POST, *_GET_OR_POST, *_GET)
-CHANGING_GET_PATHS = tuple(_GET_OR_POST)  # a GET of these changes state too
+CHANGING_GET_PATHS = tuple(GET_OR_POST_HANDLERS)  # a GET of these changes state too
 
 
-def _only(methods: frozenset[str], handler: Handler) -> Handler:
-    """Any other method gets 405 here, never the catch-all proxy route."""
-
-    async def route(request: web.Request) -> web.StreamResponse:
-        if request.method not in methods:
-            raise web.HTTPMethodNotAllowed(request.method, sorted(methods))
-        return await handler(request)
-
-    return route
-
-
-def add_control_routes(app: web.Application) -> None:
+def install_control(app: web.Application) -> None:
+    """The trained pool's control state, shared by the control rows' handlers."""
     state = app[STATE]
     ctl = PoolControl(
         state.pools[state.config.control.trained_pool], state.config.control.hold_deadline_s
@@ -374,6 +359,3 @@ def add_control_routes(app: web.Application) -> None:
     ctl.release = release
     ctl.on_expired = lambda reason: state.metrics.control_hold_expired.labels(reason).inc()
     app[CONTROL] = ctl
-    for table, methods in ((_POST, {"POST"}), (_GET_OR_POST, {"GET", "POST"}), (_GET, {"GET"})):
-        for path, handler in table.items():
-            app.router.add_route("*", path, _only(frozenset(methods), handler))

@@ -38,7 +38,15 @@ def _fan_out(summary: str) -> dict[str, Any]:
         "responses": {
             "200": {"description": "Every endpoint succeeded; `endpoints` lists each result"},
             "400": {"description": "Every endpoint refused it, or a bad body", **_ERROR},
-            "401": {"description": "Missing or invalid admin key", **_ERROR},
+            "401": {
+                "description": "Outside trusted_networks without the admin key",
+                **_ERROR,
+            },
+            "403": {
+                "description": "control_forbidden: outside trusted_networks, no admin key "
+                "configured",
+                **_ERROR,
+            },
             "502": {"description": "Some endpoints failed: `endpoints` says which", **_ERROR},
             "503": {
                 "description": "no_trained_endpoints; control_leader_unavailable (workers > 1)",

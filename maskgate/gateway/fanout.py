@@ -78,10 +78,16 @@ async def call(
     body: bytes | None,
     timeout_s: float,
 ) -> Reply:
-    """One control request to one endpoint, whole answer read, within `timeout_s`."""
+    """One request to one endpoint, whole answer read, within `timeout_s`. A control call
+    (any method but GET) carries `upstream_admin_api_key` (else `upstream_api_key`), as
+    SGLang's admin routes take it; a GET is a read, with the traffic's `upstream_api_key`."""
     headers = [("Content-Type", "application/json"), ("Accept", "application/json")]
-    if state.config.upstream_api_key is not None:
-        headers.append(("Authorization", f"Bearer {state.config.upstream_api_key}"))
+    cfg = state.config
+    key = cfg.upstream_api_key
+    if method != "GET" and cfg.upstream_admin_api_key is not None:
+        key = cfg.upstream_admin_api_key
+    if key is not None:
+        headers.append(("Authorization", f"Bearer {key}"))
     try:
         async with asyncio.timeout(timeout_s):
             resp = await state.client().request(

@@ -14,10 +14,11 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from maskgate.gateway.access import PEER_HEADER, client_address
 from maskgate.gateway.bodyread import read_body
-from maskgate.gateway.control import CHANGING_GET_PATHS, CONTROL_PATHS
+from maskgate.gateway.control import CHANGING_GET_PATHS
 from maskgate.gateway.holds import PoolControl
-from maskgate.gateway.registration import REGISTRATION_PATHS
+from maskgate.gateway.state import STATE
 from maskgate.protocol.errors import ServerError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -37,21 +38,20 @@ _HOP = frozenset(
         "Proxy-Connection",
     )
 )
-_EXACT = frozenset(CONTROL_PATHS) | frozenset(p for p in REGISTRATION_PATHS if "{" not in p)
+_DROP = _HOP | {PEER_HEADER.lower()}
+LeaderPaths = tuple[frozenset[str], tuple[str, ...]]  # routes.leader_paths: exact, prefixes
 
 
-def leader_path(path: str) -> bool:
-    """Paths the leader answers for every process."""
-    return (
-        path in _EXACT
-        or path.startswith("/workers/")
-        or path == "/admin"
-        or path.startswith("/admin/")
-    )
+def leader_path(paths: LeaderPaths, path: str) -> bool:
+    """Whether the leader answers `path` for every process (the route table's
+    `forwarded_to_leader` rows)."""
+    exact, prefixes = paths
+    return path in exact or path.startswith(prefixes)
 
 
-def add_forwarding(app: web.Application, socket: str, timeout_s: float) -> None:
-    """Forward leader paths to the leader app listening on the unix socket `socket`.
+def add_forwarding(app: web.Application, socket: str, timeout_s: float, paths: LeaderPaths) -> None:
+    """Forward leader paths to the leader app listening on the unix socket `socket`, with
+    the caller's address in `PEER_HEADER` (the leader checks access, access.py).
 
     `timeout_s` is one control call's bound; a weight sync makes several in a row (pause,
     flush, update, version, continue), so the forwarded request may take a few times it."""
@@ -70,10 +70,12 @@ def add_forwarding(app: web.Application, socket: str, timeout_s: float) -> None:
 
     @web.middleware
     async def forward(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not leader_path(request.path):
+        if not leader_path(paths, request.path):
             return await handler(request)
         body = await read_body(request)
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP]
+        peer = client_address(request, request.app[STATE].trusted_proxies)
+        headers.append((PEER_HEADER, peer))
         try:
             async with request.app[key].request(
                 request.method,
@@ -99,12 +101,12 @@ def add_forwarding(app: web.Application, socket: str, timeout_s: float) -> None:
     app.middlewares.append(forward)
 
 
-def add_barrier(app: web.Application, ctl: PoolControl) -> None:
+def add_barrier(app: web.Application, ctl: PoolControl, paths: LeaderPaths) -> None:
     @web.middleware
     async def barrier(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         reading = request.method in ("GET", "HEAD") and path not in CHANGING_GET_PATHS
-        if reading or not leader_path(path):
+        if reading or not leader_path(paths, path):
             return await handler(request)
         try:
             return await handler(request)

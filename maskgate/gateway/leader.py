@@ -4,9 +4,10 @@ Process 0 of the supervisor is the control leader. It listens, besides its TCP p
 sockets in a private directory the supervisor made (0700): `main.sock` (its traffic app),
 `admin.sock` (its admin app, when `admin_port` is set) and `leader.sock` (the state below).
 
-- Every control path (control.py), registration path (registration.py) and `/admin/...`
-  path that reaches another process (a follower) is forwarded to the leader as it came
-  (method, path, query, headers, body) and its answer relayed: the leader checks the keys,
+- Every row of the route table marked `forwarded_to_leader` (control, registration and
+  admin paths) that reaches another process (a follower) is forwarded to the leader as it
+  came (method, path, query, headers, body, plus the caller's address) and its answer
+  relayed: the leader checks access,
   and there is one pool version, one stale set and one rank layout for the whole gateway.
   No leader answering: 503 `control_leader_unavailable`.
 - Followers copy the leader's state (mirror.py) by long-polling `GET /state` on
@@ -43,7 +44,7 @@ import orjson
 from aiohttp import web
 
 from maskgate.gateway import mirror
-from maskgate.gateway.forward import add_barrier, add_forwarding
+from maskgate.gateway.forward import LeaderPaths, add_barrier, add_forwarding
 from maskgate.gateway.holds import TRAINER_HOLDS, PoolControl
 from maskgate.gateway.state import STATE, GatewayState
 
@@ -214,13 +215,16 @@ async def follow(state: GatewayState, ctl: PoolControl, cluster: Cluster) -> Non
                 await asyncio.sleep(_RETRY_S)
 
 
-def install(app: web.Application, ctl: PoolControl, cluster: Cluster) -> Leader | None:
-    """Wire this process into the cluster; the Leader on process 0, else None."""
+def install(
+    app: web.Application, ctl: PoolControl, cluster: Cluster, paths: LeaderPaths
+) -> Leader | None:
+    """Wire this process into the cluster; the Leader on process 0, else None. `paths`: the
+    route table's rows that the leader answers for every process."""
     state = app[STATE]
     if cluster.is_leader:
         lead = Leader(state, ctl, cluster)
         ctl.barrier = lead.barrier
-        add_barrier(app, ctl)
+        add_barrier(app, ctl, paths)
 
         async def restore(app: web.Application) -> AsyncIterator[None]:
             task = None
@@ -236,7 +240,7 @@ def install(app: web.Application, ctl: PoolControl, cluster: Cluster) -> Leader 
         return lead
     for pool in state.pools.values():
         pool.mirrored = True
-    add_forwarding(app, cluster.socket("main.sock"), state.config.control.timeout_s)
+    add_forwarding(app, cluster.socket("main.sock"), state.config.control.timeout_s, paths)
 
     async def copy(app: web.Application) -> AsyncIterator[None]:
         ctl.hold(mirror.MIRROR_HOLD)  # nothing routes on the trained pool before the first copy

@@ -14,14 +14,21 @@ JSON Schema counts `1.0` as an integer; the gateway does not (it must be written
 from __future__ import annotations
 
 import copy
-from typing import Any
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from maskgate.gateway.control_openapi import CONTROL_CODES, control_paths
+from maskgate.gateway.control_openapi import CONTROL_CODES
+from maskgate.gateway.openapi_paths import DOCUMENTED, ENDPOINT_LIST, INVOCATIONS, error_ref
 from maskgate.protocol.bounds import BOUNDS
 from maskgate.protocol.errors import GATEWAY_CODES
 from maskgate.protocol.policy import POLICY_CODES
 from maskgate.protocol.transforms import GRAMMAR_FIELDS
 
+if TYPE_CHECKING:
+    from maskgate.gateway.routes import Row
+
+_VARIABLE = re.compile(r"\{(\w+):[^}]*\}")
 ERROR_CODES = tuple(dict.fromkeys((*sorted(POLICY_CODES), *GATEWAY_CODES, *CONTROL_CODES)))
 
 _MASK_POLICY = [
@@ -283,150 +290,19 @@ _MASK_META = {
 }
 
 
-def _error_ref() -> dict[str, Any]:
-    return {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-
-
-def _responses(ok: str, statuses: tuple[int, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "200": {
-            "description": ok,
-            "content": {
-                "application/json": {"schema": {"type": ["object", "array"]}},
-                "text/event-stream": {"schema": {"type": "string"}},
-            },
-        }
-    }
-    why = {
-        400: "The request breaks the mask policy (rules 1, 3-9) or is not valid JSON.",
-        401: "Missing or invalid API key.",
-        405: "The route does not take this method (see Allow).",
-        415: "A Content-Encoding other than gzip or deflate.",
-        403: "This key may not ask for masks (rule 2).",
-        413: "The body is over the size limit.",
-        429: "The pool's admission queue is full (rule 10); see Retry-After.",
-        502: "The upstream failed or could not be reached.",
-        503: "No healthy endpoint (mask_pool_unavailable), queue timeout, or upstream 503.",
-        504: "The upstream sent no response within the first-byte timeout.",
-    }
-    for status in statuses:
-        out[str(status)] = {"description": why[status], **_error_ref()}
-    return out
-
-
-_INFERENCE_STATUSES = (400, 401, 403, 405, 413, 415, 429, 502, 503, 504)
-
-
-def _post(
-    summary: str, schema: str, ok: str, methods: tuple[str, ...] = ("post",)
-) -> dict[str, Any]:
-    return {
-        method: {
-            "summary": summary,
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}
-                },
-            },
-            "responses": _responses(ok, _INFERENCE_STATUSES),
-        }
-        for method in methods
-    }
-
-
-def _get(summary: str, content_type: str = "application/json") -> dict[str, Any]:
-    return {
-        "get": {
-            "summary": summary,
-            "responses": {"200": {"description": summary, "content": {content_type: {}}}},
-        }
-    }
-
-
-ENDPOINT_LIST = {
-    "type": "object",
-    "description": 'One URL or several: {"url": "http://host:port"} or {"urls": [...]} '
-    "(or ?url=... query parameters). URLs carry no path.",
-    "properties": {
-        "url": {"type": "string"},
-        "urls": {"type": "array", "items": {"type": "string"}},
-    },
-    "anyOf": [{"required": ["url"]}, {"required": ["urls"]}],
-}
-
-
-def _admin_endpoints() -> dict[str, Any]:
-    body = {
-        "required": False,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/EndpointList"}}},
-    }
-    pool = {
-        "name": "pool",
-        "in": "path",
-        "required": True,
-        "schema": {"type": "string", "enum": ["general", "mask"]},
-    }
-    errors = {
-        "400": {"description": "invalid_endpoint or invalid_json", **_error_ref()},
-        "401": {"description": "Missing or invalid (admin) key.", **_error_ref()},
-        "404": {"description": "unknown_pool, or unknown_endpoint on DELETE", **_error_ref()},
-    }
-    return {
-        "parameters": [pool],
-        "post": {
-            "summary": "Add endpoints at run time (RL frameworks register rollout servers)",
-            "requestBody": body,
-            "responses": {
-                "201": {"description": "Added; the pool as it is now"},
-                "200": {"description": "Already present; nothing changed"},
-                **errors,
-            },
-        },
-        "delete": {
-            "summary": "Remove endpoints; requests already sent to them finish",
-            "requestBody": body,
-            "responses": {"200": {"description": "Removed; the pool as it is now"}, **errors},
-        },
-    }
-
-
 _SPEC: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {
         "title": "maskgate gateway",
         "version": "0.1.0",
         "description": "An OpenAI-compatible reverse proxy that routes sampling-mask requests "
-        "to a dedicated mask pool and enforces the mask policy. Any other path is proxied to "
-        "the general pool unchanged.",
+        "to a dedicated mask pool and enforces the mask policy. It serves exactly the paths "
+        "listed here (its route table); any other path answers 404 not_found. Each operation's "
+        "`x-maskgate-access` says who may call it: public, client (a client key when api_keys "
+        "are set), control (the admin key or a caller in trusted_networks), admin (the admin "
+        "key).",
     },
     "x-maskgate-mask-policy": _MASK_POLICY,
-    "paths": {
-        "/v1/chat/completions": _post(
-            "OpenAI chat completion",
-            "ChatCompletionRequest",
-            "The upstream's answer (masks in choices[i].meta_info), or an SSE stream.",
-        ),
-        "/v1/completions": _post(
-            "OpenAI text completion",
-            "CompletionRequest",
-            "The upstream's answer (masks in choices[i].meta_info), or an SSE stream.",
-        ),
-        "/generate": _post(
-            "SGLang native generation (single or batch); PUT takes the same body",
-            "GenerateRequest",
-            "The upstream's answer (masks in meta_info; a list for a batch), or an SSE stream.",
-            methods=("post", "put"),
-        ),
-        "/v1/models": _get("Models served by the general pool"),
-        "/healthz": _get("Liveness: 200 while the process serves"),
-        "/readyz": _get("Readiness: 200 while accepting traffic, 503 once draining"),
-        "/metrics": _get("Prometheus metrics (prefix maskgate_)", "text/plain"),
-        "/openapi.json": _get("This document"),
-        "/admin/pools": _get("Pools, their endpoints, health, in-flight and circuit state"),
-        "/admin/pools/{pool}/endpoints": _admin_endpoints(),
-        **control_paths(),  # the RL control plane (docs/rl.md)
-    },
     "components": {
         "securitySchemes": {
             "bearer": {
@@ -450,9 +326,34 @@ _SPEC: dict[str, Any] = {
 }
 
 
-def openapi_spec() -> dict[str, Any]:
-    """The OpenAPI 3.1 document as a fresh dict (callers may change their copy)."""
-    return copy.deepcopy(_SPEC)
+def openapi_spec(rows: Sequence[Row]) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of an app's route table `rows` (routes.py), as a fresh dict:
+    one operation per row and method, its access level in `x-maskgate-access`."""
+    spec = copy.deepcopy(_SPEC)
+    paths: dict[str, Any] = {}
+    for row in rows:
+        if not row.documented:
+            continue
+        path = _VARIABLE.sub(r"{\1}", row.path)  # aiohttp's {name:regex} -> {name}
+        known = DOCUMENTED.get(row.upstream if row.upstream else path, {})
+        item = paths.setdefault(path, {k: v for k, v in known.items() if k == "parameters"})
+        for method in row.methods:
+            op = known.get(method.lower()) or known.get("post") or known.get("get")
+            op = copy.deepcopy(op) if op else _generic(row, method)
+            if path == "/invocations":
+                op["summary"] = INVOCATIONS
+            op["x-maskgate-access"] = row.access.value
+            item[method.lower()] = op
+    spec["paths"] = paths
+    return spec
+
+
+def _generic(row: Row, method: str) -> dict[str, Any]:
+    what = f"proxied to {row.upstream}" if row.upstream else "answered by the gateway"
+    return {
+        "summary": f"{method} {row.path}: {what}",
+        "responses": {"200": {"description": "The answer"}, "default": error_ref()},
+    }
 
 
 def request_schema(path: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The proxy handler: classify, apply the policy, admit, forward with retries, relay.
 
-General requests get the minimum: rule 1 on the three inference routes (their bodies are
+Each proxied row of the route table (routes.py) has its own handler (`proxied`). General
+requests get the minimum: rule 1 on the routes that carry sampling parameters (their bodies are
 parsed once, only to classify), then the original bytes go upstream, never rewritten (the
 request id travels in `X-Request-Id`). Mask requests are checked (rules 2-10), rewritten with
 their resolved sampling parameters (and, on `/generate`, one `rid` string when the client
@@ -12,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from maskgate.gateway import versions
-from maskgate.gateway.auth import authenticate
+from maskgate.gateway import outbound, versions
+from maskgate.gateway.access import API_KEY
 from maskgate.gateway.bodycheck import BodyJob
 from maskgate.gateway.bodyread import read_body
 from maskgate.gateway.encoding import codings, decode_body
@@ -24,7 +26,6 @@ from maskgate.gateway.forwarding import upstream_headers
 from maskgate.gateway.logs import log_access
 from maskgate.gateway.pool import Endpoint, Pool
 from maskgate.gateway.relay import RequestCtx, record_status, relay
-from maskgate.gateway.routes import HOT_PATHS, classify
 from maskgate.gateway.state import STATE, GatewayState
 from maskgate.gateway.upstream import (
     ConnectError,
@@ -35,49 +36,56 @@ from maskgate.gateway.upstream import (
 from maskgate.protocol import policy
 from maskgate.protocol.errors import ApiError, ServerError, VersionUnavailable
 
-__all__ = ["HOT_PATHS", "handle"]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _RETRY_STATUSES = frozenset({502, 503, 504})
 _MAX_RID = 128
 
 
-async def handle(request: web.Request) -> web.StreamResponse:
-    started = time.perf_counter()
-    state = request.app[STATE]
-    rid = request.headers.get("X-Request-Id")
-    if not rid or len(rid) > _MAX_RID or not rid.isprintable():
-        rid = state.new_request_id()
-    target = request.raw_path
-    if target[:1] != "/":  # absolute-form ("POST http://host/generate"): its path decides
-        target = request.rel_url.raw_path_qs
-    ctx = RequestCtx(rid, "other", started)
-    try:
-        ctx.route_label, route, target = classify(request.method, target)
-        resp = await _proxy(request, state, ctx, route, target)
-        ctx.status = resp.status
-        return resp
-    except ApiError as e:
-        ctx.status = e.status
-        e.headers["X-Request-Id"] = rid
-        raise
-    except asyncio.CancelledError:
-        ctx.status = ctx.status or 499  # the client went away (nginx's convention)
-        raise
-    finally:
-        elapsed = time.perf_counter() - started
-        state.metrics.observe_request(
-            ctx.route_label, ctx.pool, ctx.status, elapsed, max(0.0, elapsed - ctx.waited)
-        )
-        log_access(
-            rid,
-            request.method,
-            request.path,
-            ctx.route_label,
-            ctx.pool,
-            ctx.upstream,
-            ctx.status,
-            started,
-            ctx.attempts,
-        )
+def proxied(label: str, route: policy.Route | None, path: str) -> Handler:
+    """The handler of one proxied row of the route table (routes.py): `label` names it in
+    metrics and logs, `route` is its mask-policy route (None: no sampling, no policy), and
+    `path` is what goes upstream, whatever spelling of it the client's router matched. The
+    client's query goes along percent-encoded again (outbound.py), never as sent."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        state = request.app[STATE]
+        rid = request.headers.get("X-Request-Id")
+        if not rid or len(rid) > _MAX_RID or not rid.isprintable():
+            rid = state.new_request_id()
+        ctx = RequestCtx(rid, label, started)
+        try:
+            target = path
+            if "?" in request.raw_path:
+                target = outbound.target(path, request.query.items())
+            resp = await _proxy(request, state, ctx, route, target)
+            ctx.status = resp.status
+            return resp
+        except ApiError as e:
+            ctx.status = e.status
+            e.headers["X-Request-Id"] = rid
+            raise
+        except asyncio.CancelledError:
+            ctx.status = ctx.status or 499  # the client went away (nginx's convention)
+            raise
+        finally:
+            elapsed = time.perf_counter() - started
+            state.metrics.observe_request(
+                label, ctx.pool, ctx.status, elapsed, max(0.0, elapsed - ctx.waited)
+            )
+            log_access(
+                rid,
+                request.method,
+                request.path,
+                label,
+                ctx.pool,
+                ctx.upstream,
+                ctx.status,
+                started,
+                ctx.attempts,
+            )
+
+    return handle
 
 
 async def _proxy(
@@ -87,7 +95,7 @@ async def _proxy(
     route: policy.Route | None,
     target: str,
 ) -> web.StreamResponse:
-    key = authenticate(request.headers, state.api_keys)
+    key = request[API_KEY]  # set by the client row's access check (access.py)
     limit = state.config.max_body_bytes
     raw = await read_body(request)
     pool = state.pools["general"]

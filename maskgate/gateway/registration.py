@@ -1,15 +1,22 @@
 """Worker registration as RL frameworks do it with sgl-model-gateway, mapped onto the pools.
 
 - `POST /workers {"url", "worker_type"}`, `GET /workers`, `GET|DELETE /workers/{id}`: the
-  current sgl-model-gateway shapes. A worker lands in the trained pool (`control.trained_pool`,
-  the mask pool by default); `GET /workers` lists every pool's endpoints.
-- `POST /add_worker?url=`, `POST /remove_worker?url=`, `GET /list_workers`: the older router's.
+  current sgl-model-gateway shapes. `GET /workers` lists each worker once, with its pools.
+- `POST /add_worker?url=` (or `{"url"}` as a body), `POST /remove_worker?url=`,
+  `GET /list_workers`: the older router's (slime, Miles and verl call these).
 - `GET /v1/loads` (and `/get_loads`): each endpoint's own `/v1/loads`, summed per worker.
+
+Where a registered worker serves (docs/rl.md): it joins the trained pool
+(`control.trained_pool`, the mask pool by default). When the trained pool is the mask pool
+and the general pool has no endpoints of its own in the configuration (no `endpoints`, no
+`dns`), it joins the general pool too: a framework that registers all its engines then has
+both its mask and its other rollout requests served by them.
 
 A worker id is a UUID derived from its URL (uuid5), so it is the same in every gateway process
 and after a restart; `DELETE /workers/{id}` also takes the URL itself (older routers did).
 Registration takes effect at once; 202 is kept because clients of sgl-model-gateway expect it.
-Every path here but `/v1/loads` needs the admin key (or, without one, a client key).
+Who may call each path is the route table's (routes.py): registration is a `control` row
+(the admin key or a trusted network), `/v1/loads` a `client` row.
 """
 
 from __future__ import annotations
@@ -21,9 +28,8 @@ from urllib.parse import unquote
 import orjson
 from aiohttp import web
 
-from maskgate.gateway.admin import admin_disabled
+from maskgate.gateway import outbound
 from maskgate.gateway.admin_urls import check_endpoint_url
-from maskgate.gateway.auth import authenticate, check_admin
 from maskgate.gateway.bodyread import read_body
 from maskgate.gateway.config import normalize_endpoint
 from maskgate.gateway.fanout import fan_out
@@ -41,12 +47,6 @@ def worker_id(url: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, url))
 
 
-def _admin(request: web.Request) -> GatewayState:
-    state = request.app[STATE]
-    check_admin(request.headers, state.config.admin_key)
-    return state
-
-
 def _url(value: object) -> str:
     if not isinstance(value, str):
         raise ApiError(
@@ -58,7 +58,7 @@ def _url(value: object) -> str:
         raise ApiError("invalid_endpoint", str(e), param="url") from e
 
 
-def _info(pool: Pool, ep: Endpoint) -> dict[str, Any]:
+def _info(pools: list[Pool], ep: Endpoint) -> dict[str, Any]:
     return {
         "id": worker_id(ep.url),
         "url": ep.url,
@@ -69,24 +69,49 @@ def _info(pool: Pool, ep: Endpoint) -> dict[str, Any]:
         "is_healthy": ep.usable(),
         "load": ep.outstanding,
         "connection_mode": "http",
-        "metadata": {"pool": pool.name, **ep.describe()},
+        "metadata": {
+            "pool": pools[0].name,
+            "pools": [pool.name for pool in pools],
+            **ep.describe(),
+        },
     }
 
 
+def _workers(state: GatewayState) -> list[tuple[list[Pool], Endpoint]]:
+    """Each endpoint URL once, with every pool it is in (trained pool first)."""
+    trained = state.config.control.trained_pool
+    order = sorted(state.pools.values(), key=lambda pool: pool.name != trained)
+    found: dict[str, tuple[list[Pool], Endpoint]] = {}
+    for pool in order:
+        for ep in pool.endpoints:
+            found.setdefault(ep.url, ([], ep))[0].append(pool)
+    return list(found.values())
+
+
+def serving_pools(state: GatewayState) -> list[Pool]:
+    """The pools a registered worker joins (the rule in the module docstring)."""
+    trained = state.pools[state.config.control.trained_pool]
+    general = state.pools["general"]
+    own = general.cfg.endpoints or general.cfg.dns is not None
+    return [trained] if trained is general or own else [trained, general]
+
+
 async def _register(state: GatewayState, url: str) -> Pool:
-    """Add to the trained pool, as the admin API adds: unsafe URLs refused, and no traffic
-    until a health check passes (the first one runs now). Registering again an endpoint that
-    a sync ejected without a version lets it back in (after the pool's version, if any)."""
+    """Add to the pools `serving_pools` names, as the admin API adds: unsafe URLs refused,
+    and no traffic until a health check passes (the first one runs now). Registering again
+    an endpoint that a sync ejected without a version lets it back in (after the pool's
+    version, if any). Returns the trained pool."""
     await check_endpoint_url(state, url)
-    pool = state.pools[state.config.control.trained_pool]
-    ep = pool.add(url, "admin", gated=True)
-    if ep is None:
-        ep = next(ep for ep in pool.endpoints if ep.url == url)
-        behind = pool.version is not None and not at_least(ep.weight_version, pool.version)
-        ep.stale, ep.rejoin = behind, True
-    elif pool.cfg.health_path is not None:
-        await check_endpoint(state, pool, ep)
-    return pool
+    pools = serving_pools(state)
+    for pool in pools:
+        ep = pool.add(url, "admin", gated=True)
+        if ep is None:
+            ep = next(ep for ep in pool.endpoints if ep.url == url)
+            behind = pool.version is not None and not at_least(ep.weight_version, pool.version)
+            ep.stale, ep.rejoin = behind, True
+        elif pool.cfg.health_path is not None:
+            await check_endpoint(state, pool, ep)
+    return pools[0]
 
 
 def _find(state: GatewayState, key: str) -> list[tuple[Pool, Endpoint]]:
@@ -101,13 +126,8 @@ def _find(state: GatewayState, key: str) -> list[tuple[Pool, Endpoint]]:
 
 
 async def add_worker(request: web.Request) -> web.Response:
-    state = _admin(request)
-    try:
-        body = orjson.loads(await read_body(request))
-    except orjson.JSONDecodeError as e:
-        raise ApiError("invalid_json", f"request body is not valid JSON: {e}") from e
-    if not isinstance(body, dict):
-        raise ApiError("invalid_request", 'send {"url": "http://host:port"}', param="url")
+    state = request.app[STATE]
+    body = await _body(request)
     url = _url(body.get("url"))
     kind = body.get("worker_type", "regular")
     if kind not in (None, "regular"):
@@ -130,9 +150,19 @@ async def add_worker(request: web.Request) -> web.Response:
     return json_response(body, status=202, headers={"Location": f"/workers/{wid}"})
 
 
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await read_body(request))
+    except orjson.JSONDecodeError as e:
+        raise ApiError("invalid_json", f"request body is not valid JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise ApiError("invalid_request", 'send {"url": "http://host:port"}', param="url")
+    return body
+
+
 async def list_workers(request: web.Request) -> web.Response:
-    state = _admin(request)
-    workers = [_info(pool, ep) for pool in state.pools.values() for ep in pool.endpoints]
+    state = request.app[STATE]
+    workers = [_info(pools, ep) for pools, ep in _workers(state)]
     stats = {"prefill_count": 0, "decode_count": 0, "regular_count": len(workers)}
     return json_response({"workers": workers, "total": len(workers), "stats": stats})
 
@@ -145,13 +175,14 @@ def _one(state: GatewayState, key: str) -> list[tuple[Pool, Endpoint]]:
 
 
 async def get_worker(request: web.Request) -> web.Response:
-    state = _admin(request)
-    pool, ep = _one(state, request.match_info["worker_id"])[0]
-    return json_response(_info(pool, ep))
+    state = request.app[STATE]
+    url = _one(state, request.match_info["worker_id"])[0][1].url
+    pools, ep = next((pools, ep) for pools, ep in _workers(state) if ep.url == url)
+    return json_response(_info(pools, ep))
 
 
 async def delete_worker(request: web.Request) -> web.Response:
-    state = _admin(request)
+    state = request.app[STATE]
     key = request.match_info["worker_id"]
     found = _one(state, key)
     for pool, ep in found:
@@ -161,8 +192,11 @@ async def delete_worker(request: web.Request) -> web.Response:
 
 
 async def legacy_add(request: web.Request) -> web.Response:
-    state = _admin(request)
-    url = _url(request.query.get("url"))
+    state = request.app[STATE]
+    if "url" in request.query or not request.can_read_body:
+        url = _url(request.query.get("url"))
+    else:
+        url = _url((await _body(request)).get("url"))
     pool = await _register(state, url)
     return json_response(
         {"status": "ok", "message": f"Successfully added worker: {url}", "pool": pool.name}
@@ -170,7 +204,7 @@ async def legacy_add(request: web.Request) -> web.Response:
 
 
 async def legacy_remove(request: web.Request) -> web.Response:
-    state = _admin(request)
+    state = request.app[STATE]
     url = _url(request.query.get("url"))
     found = _one(state, url)
     for pool, ep in found:
@@ -179,10 +213,8 @@ async def legacy_remove(request: web.Request) -> web.Response:
 
 
 async def legacy_list(request: web.Request) -> web.Response:
-    state = _admin(request)
-    return json_response(
-        {"urls": [ep.url for pool in state.pools.values() for ep in pool.endpoints]}
-    )
+    state = request.app[STATE]
+    return json_response({"urls": [ep.url for _, ep in _workers(state)]})
 
 
 def _load(data: Any) -> tuple[int, int]:
@@ -203,13 +235,10 @@ def _load(data: Any) -> tuple[int, int]:
 
 async def loads(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    authenticate(request.headers, state.api_keys)
-    members = [(pool, ep) for pool in state.pools.values() for ep in pool.endpoints]
-    include = request.query.get("include", "core")
-    path = f"/v1/loads?include={include}"
-    replies = await fan_out(
-        state, [ep.url for _, ep in members], "GET", path, None, _LOADS_TIMEOUT_S
-    )
+    members = [(pools[0], ep) for pools, ep in _workers(state)]
+    path = outbound.target("/v1/loads", [("include", request.query.get("include", "core"))])
+    urls = [ep.url for _, ep in members]
+    replies = await fan_out(state, urls, "GET", path, None, _LOADS_TIMEOUT_S)
     out: list[dict[str, Any]] = []
     for (pool, ep), reply in zip(members, replies, strict=True):
         running, waiting = _load(reply.json()) if reply.status == 200 else (-1, -1)
@@ -235,34 +264,3 @@ async def loads(request: web.Request) -> web.Response:
             "num_waiting_reqs": sum(w["num_waiting_reqs"] for w in ok),
         }
     )
-
-
-REGISTRATION_PATHS = (
-    "/workers",
-    "/workers/{worker_id:.+}",
-    "/add_worker",
-    "/remove_worker",
-    "/list_workers",
-)
-
-
-def add_registration_routes(app: web.Application, *, enabled: bool) -> None:
-    """Registration changes the pools, so it is part of the admin API: served where the admin
-    API is (admin_key set, or the loopback admin listener). Elsewhere its paths answer 404
-    `admin_api_disabled` and never reach an upstream."""
-    if not enabled:
-        for path in REGISTRATION_PATHS:
-            app.router.add_route("*", path, admin_disabled)
-        return
-    app.router.add_post("/workers", add_worker)
-    app.router.add_get("/workers", list_workers, allow_head=False)
-    app.router.add_get("/workers/{worker_id:.+}", get_worker, allow_head=False)
-    app.router.add_delete("/workers/{worker_id:.+}", delete_worker)
-    app.router.add_post("/add_worker", legacy_add)
-    app.router.add_post("/remove_worker", legacy_remove)
-    app.router.add_get("/list_workers", legacy_list, allow_head=False)
-
-
-def add_load_routes(app: web.Application) -> None:
-    app.router.add_get("/v1/loads", loads, allow_head=False)
-    app.router.add_get("/get_loads", loads, allow_head=False)

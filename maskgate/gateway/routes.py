@@ -1,87 +1,142 @@
-"""Which route a request takes: its label, its policy route and the path sent upstream.
+"""The route table: every path each gateway app serves, declared once, and nothing else.
 
-The inference routes are classified by *path* for every method, so a body can never reach an
-upstream's inference handler unchecked by arriving with another method (SGLang serves
-`/generate` on PUT as well as POST) or another spelling of the path:
+A row is `(methods, path, handler, access, forwarded_to_leader)` (`Row`). `create_app`
+registers exactly the rows of its app and wraps each with its access group's check
+(access.py); any other path answers 404 `not_found` and any other method on a declared path
+405 `method_not_allowed`, from the gateway itself: nothing undeclared reaches an upstream.
+The OpenAPI document (openapi.py) and the paths a follower process forwards to the control
+leader (forward.py) are read from the same rows.
 
-- A method the route does not take answers 405 `method_not_allowed` with `Allow`.
-- A path that is not spelled canonically but means an inference route to some server
-  (`//v1/chat/completions`, `/V1/completions`, `/./generate`, `/%67enerate`,
-  `/v1%2Fcompletions`, `/generate/`, `/generate;x`) is classified as that route, and the
-  canonical path is what goes upstream, so the policy and the upstream's router always agree.
-
-Canonical form (`canonical_path`): percent-decoding repeated until stable (at most
-`_DECODE_ROUNDS` rounds), backslashes read as slashes, `;params` cut from each segment, empty
-and `.` segments dropped, `..` resolved, lower case. It folds more spellings together than any
-upstream router does, which is the safe direction: a false match costs a policy check, a
-missed one would let a mask request past it.
+Proxied rows send the row's own upstream path (never the client's spelling of it) and
+classify every body that carries sampling parameters with the mask policy, whatever the
+method. SGLang serves more routes than these; docs/gateway.md lists each and why it is
+served, answered here, or 404.
 """
 
 from __future__ import annotations
 
-from urllib.parse import unquote
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-from maskgate.protocol.errors import ApiError
+from aiohttp import web
+
+from maskgate.gateway import admin, control, probes, registration
+from maskgate.gateway.access import Access
+from maskgate.gateway.config import GatewayConfig
+from maskgate.gateway.proxy import proxied
 from maskgate.protocol.policy import Route
 
-# Canonical path -> (route label, policy route, the methods the route takes).
-INFERENCE: dict[str, tuple[str, Route, tuple[str, ...]]] = {
-    "/v1/chat/completions": ("chat", Route.CHAT, ("POST",)),
-    "/v1/completions": ("completions", Route.COMPLETIONS, ("POST",)),
-    "/generate": ("generate", Route.GENERATE, ("POST", "PUT")),
-}
-MODELS_PATH = "/v1/models"
-HOT_PATHS = (*INFERENCE, MODELS_PATH)  # routed by exact path (app.py)
-_DECODE_ROUNDS = 4
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PUBLIC, CLIENT, CONTROL, ADMIN = Access.PUBLIC, Access.CLIENT, Access.CONTROL, Access.ADMIN
 
 
-def classify(method: str, target: str) -> tuple[str, Route | None, str]:
-    """(route label, policy route or None, request target to send upstream) for a request.
-
-    `target` is the raw request target (path and query, still percent-encoded). Raises 405
-    for a method an inference route does not take."""
-    path, sep, query = target.partition("?")
-    hit = INFERENCE.get(path)
-    if hit is None:
-        if path == MODELS_PATH:
-            return ("models", None, target) if method == "GET" else ("other", None, target)
-        canonical = canonical_path(path)
-        hit = INFERENCE.get(canonical)
-        if hit is None:
-            return "other", None, target
-        target = canonical + sep + query
-    label, route, methods = hit
-    if method not in methods:
-        raise method_not_allowed(method, label, methods)
-    return label, route, target
+@dataclass(frozen=True)
+class Row:
+    methods: tuple[str, ...]
+    path: str  # an aiohttp path: `{name}` or `{name:regex}` for a variable part
+    handler: Handler
+    access: Access
+    forwarded_to_leader: bool = False
+    upstream: str | None = None  # proxied rows: the path sent upstream (documentation)
+    policy: Route | None = None  # proxied rows: the mask-policy route, None: no sampling
+    documented: bool = True  # listed in the OpenAPI document
 
 
-def canonical_path(path: str) -> str:
-    """The path with every spelling difference an upstream router might ignore removed."""
-    for _ in range(_DECODE_ROUNDS):
-        decoded = unquote(path)
-        if decoded == path:
-            break
-        path = decoded
-    segments: list[str] = []
-    for segment in path.replace("\\", "/").split("/"):
-        segment = segment.partition(";")[0]
-        if segment in ("", "."):
-            continue
-        if segment == "..":
-            if segments:
-                segments.pop()
-            continue
-        segments.append(segment)
-    return "/" + "/".join(segments).lower()
+def _proxied(
+    methods: tuple[str, ...], path: str, label: str, policy: Route | None, upstream: str = ""
+) -> Row:
+    upstream = upstream or path
+    handler = proxied(label, policy, upstream)
+    return Row(methods, path, handler, CLIENT, upstream=upstream, policy=policy)
 
 
-def method_not_allowed(method: str, label: str, methods: tuple[str, ...]) -> ApiError:
-    path = next(p for p, hit in INFERENCE.items() if hit[0] == label)
-    allowed = ", ".join(methods)
-    return ApiError(
-        "method_not_allowed",
-        f"{path} takes {allowed}, not {method}",
-        status=405,
-        headers={"Allow": allowed},
-    )
+# The inference rows, the hot path: plain paths, found by one dict lookup in aiohttp's router.
+PROXIED = (
+    _proxied(("POST",), "/v1/chat/completions", "chat", Route.CHAT),
+    _proxied(("POST",), "/v1/completions", "completions", Route.COMPLETIONS),
+    _proxied(("POST", "PUT"), "/generate", "generate", Route.GENERATE),
+    # SageMaker's route for chat completions, as SGLang serves it: the same body.
+    _proxied(("POST",), "/invocations", "chat", Route.CHAT, "/v1/chat/completions"),
+    _proxied(("GET",), "/v1/models", "models", None),
+    # No sampling parameters: proxied to the general pool without the mask policy.
+    _proxied(("POST",), "/v1/embeddings", "other", None),
+    *(
+        _proxied(("POST",), path, "other", None)
+        for path in ("/tokenize", "/detokenize", "/v1/tokenize", "/v1/detokenize")
+    ),
+)
+
+_PROBES = (
+    Row(("GET",), "/healthz", probes.healthz, PUBLIC),
+    Row(("GET",), "/readyz", probes.readyz, PUBLIC),
+    Row(("GET",), "/ping", probes.healthz, PUBLIC),  # SageMaker's liveness path
+)
+_OPENAPI = Row(("GET",), "/openapi.json", probes.openapi_json, PUBLIC)
+
+
+def _control() -> tuple[Row, ...]:
+    """SGLang's RL control paths, acting on the whole trained pool (control.py)."""
+    rows = [Row(("POST",), p, h, CONTROL, True) for p, h in control.POST_HANDLERS.items()]
+    rows += [
+        Row(("GET", "POST"), p, h, CONTROL, True) for p, h in control.GET_OR_POST_HANDLERS.items()
+    ]
+    # Reads: what any client of the pool may know (versions, ranks, model info).
+    rows += [Row(("GET",), p, h, CLIENT, True) for p, h in control.GET_HANDLERS.items()]
+    return tuple(rows)
+
+
+_REGISTRATION = (
+    Row(("POST",), "/workers", registration.add_worker, CONTROL, True),
+    Row(("GET",), "/workers", registration.list_workers, CONTROL, True),
+    Row(("GET",), "/workers/{worker_id:.+}", registration.get_worker, CONTROL, True),
+    Row(("DELETE",), "/workers/{worker_id:.+}", registration.delete_worker, CONTROL, True),
+    Row(("POST",), "/add_worker", registration.legacy_add, CONTROL, True),
+    Row(("POST",), "/remove_worker", registration.legacy_remove, CONTROL, True),
+    Row(("GET",), "/list_workers", registration.legacy_list, CONTROL, True),
+)
+_LOADS = (
+    Row(("GET",), "/v1/loads", registration.loads, CLIENT),
+    Row(("GET",), "/get_loads", registration.loads, CLIENT),
+)
+_ADMIN = (
+    Row(("GET",), "/admin/pools", admin.list_pools, ADMIN, True),
+    Row(("POST",), "/admin/pools/{pool}/endpoints", admin.add_endpoints, ADMIN, True),
+    Row(("DELETE",), "/admin/pools/{pool}/endpoints", admin.remove_endpoints, ADMIN, True),
+)
+_ANY = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
+# Without admin_key the admin API is off on the traffic port: its paths say so (404).
+_ADMIN_OFF = (
+    Row(_ANY, "/admin", admin.admin_disabled, PUBLIC, documented=False),
+    Row(_ANY, "/admin/{tail:.*}", admin.admin_disabled, PUBLIC, documented=False),
+)
+
+
+def main_table(config: GatewayConfig) -> tuple[Row, ...]:
+    """The traffic port's rows under `config`."""
+    rows = [*PROXIED, *_PROBES]
+    if config.metrics_port is None:  # it lists upstream URLs: a client key when keys are set
+        rows.append(Row(("GET",), "/metrics", probes.metrics_handler, CLIENT))
+    rows.append(_OPENAPI)
+    if config.control_enabled():
+        rows += [*_control(), *_REGISTRATION]
+    rows += _LOADS
+    rows += _ADMIN if config.admin_key is not None else _ADMIN_OFF
+    return tuple(rows)
+
+
+def probe_table() -> tuple[Row, ...]:
+    """The `metrics_port` listener's rows."""
+    return (*_PROBES, Row(("GET",), "/metrics", probes.metrics_handler, PUBLIC))
+
+
+def admin_table() -> tuple[Row, ...]:
+    """The loopback `admin_port` listener's rows (open there when no admin_key is set)."""
+    return (*_ADMIN, *_REGISTRATION)
+
+
+def leader_paths(rows: tuple[Row, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """(exact paths, path prefixes) of the rows forwarded to the control leader."""
+    forwarded = [row.path for row in rows if row.forwarded_to_leader]
+    exact = frozenset(p for p in forwarded if "{" not in p)
+    prefixes = tuple(sorted({p.partition("{")[0] for p in forwarded if "{" in p}))
+    return exact, prefixes

@@ -41,6 +41,9 @@ class GatewayState:
     api_keys: frozenset[str] = field(default_factory=frozenset)
     mask_allow_keys: frozenset[str] | None = None
     trusted_proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    # Callers that reach the control plane without the admin key; `insecure_control`: anyone.
+    trusted_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    insecure_control: bool = False
     checker: BodyChecker | None = None  # set by create_app
     # Request ids: 16 random hex digits per app, then a counter (32 hex digits in all, like a
     # uuid4's hex), so the request path makes no system call for randomness.

@@ -13,7 +13,8 @@ connection), `DisconnectedError` (closed before a response started: nothing was 
 `ProtocolError` (an answer cut off mid-head; its subclass `MalformedError`: bytes that break
 RFC 9112), `BodyError` (the connection broke mid-body), and `TimeoutError` from the deadlines the caller gives. A request on a kept-alive connection that
 closes before any response byte (the upstream timed the idle connection out as the request
-went) is sent once more on a new connection, and the caller is told (`on_resend`).
+went) is sent once more on a new connection, and the caller is told (`on_resend`). A head
+that outbound.py refuses (`UnsafeRequestError`, a client error) is never sent.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from maskgate.gateway.http1 import (
     Response,
     UpstreamError,
 )
+from maskgate.gateway.outbound import UnsafeRequestError, request_head
 
 __all__ = [
     "BodyError",
@@ -42,6 +44,7 @@ __all__ = [
     "MalformedError",
     "ProtocolError",
     "Response",
+    "UnsafeRequestError",
     "UpstreamClient",
     "UpstreamError",
 ]
@@ -83,13 +86,8 @@ class UpstreamClient:
         is sent once more on a new connection; `on_resend(endpoint)` is called just before.
         """
         host, port, context, host_header = self._target(endpoint)
-        head = [f"{method} {target} HTTP/1.1\r\nHost: {host_header}\r\n"]
-        for name, value in headers:
-            head.append(f"{name}: {value}\r\n")
-        if body or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
-            head.append(f"Content-Length: {len(body or b'')}\r\n")
-        head.append("\r\n")
-        data = "".join(head).encode("utf-8", "surrogateescape")  # the client's bytes again
+        # Every upstream request head is written (and checked) by outbound.py.
+        data = request_head(method, target, host_header, headers, len(body or b""))
         if body:
             data += body
         is_head = method == "HEAD"

@@ -37,11 +37,12 @@ GATEWAY_CODES = (  # the policy's own are policy.POLICY_CODES
     "invalid_body",
     "admin_api_disabled",
     "unsafe_endpoint",
-    "admin_key_required",
     "http_error",
     "request_timeout",
     "too_many_connections",
     "internal_error",
+    "unsafe_upstream_request",
+    "control_forbidden",
 )
 
 

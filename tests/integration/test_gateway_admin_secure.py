@@ -176,8 +176,11 @@ async def _get(gw, path: str) -> tuple[int, str]:
 async def test_unknown_admin_paths_are_never_proxied(upstreams, gateway, make_config):
     general = await upstreams()
     async with gateway(make_config([general.url], [], admin_key="adm")) as gw:
-        for method, path in (("GET", "/admin/pools/mask/endpoints"), ("POST", "/admin/other")):
+        for method, path, status, code in (
+            ("GET", "/admin/pools/mask/endpoints", 405, "method_not_allowed"),
+            ("POST", "/admin/other", 404, "not_found"),
+        ):
             async with gw.client.request(method, gw.url + path, headers=bearer("adm")) as resp:
                 body = await resp.json()
-                assert (resp.status, body["error"]["code"]) == (404, "not_found")
+                assert (resp.status, body["error"]["code"]) == (status, code)
     assert general.requests == []

@@ -14,36 +14,42 @@ from raw_http import raw
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize(
-    "target",
-    [
-        "/generate",
-        "/generate/",
-        "//generate",
-        "/./generate",
-        "/x/../generate",
-        "/GENERATE",
-        "/%67enerate",
-        "/%2567enerate",
-        "/generate;v=1",
-        "/generate?x=1",
-        "http://elsewhere/generate",
-    ],
+# Spellings aiohttp's router reads as the declared path (it decodes %-escapes, takes the
+# path of an absolute-form target): the route serves them.
+SERVED = ("/generate", "/%67enerate", "/generate?x=1", "http://elsewhere/generate")
+# Any other spelling is not a declared route: 404, and nothing reaches an upstream.
+UNDECLARED = (
+    "/generate/",
+    "//generate",
+    "/./generate",
+    "/x/../generate",
+    "/GENERATE",
+    "/%2567enerate",
+    "/generate;v=1",
 )
+
+
+@pytest.mark.parametrize("target", [*SERVED, *UNDECLARED])
 @pytest.mark.parametrize("method", ["POST", "PUT"])
-async def test_every_spelling_and_method_of_generate_is_checked(
+async def test_every_spelling_and_method_of_generate_is_checked_or_404(
     upstreams, gateway, make_config, target, method
 ):
     general = await upstreams()
     mask = await upstreams()
     async with gateway(make_config([general.url], [mask.url])) as gw:
         status, _, body = await raw(gw.url, method, target, orjson.dumps(BAD_GEN))
-        assert (status, body["error"]["code"]) == (400, "sampling_mask_full_vocabulary")
-        status, _, _ = await raw(gw.url, method, target, orjson.dumps(MASK_GEN_CAPPED))
-        assert status == 200
+        if target in UNDECLARED:
+            assert (status, body["error"]["code"]) == (404, "not_found")
+            status, _, _ = await raw(gw.url, method, target, orjson.dumps(MASK_GEN_CAPPED))
+            assert status == 404
+        else:
+            assert (status, body["error"]["code"]) == (400, "sampling_mask_full_vocabulary")
+            status, _, _ = await raw(gw.url, method, target, orjson.dumps(MASK_GEN_CAPPED))
+            assert status == 200
     assert general.requests == []
-    # The canonical path is what goes upstream, so the policy and the router agree.
-    assert [(r.method, r.path) for r in mask.requests] == [(method, "/generate")]
+    # The row's own path is what goes upstream, so the policy and the router agree.
+    sent = [] if target in UNDECLARED else [(method, "/generate")]
+    assert [(r.method, r.path) for r in mask.requests] == sent
 
 
 @pytest.mark.parametrize(
@@ -55,13 +61,13 @@ async def test_every_spelling_and_method_of_generate_is_checked(
         "/v1//chat/./completions/",
     ],
 )
-async def test_chat_spellings_reach_only_the_mask_pool(upstreams, gateway, make_config, target):
+async def test_other_chat_spellings_reach_no_pool(upstreams, gateway, make_config, target):
     general = await upstreams()
     mask = await upstreams()
     async with gateway(make_config([general.url], [mask.url])) as gw:
-        status, _, _ = await raw(gw.url, "POST", target, orjson.dumps(MASK_CHAT))
-        assert status == 200
-    assert general.requests == [] and mask.requests[0].path == "/v1/chat/completions"
+        status, _, body = await raw(gw.url, "POST", target, orjson.dumps(MASK_CHAT))
+        assert (status, body["error"]["code"]) == (404, "not_found")
+    assert general.requests == [] and mask.requests == []
 
 
 @pytest.mark.parametrize(
@@ -69,7 +75,7 @@ async def test_chat_spellings_reach_only_the_mask_pool(upstreams, gateway, make_
     [
         ("GET", "/generate", "POST, PUT"),
         ("PATCH", "/generate", "POST, PUT"),
-        ("DELETE", "//generate", "POST, PUT"),
+        ("DELETE", "/generate", "POST, PUT"),
         ("PUT", "/v1/chat/completions", "POST"),
         ("GET", "/v1/completions", "POST"),
         ("OPTIONS", "/v1/chat/completions", "POST"),
@@ -88,7 +94,7 @@ async def test_methods_an_inference_route_does_not_take_get_405(
     assert general.requests == [] and mask.requests == []
 
 
-async def test_other_paths_still_pass_through(upstreams, gateway, make_config):
+async def test_declared_routes_without_sampling_pass_through(upstreams, gateway, make_config):
     general = await upstreams()
     async with gateway(make_config([general.url])) as gw:
         status, _, _ = await raw(gw.url, "POST", "/v1/embeddings", b'{"return_sampling_mask": 1}')

@@ -69,8 +69,17 @@ async def process(config: GatewayConfig, cluster: Cluster) -> AsyncIterator[Proc
             await sockets.cleanup()
 
 
-def config_for(make_config: Callable[..., GatewayConfig], urls: list[str]) -> GatewayConfig:
-    return make_config(urls, urls, admin_key=KEY, control={"flush_interval_s": 0.01})
+def config_for(
+    make_config: Callable[..., GatewayConfig], urls: list[str], **overrides: Any
+) -> GatewayConfig:
+    """No trusted network: the admin key is what opens control here."""
+    return make_config(
+        urls,
+        urls,
+        admin_key=KEY,
+        control={"flush_interval_s": 0.01},
+        **{"trusted_networks": [], **overrides},
+    )
 
 
 async def test_follower_forwards_control_and_copies_the_state(
@@ -181,3 +190,28 @@ async def test_a_trainers_pause_survives_a_leader_restart(
             assert not mask.admission.held and not lead.state.pools["mask"].admission.held
             status, out = await follower.call("POST", "/generate", MASK_GEN)
             assert (status, out["worker"]) == (200, "a")
+
+
+@pytest.mark.parametrize(
+    ("networks", "status"),
+    [(["127.0.0.0/8"], 200), (["10.0.0.0/8"], 401)],
+)
+async def test_the_leader_judges_the_callers_address_not_the_followers(
+    workers, make_config, until, directory, networks, status
+):
+    """A follower forwards with the address it saw; a client's own `X-Maskgate-Peer` is
+    replaced, and the header counts only on the leader's private unix socket."""
+    a = await workers(name="a")
+    config = config_for(make_config, [a.url], trusted_networks=networks)
+    spoof = {"X-Maskgate-Peer": "10.1.2.3"}
+    async with (
+        process(config, Cluster(directory, 0, 2)) as lead,
+        process(config, Cluster(directory, 1, 2)) as follower,
+    ):
+        await until(lambda: not follower.state.pools["mask"].admission.held)
+        for proc in (follower, lead):  # no key: only the caller's address (127.0.0.1) counts
+            async with proc.client.post(
+                proc.url + "/pause_generation", json={}, headers=spoof
+            ) as resp:
+                assert resp.status == status, await resp.text()
+            assert a.paused == (status == 200)

@@ -99,7 +99,7 @@ async def test_separate_metrics_port_app_serves_probes_and_metrics(upstreams, ma
         resp = await side.get("/metrics")
         assert resp.status == 200 and "maskgate_ready" in await resp.text()
         assert (await side.get("/healthz")).status == 200
-        # /metrics is not on the traffic port: it is proxied like any unknown path.
+        # /metrics is not on the traffic port: not declared there, so 404, never proxied.
         resp = await main.get("/metrics")
-        assert resp.status == 503
-        assert (await resp.json())["error"]["code"] == "no_healthy_upstream"
+        assert resp.status == 404
+        assert (await resp.json())["error"]["code"] == "not_found"

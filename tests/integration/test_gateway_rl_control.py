@@ -269,10 +269,10 @@ async def test_distributed_init_and_trainer_paused_bucketed_sync(
 
 async def test_slime_style_registration_and_abort_all(workers, gateway, make_config, until):
     a, b = await workers(name="a"), await workers(name="b")
-    # Registration is part of the admin API: served only with an admin key (or on the
-    # loopback admin listener).
-    async with gateway(make_config([], [], admin_key="adm", **CONTROL)) as gw:
-        gw.client.headers["Authorization"] = "Bearer adm"
+    # Registration is a control row: a framework on a trusted network (loopback by default)
+    # registers and lists workers with no key at all, though keys are configured.
+    config = make_config([], [], admin_key="adm", api_keys=["k"], **CONTROL)
+    async with gateway(config) as gw:
         ids = []
         for worker in (a, b):
             status, body, resp = await gw.post(
@@ -285,11 +285,18 @@ async def test_slime_style_registration_and_abort_all(workers, gateway, make_con
         assert {w["url"]: w["id"] for w in listed["workers"]} == {a.url: ids[0], b.url: ids[1]}
         status, one = await get(gw, f"/workers/{ids[0]}")
         assert (status, one["url"], one["metadata"]["pool"]) == (200, a.url, "mask")
+        # The general pool has no endpoints of its own: registered workers serve it too.
+        assert one["metadata"]["pools"] == ["mask", "general"]
+        gw.client.headers["Authorization"] = "Bearer k"  # the rollouts' client key
         assert (await gw.post("/generate", MASK_GEN))[0] == 200
+        assert (await gw.post("/generate", {"text": "x"}))[0] == 200
+        del gw.client.headers["Authorization"]
         status, body, _ = await gw.post("/abort_request", {"abort_all": True})
         assert status == 200, body
         assert a.bodies("/abort_request") == b.bodies("/abort_request") == [{"abort_all": True}]
-        status, loads = await get(gw, "/v1/loads?include=core")
+        status, loads = await get(
+            gw, "/v1/loads?include=core", headers={"Authorization": "Bearer k"}
+        )
         assert (status, loads["total_workers"], loads["successful"]) == (200, 2, 2)
         assert {w["worker"] for w in loads["loads"]} == {a.url, b.url}
         status, body, _ = await gw.post("/workers", {"url": a.url, "worker_type": "prefill"})
@@ -305,7 +312,8 @@ async def test_slime_style_registration_and_abort_all(workers, gateway, make_con
         assert sorted(listed["urls"]) == sorted([a.url, b.url])
         async with gw.client.post(f"{gw.url}/remove_worker", params={"url": b.url}) as resp:
             assert resp.status == 200
-        assert [ep.url for ep in gw.state.pools["mask"].endpoints] == [a.url]
+        for pool in ("mask", "general"):
+            assert [ep.url for ep in gw.state.pools[pool].endpoints] == [a.url]
 
 
 async def test_release_holds_the_pool_until_resume(workers, gateway, make_config, until):
@@ -342,8 +350,9 @@ CONTROL_PATHS = [
 
 
 async def test_admin_key_on_every_control_path(workers, gateway, make_config):
+    """Outside trusted_networks (none here), only the admin key opens the control plane."""
     a = await workers(name="a")
-    config = trained([a.url], make_config, admin_key="adm", api_keys=["k"])
+    config = trained([a.url], make_config, admin_key="adm", api_keys=["k"], trusted_networks=[])
     async with gateway(config) as gw:
         for method, path in CONTROL_PATHS:
             for headers in ({}, {"Authorization": "Bearer k"}, {"Authorization": "Bearer x"}):
@@ -357,7 +366,7 @@ async def test_admin_key_on_every_control_path(workers, gateway, make_config):
         for path in ("/get_weight_version", "/get_world_size", "/model_info", "/v1/loads"):
             assert (await get(gw, path))[0] == 401
             assert (await get(gw, path, headers={"Authorization": "Bearer k"}))[0] == 200
-        # A control path is never proxied, whatever the method.
+        # A control path is never proxied, whatever the method: 405 for an undeclared one.
         async with gw.client.get(
             gw.url + "/pause_generation", headers={"Authorization": "Bearer adm"}
         ) as resp:
@@ -426,22 +435,33 @@ async def test_update_weight_version_sets_the_pools_version(workers, gateway, ma
         assert (status, body["error"]["code"]) == (400, "invalid_weight_version")
 
 
-async def test_registration_is_off_without_an_admin_key_and_never_proxied(
-    workers, gateway, make_config
+REGISTRATION_PATHS = (
+    ("POST", "/workers"),
+    ("GET", "/workers"),
+    ("DELETE", "/workers/x"),
+    ("POST", "/add_worker?url=http://127.0.0.1:9"),
+    ("POST", "/remove_worker?url=http://127.0.0.1:9"),
+    ("GET", "/list_workers"),
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "status", "code"),
+    [
+        ({"trusted_networks": []}, 403, "control_forbidden"),
+        ({"trusted_networks": ["10.0.0.0/8"], "admin_key": "adm"}, 401, "invalid_admin_key"),
+        ({"host": "0.0.0.0"}, 404, "not_found"),  # no key, no trusted network: off
+    ],
+)
+async def test_registration_outside_trusted_networks_is_refused_and_never_proxied(
+    workers, gateway, make_config, overrides, status, code
 ):
     a = await workers(name="a")
-    async with gateway(trained([a.url], make_config)) as gw:
-        for method, path in (
-            ("POST", "/workers"),
-            ("GET", "/workers"),
-            ("DELETE", "/workers/x"),
-            ("POST", "/add_worker?url=http://127.0.0.1:9"),
-            ("POST", "/remove_worker?url=http://127.0.0.1:9"),
-            ("GET", "/list_workers"),
-        ):
+    async with gateway(trained([a.url], make_config, **overrides)) as gw:
+        for method, path in REGISTRATION_PATHS:
             async with gw.client.request(method, gw.url + path, json={}) as resp:
                 body = await resp.json()
-                assert (resp.status, body["error"]["code"]) == (404, "admin_api_disabled"), path
+                assert (resp.status, body["error"]["code"]) == (status, code), path
         assert [ep.url for ep in gw.state.pools["mask"].endpoints] == [a.url]
         assert not [p for p, _ in a.calls if "worker" in p]  # nothing reached an upstream
 
@@ -449,10 +469,13 @@ async def test_registration_is_off_without_an_admin_key_and_never_proxied(
 async def test_control_paths_need_an_admin_key_once_client_keys_are_set(
     workers, gateway, make_config
 ):
+    """A client key never opens the control plane: outside trusted_networks, with no admin key
+    configured, control is refused whatever key is sent."""
     a = await workers(name="a")
-    async with gateway(trained([a.url], make_config, api_keys=["k"])) as gw:
+    config = trained([a.url], make_config, api_keys=["k"], trusted_networks=[])
+    async with gateway(config) as gw:
         status, body, _ = await gw.post(
             "/pause_generation", {}, headers={"Authorization": "Bearer k"}
         )
-        assert (status, body["error"]["code"]) == (403, "admin_key_required")
+        assert (status, body["error"]["code"]) == (403, "control_forbidden")
         assert not a.paused

@@ -68,7 +68,7 @@ async def test_mask_request_with_no_mask_endpoint_configured(upstreams, gateway,
     assert general.requests == []
 
 
-async def test_unknown_paths_and_models_go_to_general(upstreams, gateway, make_config):
+async def test_undeclared_paths_get_404_and_models_go_to_general(upstreams, gateway, make_config):
     general = await upstreams(name="general")
     mask = await upstreams(name="mask")
     async with gateway(make_config([general.url], [mask.url])) as gw:
@@ -76,16 +76,13 @@ async def test_unknown_paths_and_models_go_to_general(upstreams, gateway, make_c
             assert resp.status == 200
             assert (await resp.json())["data"][0]["id"] == "fake-model"
         async with gw.client.get(gw.url + "/some/unknown/path?q=1") as resp:
-            assert (await resp.json())["path"] == "/some/unknown/path"
-        # Not a JSON object, but not one of the three policy routes: passed through as is.
+            assert resp.status == 404
+            assert (await resp.json())["error"]["code"] == "not_found"
+        # A declared route without sampling parameters: passed through as is, no policy.
         status, _, _ = await gw.post("/v1/embeddings", b"not json")
         assert status == 200
-    assert [r.path for r in general.requests] == [
-        "/v1/models",
-        "/some/unknown/path",
-        "/v1/embeddings",
-    ]
-    assert general.requests[2].body == b"not json"
+    assert [r.path for r in general.requests] == ["/v1/models", "/v1/embeddings"]
+    assert general.requests[1].body == b"not json"
     assert mask.requests == []
 
 
@@ -140,5 +137,5 @@ async def test_trailing_slash_does_not_dodge_the_policy(upstreams, gateway, make
     mask = await upstreams()
     async with gateway(make_config([general.url], [mask.url])) as gw:
         status, body, _ = await gw.post("/v1/chat/completions/", {**MASK_CHAT, "top_k": -1})
-    assert (status, body["error"]["code"]) == (400, "sampling_mask_full_vocabulary")
+    assert (status, body["error"]["code"]) == (404, "not_found")  # not a declared route
     assert general.requests == [] and mask.requests == []

@@ -77,7 +77,7 @@ def _strict_validator(schema: dict[str, Any]) -> jsonschema.Validator:
 
 
 VALIDATORS = {path: _strict_validator(request_schema(path)) for path in ROUTES}
-ERROR_VALIDATOR = _strict_validator(openapi_spec()["components"]["schemas"]["Error"])
+ERROR_VALIDATOR = _strict_validator(openapi_spec(())["components"]["schemas"]["Error"])
 
 
 def _verdict(rig: Rig, path: str, raw: bytes) -> tuple[str, Any]:

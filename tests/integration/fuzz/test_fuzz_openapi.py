@@ -10,8 +10,11 @@ import jsonschema
 import orjson
 import pytest
 
+from maskgate.gateway import GatewayConfig
 from maskgate.gateway.openapi import ERROR_CODES, openapi_spec, request_schema
+from maskgate.gateway.routes import main_table
 from maskgate.protocol.policy import POLICY_CODES
+from maskgate.protocol.settings import load_settings
 
 pytestmark = pytest.mark.integration
 
@@ -27,8 +30,13 @@ def _refs(node: Any) -> list[str]:
     return []
 
 
+def _every_part_on() -> GatewayConfig:
+    """A gateway with every row served: control, registration, the admin API, /metrics."""
+    return load_settings(GatewayConfig, overrides={"host": "127.0.0.1", "admin_key": "adm"})
+
+
 def test_openapi_document_is_well_formed() -> None:
-    spec = openapi_spec()
+    spec = openapi_spec(main_table(_every_part_on()))
     assert spec["openapi"].startswith("3.1")
     orjson.dumps(spec)  # serialisable as served
     for schema in spec["components"]["schemas"].values():
@@ -48,7 +56,7 @@ def test_openapi_document_is_well_formed() -> None:
     assert codes["enum"] == list(ERROR_CODES)
     # Callers get their own copy.
     spec["paths"].clear()
-    assert openapi_spec()["paths"]
+    assert openapi_spec(main_table(_every_part_on()))["paths"]
 
 
 @pytest.mark.parametrize(
@@ -128,13 +136,14 @@ def test_request_schemas_follow_the_policy_rules_they_express(
 
 async def test_gateway_serves_its_openapi_description(upstreams, gateway, make_config):
     general = await upstreams()
+    config = make_config([general.url], [])
     async with (
-        gateway(make_config([general.url], [])) as gw,
+        gateway(config) as gw,
         gw.client.get(gw.url + "/openapi.json") as resp,
     ):
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("application/json")
         served = await resp.json()
-    assert served == openapi_spec()
+    assert served == openapi_spec(main_table(config))
     assert {"/v1/chat/completions", "/v1/completions", "/generate"} <= set(served["paths"])
     assert general.requests == []  # answered by the gateway itself, never proxied

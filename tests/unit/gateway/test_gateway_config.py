@@ -104,3 +104,21 @@ def test_check_config_prints_the_merged_config(capsys, monkeypatch):
     assert "http://m:30000" in out
     # Keys never reach the terminal: they are replaced by a marker.
     assert '"admin_key": "<redacted>"' in out and '"adm"' not in out
+
+
+def test_access_flags_and_the_start_refusal(capsys, monkeypatch):
+    for name in [n for n in __import__("os").environ if n.startswith("MASKGATE_")]:
+        monkeypatch.delenv(name)
+    argv = ["--check-config", "--trusted-network", "10.0.0.0/8", "--insecure-control"]
+    argv += ["--upstream-admin-api-key", "wadm"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert '"trusted_networks": [\n    "10.0.0.0/8"\n  ]' in out
+    assert '"insecure_control": true' in out
+    assert '"upstream_admin_api_key": "<redacted>"' in out and "wadm" not in out
+    # Control asked for on 0.0.0.0 with nothing to secure it: the start fails, saying why.
+    monkeypatch.setenv("MASKGATE_CONTROL__ENABLED", "true")
+    assert main(["--check-config"]) == 2
+    err = capsys.readouterr().err
+    assert "admin_key" in err and "trusted_networks" in err and "insecure_control" in err
+    assert main(["--check-config", "--admin-key", "adm"]) == 0

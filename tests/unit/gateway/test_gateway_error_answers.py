@@ -1,6 +1,6 @@
 """Errors out of any handler are answered by the one renderer, though the main app has no
-middleware (every route's handler is wrapped instead; the probe app keeps the middleware for
-its router's own 404s)."""
+middleware: every row of the route table is wrapped instead, and the 404 of an undeclared
+path and the 405 of an undeclared method are routes of their own, in JSON too."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from maskgate.protocol.settings import load_settings
 
 def config():
     pools = {"general": {"endpoints": [], "health_path": None}, "mask": {"endpoints": []}}
-    return load_settings(GatewayConfig, overrides={"access_log": False, "pools": pools})
+    overrides = {"host": "127.0.0.1", "access_log": False, "pools": pools}
+    return load_settings(GatewayConfig, overrides=overrides)
 
 
 async def test_a_bug_in_a_handler_is_a_json_500(monkeypatch):
@@ -25,10 +26,17 @@ async def test_a_bug_in_a_handler_is_a_json_500(monkeypatch):
     app = create_app(config())
     assert not app.middlewares
     async with TestClient(TestServer(app)) as client:
-        for method, path in (("POST", "/v1/chat/completions"), ("PUT", "/any/other/path")):
+        for method, path in (("POST", "/v1/chat/completions"), ("PUT", "/generate")):
             resp = await client.request(method, path, json={})
             assert resp.status == 500
             assert (await resp.json())["error"]["code"] == "internal_error"
+        for method, path, status, code in (
+            ("PUT", "/any/other/path", 404, "not_found"),
+            ("GET", "/generate", 405, "method_not_allowed"),
+        ):
+            resp = await client.request(method, path, json={})
+            assert resp.status == status
+            assert (await resp.json())["error"]["code"] == code
 
 
 async def test_api_errors_keep_their_status_code_and_headers():
@@ -57,7 +65,7 @@ async def test_control_registration_and_admin_routes_answer_in_json():
     async with TestClient(TestServer(app)) as client:
         for method, path, status, code in (
             ("GET", "/admin/pools", 404, "admin_api_disabled"),
-            ("POST", "/workers", 404, "admin_api_disabled"),
+            ("POST", "/workers", 400, "invalid_endpoint"),  # a control row (trusted network)
             ("POST", "/pause_generation", 503, "no_trained_endpoints"),
         ):
             resp = await client.request(method, path, json={})

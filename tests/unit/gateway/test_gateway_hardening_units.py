@@ -1,4 +1,4 @@
-"""The pure pieces behind the gateway's hardening: path classification, body decoding,
+"""The pure pieces behind the gateway's hardening: body decoding,
 hop-by-hop and client-address headers, unsafe endpoint addresses, and their settings."""
 
 from __future__ import annotations
@@ -13,41 +13,8 @@ from maskgate.gateway.admin_urls import unsafe_address
 from maskgate.gateway.config import GatewayConfig
 from maskgate.gateway.encoding import codings, decode_body
 from maskgate.gateway.forwarding import connection_listed, is_trusted
-from maskgate.gateway.routes import canonical_path, classify
 from maskgate.protocol.errors import ApiError
-from maskgate.protocol.policy import Route
 from maskgate.protocol.settings import ConfigError, load_settings
-
-
-@pytest.mark.parametrize(
-    ("path", "canonical"),
-    [
-        ("/generate", "/generate"),
-        ("//generate//", "/generate"),
-        ("/./v1/./chat/completions", "/v1/chat/completions"),
-        ("/a/b/../../generate", "/generate"),
-        ("/../../generate", "/generate"),
-        ("/V1/COMPLETIONS", "/v1/completions"),
-        ("/%2567enerate", "/generate"),
-        ("/v1%2fcompletions", "/v1/completions"),
-        ("\\generate", "/generate"),
-        ("/generate;jsessionid=1", "/generate"),
-        ("/", "/"),
-    ],
-)
-def test_canonical_path(path, canonical):
-    assert canonical_path(path) == canonical
-
-
-def test_classify():
-    assert classify("POST", "/generate?x=1") == ("generate", Route.GENERATE, "/generate?x=1")
-    assert classify("PUT", "//Generate/?x=1") == ("generate", Route.GENERATE, "/generate?x=1")
-    assert classify("GET", "/v1/models") == ("models", None, "/v1/models")
-    assert classify("POST", "/v1/models") == ("other", None, "/v1/models")
-    assert classify("POST", "/v1/embeddings") == ("other", None, "/v1/embeddings")
-    with pytest.raises(ApiError) as info:
-        classify("HEAD", "/v1/chat/completions")
-    assert (info.value.status, info.value.headers["Allow"]) == (405, "POST")
 
 
 def test_decode_body():
