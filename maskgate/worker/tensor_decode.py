@@ -23,7 +23,7 @@ import binascii
 import io
 import pickle
 import pickletools
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -34,11 +34,51 @@ MAX_ENTRIES = 100_000
 WHERE = "serialized_named_tensors[0]"
 
 _OPCODES = frozenset(
-    """PROTO FRAME STOP MARK POP POP_MARK NONE NEWTRUE NEWFALSE BININT BININT1 BININT2 LONG1
-    BINFLOAT SHORT_BINUNICODE BINUNICODE BINUNICODE8 SHORT_BINBYTES BINBYTES BINBYTES8
-    EMPTY_LIST APPEND APPENDS LIST EMPTY_TUPLE TUPLE TUPLE1 TUPLE2 TUPLE3 EMPTY_DICT DICT
-    SETITEM SETITEMS MEMOIZE BINPUT LONG_BINPUT BINGET LONG_BINGET GLOBAL STACK_GLOBAL REDUCE
-    NEWOBJ BUILD""".split()
+    {
+        "PROTO",
+        "FRAME",
+        "STOP",
+        "MARK",
+        "POP",
+        "POP_MARK",
+        "NONE",
+        "NEWTRUE",
+        "NEWFALSE",
+        "BININT",
+        "BININT1",
+        "BININT2",
+        "LONG1",
+        "BINFLOAT",
+        "SHORT_BINUNICODE",
+        "BINUNICODE",
+        "BINUNICODE8",
+        "SHORT_BINBYTES",
+        "BINBYTES",
+        "BINBYTES8",
+        "EMPTY_LIST",
+        "APPEND",
+        "APPENDS",
+        "LIST",
+        "EMPTY_TUPLE",
+        "TUPLE",
+        "TUPLE1",
+        "TUPLE2",
+        "TUPLE3",
+        "EMPTY_DICT",
+        "DICT",
+        "SETITEM",
+        "SETITEMS",
+        "MEMOIZE",
+        "BINPUT",
+        "LONG_BINPUT",
+        "BINGET",
+        "LONG_BINGET",
+        "GLOBAL",
+        "STACK_GLOBAL",
+        "REDUCE",
+        "NEWOBJ",
+        "BUILD",
+    }
 )
 _STRINGS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8"})
 _NEUTRAL = frozenset({"PROTO", "FRAME", "MEMOIZE", "BINPUT", "LONG_BINPUT"})
@@ -85,6 +125,8 @@ def scan(raw: bytes) -> list[tuple[str, str]]:
                 known = [None]
             elif name not in _NEUTRAL:
                 known = [None]
+    except PayloadError:
+        raise
     except ValueError as e:  # genops: truncated or malformed bytes
         raise PayloadError(f"{WHERE} is not a valid pickle: {e}") from None
     return names
@@ -118,7 +160,7 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
     """pickle's pure-Python unpickler with our globals and our REDUCE / NEWOBJ / BUILD; every
     other opcode outside `_OPCODES` is missing from its dispatch table."""
 
-    dispatch: dict[int, Any] = {}
+    dispatch: ClassVar[dict[int, Any]] = {}
 
     def __init__(self, raw: bytes, budget: Budget) -> None:
         super().__init__(io.BytesIO(raw))

@@ -125,9 +125,10 @@ def _dtype(value: Any) -> torch.dtype:
     return value
 
 
-def _bytes(value: Any, what: str, limit: int) -> bytes:
-    if type(value) is not bytes or not 0 < len(value) <= limit or b"\0" in value:
-        raise PayloadError(f"{what} must be 1 to {limit} bytes without NUL")
+def _bytes(value: Any, what: str, limit: int, *, text: bool = True) -> bytes:
+    """Bytes of bounded length; `text` ones (paths, names, handles handed to C) hold no NUL."""
+    if type(value) is not bytes or not 0 < len(value) <= limit or (text and b"\0" in value):
+        raise PayloadError(f"{what} must be 1 to {limit} bytes" + (" without NUL" if text else ""))
     return value
 
 
@@ -236,10 +237,10 @@ def _cuda_tensor(budget: Budget, *args: Any) -> torch.Tensor:
     budget.take(storage_bytes, "a CUDA storage")
     if handle is None and storage_bytes == 0 and _numel(size) == 0:
         return torch.zeros(size, dtype=dtype, device=f"cuda:{index}")
-    handle = _bytes(handle, "the CUDA IPC handle", MAX_HANDLE_BYTES)
+    handle = _bytes(handle, "the CUDA IPC handle", MAX_HANDLE_BYTES, text=False)
     ref_handle = _bytes(ref_handle, "the ref-counter handle", MAX_HANDLE_BYTES)
     if event is not None:
-        event = _bytes(event, "the CUDA event handle", MAX_HANDLE_BYTES)
+        event = _bytes(event, "the CUDA event handle", MAX_HANDLE_BYTES, text=False)
     return _TORCH_REBUILD_CUDA(torch.Tensor, size, stride, offset, torch.UntypedStorage, dtype,
                                index, handle, storage_bytes, storage_offset, False, ref_handle,
                                ref_offset, event, sync)  # fmt: skip
@@ -279,7 +280,7 @@ def _name(value: Any) -> str:
 def _values(value: Any) -> list[bytes]:
     if type(value) is not list or not 0 < len(value) <= 1024:
         raise PayloadError("LocalSerializedTensor.values must be a list of 1 to 1024 entries")
-    return [_bytes(v, "LocalSerializedTensor.values entries", 2**20) for v in value]
+    return [_bytes(v, "LocalSerializedTensor.values entries", 2**20, text=False) for v in value]
 
 
 class RecordType:

@@ -13,6 +13,7 @@ reads half-old, half-new weights.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -143,7 +144,7 @@ class WeightMap:
             rows.setdefault(id(t.param), []).append((t.start, t.start + t.shape[0]))
         for spans in rows.values():
             spans.sort()
-            if any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False)):
+            if any(b[0] < a[1] for a, b in itertools.pairwise(spans)):
                 return True
         return False
 
