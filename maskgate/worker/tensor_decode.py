@@ -23,7 +23,7 @@ import binascii
 import io
 import pickle
 import pickletools
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 
@@ -113,11 +113,11 @@ def scan(raw: bytes) -> list[tuple[str, str]]:
             if name in _STRINGS:
                 known.append(arg)
             elif name in ("BINGET", "LONG_BINGET"):
-                known.append(memo.get(arg))
+                known.append(memo.get(cast(int, arg)))
             elif name == "MEMOIZE":
                 memo[len(memo)] = known[-1] if known else None
             elif name in ("BINPUT", "LONG_BINPUT"):
-                memo[arg] = known[-1] if known else None
+                memo[cast(int, arg)] = known[-1] if known else None
             elif name in ("GLOBAL", "STACK_GLOBAL"):
                 pair = _global_pair(name, arg, known)
                 _check_global(*pair)
@@ -156,11 +156,13 @@ def _check_global(module: str, name: str) -> None:
     )
 
 
-class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
+class _Unpickler(pickle._Unpickler):
     """pickle's pure-Python unpickler with our globals and our REDUCE / NEWOBJ / BUILD; every
     other opcode outside `_OPCODES` is missing from its dispatch table."""
 
     dispatch: ClassVar[dict[int, Any]] = {}
+    stack: list[Any]  # pickle._Unpickler's, set by load()
+    append: Any
 
     def __init__(self, raw: bytes, budget: Budget) -> None:
         super().__init__(io.BytesIO(raw))
@@ -174,26 +176,26 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
         args = self.stack.pop()
         func = self.stack[-1]
         if not isinstance(func, rb.Checked) or type(args) is not tuple:
-            raise PayloadError(f"{WHERE} calls {rb._kind(func)}, which is not a rebuilder")
+            raise PayloadError(f"{WHERE} calls {rb.kind_of(func)}, which is not a rebuilder")
         self.stack[-1] = func(self.budget, args)
 
     def load_newobj(self) -> None:
         args = self.stack.pop()
         cls = self.stack.pop()
-        if not isinstance(cls, rb.RecordType) or args != ():
-            raise PayloadError(f"{WHERE} instantiates {rb._kind(cls)}, which is not a record")
+        if not isinstance(cls, rb.RecordType) or type(args) is not tuple or args:
+            raise PayloadError(f"{WHERE} instantiates {rb.kind_of(cls)}, which is not a record")
         self.append(Record(cls))
 
     def load_build(self) -> None:
         state = self.stack.pop()
         inst = self.stack[-1]
         if not isinstance(inst, Record):
-            raise PayloadError(f"{WHERE} sets the state of {rb._kind(inst)}, which is refused")
+            raise PayloadError(f"{WHERE} sets the state of {rb.kind_of(inst)}, which is refused")
         inst.build(state)
 
 
 _Unpickler.dispatch = {
-    op.code.encode("latin-1")[0]: pickle._Unpickler.dispatch[op.code.encode("latin-1")[0]]  # type: ignore[attr-defined]
+    op.code.encode("latin-1")[0]: pickle._Unpickler.dispatch[op.code.encode("latin-1")[0]]
     for op in pickletools.opcodes
     if op.name in _OPCODES
 }
@@ -224,7 +226,7 @@ def _named(obj: Any, budget: Budget) -> list[tuple[str, Any]]:
         if isinstance(value, Record) and value.kind is rb.LOCAL_TENSOR and value.values:
             value = _unpickle(value.values["values"][0], budget)
         if not isinstance(value, torch.Tensor):
-            raise PayloadError(f"{WHERE}: {name[:100]!r} is {rb._kind(value)}, not a tensor")
+            raise PayloadError(f"{WHERE}: {name[:100]!r} is {rb.kind_of(value)}, not a tensor")
         out.append((name, value))
     return out
 

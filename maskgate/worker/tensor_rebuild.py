@@ -109,7 +109,7 @@ class Checked:
 
 def _int(value: Any, what: str, lo: int = 0, hi: int = 2**48) -> int:
     if type(value) is not int or not lo <= value <= hi:
-        raise PayloadError(f"{what} must be an integer in [{lo}, {hi}], got {_kind(value)}")
+        raise PayloadError(f"{what} must be an integer in [{lo}, {hi}], got {kind_of(value)}")
     return value
 
 
@@ -121,7 +121,7 @@ def _dims(value: Any, what: str) -> tuple[int, ...]:
 
 def _dtype(value: Any) -> torch.dtype:
     if not isinstance(value, torch.dtype) or value not in DTYPES.values():
-        raise PayloadError(f"dtype must be one of {sorted(DTYPES)}, got {_kind(value)}")
+        raise PayloadError(f"dtype must be one of {sorted(DTYPES)}, got {kind_of(value)}")
     return value
 
 
@@ -132,7 +132,7 @@ def _bytes(value: Any, what: str, limit: int, *, text: bool = True) -> bytes:
     return value
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
     """A refused value, named without calling anything of it."""
     if type(value) in (int, float, bool, type(None)):
         return repr(value)
@@ -191,16 +191,18 @@ def _storage_filename(
 
 def _typed_storage(budget: Budget, shared: Any, dtype: Any) -> TypedStorage:
     if not isinstance(shared, SharedStorage):
-        raise PayloadError(f"rebuild_typed_storage needs a shared storage, got {_kind(shared)}")
+        raise PayloadError(f"rebuild_typed_storage needs a shared storage, got {kind_of(shared)}")
     return TypedStorage(shared, _dtype(dtype))
 
 
 def _cpu_tensor(budget: Budget, cls: Any, typed: Any, metadata: Any) -> torch.Tensor:
     """torch's `rebuild_tensor`: a view of a shared storage, checked to lie inside it."""
     if cls is not TENSOR and cls is not PARAMETER:
-        raise PayloadError(f"a tensor's class must be torch.Tensor or Parameter, got {_kind(cls)}")
+        raise PayloadError(
+            f"a tensor's class must be torch.Tensor or Parameter, got {kind_of(cls)}"
+        )
     if not isinstance(typed, TypedStorage):
-        raise PayloadError(f"rebuild_tensor needs a typed shared storage, got {_kind(typed)}")
+        raise PayloadError(f"rebuild_tensor needs a typed shared storage, got {kind_of(typed)}")
     if type(metadata) is not tuple or len(metadata) != 4:
         raise PayloadError("rebuild_tensor's metadata must be (offset, size, stride, grad)")
     offset, size, stride, grad = metadata
@@ -221,7 +223,9 @@ def _cuda_tensor(budget: Budget, *args: Any) -> torch.Tensor:
     (cls, size, stride, offset, storage_cls, dtype, device, handle, storage_bytes,
      storage_offset, grad, ref_handle, ref_offset, event, sync) = args  # fmt: skip
     if cls is not TENSOR and cls is not PARAMETER:
-        raise PayloadError(f"a tensor's class must be torch.Tensor or Parameter, got {_kind(cls)}")
+        raise PayloadError(
+            f"a tensor's class must be torch.Tensor or Parameter, got {kind_of(cls)}"
+        )
     if storage_cls is not UNTYPED_STORAGE:
         raise PayloadError("a CUDA tensor's storage must be an UntypedStorage")
     size, stride = _dims(size, "the tensor size"), _dims(stride, "the tensor stride")
@@ -258,7 +262,7 @@ def _cuda_device(device: Any) -> int:
             if str(torch.cuda.get_device_properties(i).uuid) == device:
                 return i
         raise PayloadError("no CUDA device of this worker has the payload's device UUID")
-    raise PayloadError(f"a CUDA device must be an index or a UUID, got {_kind(device)}")
+    raise PayloadError(f"a CUDA device must be an index or a UUID, got {kind_of(device)}")
 
 
 REBUILD_TENSOR = Checked("rebuild_tensor", _cpu_tensor, (3,))

@@ -126,7 +126,7 @@ class WeightMap:
             raise WeightUpdateError(
                 f"{rows} rows of {name!r} are over {max_values} values; lower truncate_size"
             )
-        return view.detach().to("cpu", torch.float32).tolist()  # type: ignore[no-any-return]
+        return view.detach().to("cpu", torch.float32).tolist()
 
     def missing(self, names: Iterable[str]) -> list[str]:
         """The Hugging Face names no entry covers (a fused name covers its parts)."""
