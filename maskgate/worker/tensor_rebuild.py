@@ -24,7 +24,7 @@ import torch.multiprocessing.reductions as _reductions
 from maskgate.worker.weights import WeightUpdateError
 
 MAX_NDIM = 8
-MAX_HANDLE_BYTES = 256  # CUDA IPC, ref-counter and event handles
+MAX_HANDLE_BYTES = 4096  # CUDA IPC (expandable segments: longer), ref-counter, event handles
 MAX_NAME_CHARS = 512
 SHM_DIR = "/dev/shm"
 _SHM_NAME = re.compile(rb"/torch_[0-9]+_[0-9]+_[0-9]+")
@@ -58,6 +58,7 @@ class Marker:
 TENSOR = Marker("torch.Tensor")
 PARAMETER = Marker("torch.nn.Parameter")
 UNTYPED_STORAGE = Marker("torch.UntypedStorage")
+TYPED_STORAGE_CLS = Marker("torch.TypedStorage")  # what torch's CUDA reducer names
 
 
 class Budget:
@@ -226,8 +227,8 @@ def _cuda_tensor(budget: Budget, *args: Any) -> torch.Tensor:
         raise PayloadError(
             f"a tensor's class must be torch.Tensor or Parameter, got {kind_of(cls)}"
         )
-    if storage_cls is not UNTYPED_STORAGE:
-        raise PayloadError("a CUDA tensor's storage must be an UntypedStorage")
+    if storage_cls is not UNTYPED_STORAGE and storage_cls is not TYPED_STORAGE_CLS:
+        raise PayloadError("a CUDA tensor's storage class must be UntypedStorage or TypedStorage")
     size, stride = _dims(size, "the tensor size"), _dims(stride, "the tensor stride")
     offset, dtype = _int(offset, "the storage offset"), _dtype(dtype)
     storage_bytes = _int(storage_bytes, "the storage size")
@@ -340,6 +341,7 @@ GLOBALS: dict[tuple[str, str], Any] = {
     ("torch", "Size"): SIZE,
     ("torch.storage", "UntypedStorage"): UNTYPED_STORAGE,
     ("torch", "UntypedStorage"): UNTYPED_STORAGE,
+    ("torch.storage", "TypedStorage"): TYPED_STORAGE_CLS,
     **{("torch", name): dtype for name, dtype in DTYPES.items()},
     **{(m, "FlattenedTensorMetadata"): FLAT_META for m in _BUCKET_MODULES},
     ("sglang.srt.model_executor.model_runner", "LocalSerializedTensor"): LOCAL_TENSOR,

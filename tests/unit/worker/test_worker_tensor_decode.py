@@ -215,6 +215,11 @@ class _Probe:
             ),
             "CUDA, storage past its size": self.cuda(PATCHED, 0, size=(64,)),
             "CUDA, a dtype as storage class": self.cuda(PATCHED, 0, storage=torch.float32),
+            "CUDA, torch's own form on a CPU-only worker": self.cuda(
+                ("torch.multiprocessing.reductions", "rebuild_cuda_tensor"),
+                0,
+                storage=torch.storage.TypedStorage,
+            ),
         }
 
     @staticmethod

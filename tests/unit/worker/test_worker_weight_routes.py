@@ -282,3 +282,32 @@ async def test_group_init_is_bounded_by_its_timeout(client: TestClient) -> None:
     status, reply = await post(client, "/destroy_weights_update_group", {"group_name": "never"})
     assert status == 400 and reply["success"] is False
     stores.clear()
+
+
+async def test_a_broadcast_with_nan_is_refused(client: TestClient) -> None:
+    """The trainer (rank 0 of a gloo group, here in-process) broadcasts a NaN weight: the
+    update answers 400 after the broadcast, and the old weights keep serving."""
+    from maskgate.worker.weight_group import create_group
+
+    before = await greedy(client)
+    port = _port()
+    init = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
+            "world_size": 2, "group_name": "nan", "backend": "gloo"}  # fmt: skip
+    group, (status, reply) = await asyncio.gather(
+        asyncio.to_thread(create_group, master_address="127.0.0.1", master_port=port, rank=0,
+                          world_size=2, group_name="nan", backend="gloo", timeout_s=10),
+        post(client, "/init_weights_update_group", init),
+    )  # fmt: skip
+    assert status == 200, reply
+    try:
+        body = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]],
+                "group_name": "nan"}  # fmt: skip
+        nan = torch.full((64,), float("nan"))
+        _, (status, reply) = await asyncio.gather(
+            asyncio.to_thread(group.broadcast, [nan]),
+            post(client, "/update_weights_from_distributed", body),
+        )
+        assert status == 400 and "non-finite" in reply["message"], reply
+        assert await greedy(client) == before
+    finally:
+        group.destroy()
