@@ -33,11 +33,11 @@ from trainer_payloads import (
     sglang_modules,
     shared,
 )
+from worker_calls import GREEDY, greedy, post
 
 CONFIG = WorkerConfig(
     model="tiny-random", device="cpu", max_model_len=64, max_num_seqs=4, weight_update_timeout_s=1
 )
-GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 HEAD = "lm_head.weight"
 QKV = "model.layers.0.self_attn.qkv_proj.weight"
 
@@ -61,19 +61,6 @@ def restore(backend: Backend) -> Any:
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(saved[n])
-
-
-async def post(client: TestClient, path: str, body: Any) -> tuple[int, Any]:
-    r = await client.post(path, json=body)
-    return r.status, (await r.json()) if r.content_type == "application/json" else await r.text()
-
-
-async def greedy(client: TestClient) -> list[int]:
-    status, out = await post(
-        client, "/generate", {"input_ids": [3, 4, 5], "sampling_params": GREEDY}
-    )
-    assert status == 200, out
-    return out["output_ids"]
 
 
 async def tensor_update(client: TestClient, entry: str, load_format: Any) -> tuple[int, Any]:
@@ -160,7 +147,7 @@ async def test_nan_checkpoint_is_refused(client: TestClient, tmp_path: Path) -> 
     assert status == 400 and "non-finite" in reply["message"], reply
     assert await greedy(client) == before
     info = await (await client.get("/get_model_info")).json()
-    assert info["model_path"] == "tiny-random"
+    assert info["model_path"] == CONFIG.model  # a refused load does not name the checkpoint
 
 
 async def test_model_info_reports_the_loaded_checkpoint(
