@@ -19,6 +19,8 @@ TAGS = ("weights", "kv_cache")
 
 
 class MemorySaver:
+    tags = TAGS  # the tags whose memory this worker frees (cuda_graph follows them)
+
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.host_weights: dict[str, torch.Tensor] = {}
@@ -33,6 +35,13 @@ class MemorySaver:
         if self.kv_shape is not None:
             out.add("kv_cache")
         return out
+
+    def conflicts(self, tags: list[str], *, releasing: bool) -> list[str]:
+        """The tags in the wrong state for this change: already released (releasing) or not
+        released (resuming). `cuda_graph` has no state of its own: the graphs go with any
+        release and come back once everything is resumed."""
+        held = self.held
+        return [t for t in tags if t in TAGS and (t in held) == releasing]
 
     def release(self, tags: list[str]) -> None:
         r = self.runner

@@ -9,34 +9,20 @@ go on meanwhile; only `apply` (the copy) runs between two engine steps.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
-import pickle
+import threading
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.multiprocessing.reductions  # registers the tensor rebuilders unpickling needs
 
 from maskgate.worker.engine import Engine
 from maskgate.worker.memory import MemorySaver
 from maskgate.worker.runner import ModelRunner
+from maskgate.worker.tensor_decode import decode
 from maskgate.worker.weight_group import GroupError, WeightGroup, create_group
 from maskgate.worker.weights import Target, WeightMap, WeightUpdateError, apply, read_checkpoint
 
 Staged = list[tuple[Target, torch.Tensor]]
-
-# What a /update_weights_from_tensor payload may name when unpickled: torch's tensor and
-# storage rebuilders and dtypes, nothing else (an allow-list; see _TensorUnpickler).
-_REDUCTIONS = "torch.multiprocessing.reductions"
-_ALLOWED = {
-    "torch": {"Tensor", "Size", "device"},
-    "torch.storage": {"UntypedStorage", "TypedStorage"},
-    "torch._utils": {"_rebuild_tensor_v2", "_rebuild_parameter"},
-    "torch.nn.parameter": {"Parameter"},
-    "collections": {"OrderedDict"},
-}
 
 
 class WeightSync:
@@ -47,6 +33,13 @@ class WeightSync:
         self.wmap = WeightMap(runner.model)
         self.memory = MemorySaver(runner)
         self.groups: dict[str, WeightGroup] = {}
+        self.model_path: str | None = None  # the last checkpoint loaded from disk
+        self.session: str | None = None  # the selector of an open /begin_weight_update
+        # Bytes of tensor data one /update_weights_from_tensor payload may reference: three
+        # float32 copies of every parameter (split names, a tied head, dtype conversions).
+        numel = sum(p.numel() for p in runner.model.parameters())
+        self.max_payload_bytes = 12 * numel + (1 << 24)
+        self._lock = threading.Lock()
 
     # --- sources (worker threads) -----------------------------------------------------------
 
@@ -56,17 +49,42 @@ class WeightSync:
     def init_group(
         self, address: str, port: int, rank: int, world_size: int, name: str, backend: str
     ) -> None:
+        """Join a trainer's group within timeout_s of wall time. Forming a group waits twice
+        (the store, then the backend), so it runs on its own thread; one that has not formed
+        by the bound is abandoned (and destroyed should it form later), and the call fails."""
         if name in self.groups:
             raise GroupError(f"group {name!r} already exists; destroy it first")
-        self.groups[name] = create_group(
-            master_address=address,
-            master_port=port,
-            rank=rank,
-            world_size=world_size,
-            group_name=name,
-            backend=backend,
-            timeout_s=self.timeout_s,
-        )
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def form() -> None:
+            try:
+                group = create_group(master_address=address, master_port=port, rank=rank,
+                                     world_size=world_size, group_name=name, backend=backend,
+                                     timeout_s=self.timeout_s)  # fmt: skip
+            except GroupError as e:
+                box["error"] = e
+                done.set()
+                return
+            with self._lock:
+                if box.get("abandoned"):
+                    group.destroy()
+                    return
+                box["group"] = group
+            done.set()
+
+        threading.Thread(target=form, name=f"weight-group-{name}", daemon=True).start()
+        done.wait(self.timeout_s)
+        with self._lock:
+            if "group" not in box and "error" not in box:
+                box["abandoned"] = True
+                raise GroupError(
+                    f"group {name!r} did not form within {self.timeout_s:g} s (did the trainer "
+                    f"join at {address}:{port} as rank 0 of {world_size}?)"
+                )
+        if "error" in box:
+            raise box["error"]
+        self.groups[name] = box["group"]
 
     def destroy_group(self, name: str) -> bool:
         group = self.groups.pop(name, None)
@@ -97,25 +115,10 @@ class WeightSync:
             raise
         return self.wmap.stage(zip(names, bufs, strict=True))
 
-    def stage_tensors(self, payload: str) -> Staged:
-        """One base64 ForkingPickler dump of [(name, tensor), ...] (see docs/worker.md)."""
-        try:
-            raw = base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):
-            raise WeightUpdateError("serialized_named_tensors[0] is not valid base64") from None
-        try:
-            obj = _TensorUnpickler(io.BytesIO(raw)).load()
-        except WeightUpdateError:
-            raise
-        except Exception as e:  # a truncated pickle, a vanished shared-memory file, ...
-            raise WeightUpdateError(f"cannot unpickle serialized_named_tensors[0]: {e}") from None
-        if not isinstance(obj, list | tuple) or not all(
-            isinstance(x, list | tuple) and len(x) == 2 for x in obj
-        ):
-            raise WeightUpdateError(
-                "serialized_named_tensors[0] must unpickle to a list of (name, tensor) pairs"
-            )
-        return self.wmap.stage((n, t) for n, t in obj)
+    def stage_tensors(self, payload: str, load_format: str | None) -> Staged:
+        """One entry of serialized_named_tensors, decoded by `tensor_decode` (docs/worker.md,
+        "Tensor payloads")."""
+        return self.wmap.stage(decode(payload, load_format, self.max_payload_bytes))
 
     # --- apply (engine thread, between steps) -----------------------------------------------
 
@@ -125,26 +128,3 @@ class WeightSync:
         apply(staged)
         if version is not None:
             self.engine.weight_version = version
-
-
-class _TensorUnpickler(pickle.Unpickler):
-    """Unpickles only tensors (shared memory or CUDA IPC) and plain containers: a payload
-    naming any other global is refused before anything runs."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = _ALLOWED.get(module, set())
-        if (
-            (module == _REDUCTIONS and name.startswith("rebuild_"))
-            or name in allowed
-            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
-        ):
-            return super().find_class(module, name)
-        if module == "multiprocessing.resource_sharer":
-            raise WeightUpdateError(
-                "serialized_named_tensors[0] shares CPU tensors by file descriptor, which only "
-                "works between a parent process and its children; call "
-                "torch.multiprocessing.set_sharing_strategy('file_system') before pickling"
-            )
-        raise WeightUpdateError(
-            f"serialized_named_tensors[0] names {module}.{name}, which is not a tensor part"
-        )

@@ -3,18 +3,22 @@ a whole update before anything is copied, and the copy itself.
 
 The decoder fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj` (llama.py), so a
 trainer's `q_proj.weight` is a block of rows of one parameter. `WeightMap` knows, for every
-Hugging Face name the model accepts, the parameter and row range it lands in and the shape it
-must have. An update is checked whole (names, dtypes, shapes, and for a full checkpoint that
-nothing is missing) and staged; `apply` then copies it in, on the engine thread between two
-steps, so no forward ever reads half-old, half-new weights.
+name the model accepts (the Hugging Face split names, and SGLang's fused names `qkv_proj` /
+`gate_up_proj` for the whole parameter), the parameter and row range it lands in and the
+shape it must have. An update is checked whole (names, dtypes, shapes, no two entries writing
+the same rows, every value finite, and for a full checkpoint that nothing is missing) and
+staged; `apply` then copies it in, on the engine thread between two steps, so no forward ever
+reads half-old, half-new weights.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -51,6 +55,8 @@ class WeightMap:
     def __init__(self, model: LlamaForCausalLM) -> None:
         self.config: ModelConfig = model.config
         self.targets: dict[str, Target] = _targets(model)
+        # SGLang's fused names -> the Hugging Face names whose rows they hold
+        self.parts: dict[str, tuple[str, ...]] = _fused_parts(self.targets)
 
     def key(self, name: str) -> str | None:
         """The canonical name of `name` ("model." prefix as in HF files), None for tensors the
@@ -79,6 +85,8 @@ class WeightMap:
                 errors.append(f"{name!r} has dtype {dtype}, expected a floating dtype")
         if len(set(names)) != len(names):
             errors.append("names repeat a tensor")
+        elif not errors and self._overlap(names):
+            errors.append("names write the same rows twice (a fused name and one of its parts)")
         if errors:
             more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
             raise WeightUpdateError("; ".join(errors[:5]) + more)
@@ -92,11 +100,53 @@ class WeightMap:
         self.check(
             [n for n, _ in pairs], [t.dtype for _, t in pairs], [list(t.shape) for _, t in pairs]
         )
-        return [(self.targets[k], t) for n, t in pairs if (k := self.key(n)) is not None]
+        staged = [(n, self.targets[k], t) for n, t in pairs if (k := self.key(n)) is not None]
+        bad = [n for n, _, t in staged if not bool(torch.isfinite(t).all())]
+        if bad:
+            more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+            raise WeightUpdateError(
+                f"{', '.join(repr(n) for n in bad[:3])}{more} hold non-finite values (NaN or inf)"
+            )
+        return [(target, t) for _, target, t in staged]
+
+    def read(self, name: str, rows: int, max_values: int) -> list[Any]:
+        """The first `rows` rows of a parameter as float32 nested lists (SGLang's
+        /get_weights_by_name); a Hugging Face part name gives its rows of the fused one."""
+        key = self.key(name)
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
+            key = "model.embed_tokens.weight"
+        target = self.targets.get(key) if key is not None else None
+        if target is None:
+            raise WeightUpdateError(f"{name!r} is not a parameter of this model")
+        if target.param.numel() == 0:
+            raise WeightUpdateError("the weights are released; resume them first")
+        rows = min(rows, target.shape[0])
+        view = target.view()[:rows]
+        if view.numel() > max_values:
+            raise WeightUpdateError(
+                f"{rows} rows of {name!r} are over {max_values} values; lower truncate_size"
+            )
+        return view.detach().to("cpu", torch.float32).tolist()
 
     def missing(self, names: Iterable[str]) -> list[str]:
+        """The Hugging Face names no entry covers (a fused name covers its parts)."""
         given = {k for n in names if (k := self.key(n)) is not None}
-        return sorted(set(self.targets) - given)
+        covered = given | {p for k in given for p in self.parts.get(k, ())}
+        return sorted(set(self.targets) - covered - set(self.parts))
+
+    def _overlap(self, names: list[str]) -> bool:
+        rows: dict[int, list[tuple[int, int]]] = {}
+        for name in names:
+            key = self.key(name)
+            if key is None:
+                continue
+            t = self.targets[key]
+            rows.setdefault(id(t.param), []).append((t.start, t.start + t.shape[0]))
+        for spans in rows.values():
+            spans.sort()
+            if any(b[0] < a[1] for a, b in itertools.pairwise(spans)):
+                return True
+        return False
 
 
 @torch.no_grad()
@@ -153,6 +203,18 @@ def read_checkpoint(path: Path, wmap: WeightMap) -> list[tuple[Target, torch.Ten
     return wmap.stage(tensors.items())
 
 
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _fused_parts(targets: dict[str, Target]) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for name in targets:
+        for fused, parts in _FUSED.items():
+            if f".{fused}." in name:
+                out[name] = tuple(name.replace(fused, p) for p in parts)
+    return out
+
+
 def _targets(model: LlamaForCausalLM) -> dict[str, Target]:
     cfg = model.config
     q = cfg.num_attention_heads * cfg.head_dim
@@ -160,6 +222,8 @@ def _targets(model: LlamaForCausalLM) -> dict[str, Target]:
     out: dict[str, Target] = {}
     for pname, p in model.named_parameters():  # a tied lm_head is listed once, as the embedding
         name = pname if pname == "lm_head.weight" else "model." + pname
+        if ".qkv_proj." in name or ".gate_up_proj." in name:
+            out[name] = Target(p, 0, tuple(p.shape))  # SGLang's fused name: the whole parameter
         if ".qkv_proj." in name:
             kind = name.rsplit(".", 1)[1]
             for part, start, rows in (("q", 0, q), ("k", q, kv), ("v", q + kv, kv)):

@@ -1,7 +1,7 @@
 """A stand-in RL trainer, run as its own process against a real worker: it pushes tiny-random
 weights perturbed by a seed through /update_weights_from_distributed (rank 0 of a gloo group,
-broadcasting from its own CPU memory) or /update_weights_from_tensor (shared-memory CPU tensors
-pickled with torch's multiprocessing reductions).
+broadcasting from its own CPU memory) or /update_weights_from_tensor (a safetensors payload, or
+shared-memory CPU tensors pickled with torch's multiprocessing reductions).
 
 Long-lived mode (`serve`): one JSON command per stdin line, one JSON result per stdout line,
 so a test starts one trainer for many updates. `die` / `stall` modes break off a broadcast
@@ -160,19 +160,32 @@ class Trainer:
         return {"status": box[0][0], "body": box[0][1], "broadcast_completed": sent}
 
     def tensor(self, cmd: dict[str, Any]) -> Any:
+        """`format`: "safetensors" (the default: the bytes themselves, no pickle) or
+        "shared_memory" (SGLang's MultiprocessingSerializer over shared-memory tensors);
+        CUDA tensors always travel as CUDA IPC handles."""
         from multiprocessing.reduction import ForkingPickler
 
         weights = perturbed_weights(cmd["seed"])
-        if cmd.get("device", "cpu") == "cuda":  # CUDA IPC handles; bfloat16, as trainers send
-            named = [(n, t.to("cuda", torch.bfloat16)) for n, t in weights.items()]
-            torch.cuda.synchronize()
-        else:  # shared memory, by file name: the worker is not this process's child
-            torch.multiprocessing.set_sharing_strategy("file_system")
-            named = [(n, t.share_memory_()) for n, t in weights.items()]
-        buf = io.BytesIO()
-        ForkingPickler(buf).dump(named)
-        payload = base64.b64encode(buf.getvalue()).decode()
-        body = {"serialized_named_tensors": [payload], "weight_version": cmd.get("version")}
+        fmt = "pickle" if cmd.get("device", "cpu") == "cuda" else cmd.get("format", "safetensors")
+        load_format = None
+        if fmt == "safetensors":
+            from safetensors.torch import save
+
+            named: Any = []
+            raw, load_format = save(weights), "safetensors"
+        else:
+            if fmt == "pickle":  # CUDA IPC handles; bfloat16, as trainers send
+                named = [(n, t.to("cuda", torch.bfloat16)) for n, t in weights.items()]
+                torch.cuda.synchronize()
+            else:  # shared memory, by file name: the worker is not this process's child
+                torch.multiprocessing.set_sharing_strategy("file_system")
+                named = [(n, t.share_memory_()) for n, t in weights.items()]
+            buf = io.BytesIO()
+            ForkingPickler(buf).dump(named)
+            raw = buf.getvalue()
+        payload = base64.b64encode(raw).decode()
+        body = {"serialized_named_tensors": [payload], "load_format": load_format,
+                "weight_version": cmd.get("version")}  # fmt: skip
         status, reply = post(self.url, "/update_weights_from_tensor", body)
         del named  # the shared tensors stay alive until the worker answered
         return {"status": status, "body": reply}

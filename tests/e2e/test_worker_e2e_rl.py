@@ -155,8 +155,15 @@ async def test_update_from_disk(rl: RL) -> None:
     await check_serving(rl, "v2")
 
 
+async def test_update_from_a_safetensors_payload(rl: RL) -> None:
+    res = rl.command({"op": "tensor", "seed": 4, "version": "v4"})
+    assert res["status"] == 200 and res["body"]["success"], res
+    rl.spec = rl.checkpoint(4)
+    await check_serving(rl, "v4")
+
+
 async def test_update_from_shared_memory_tensors(rl: RL) -> None:
-    res = rl.command({"op": "tensor", "seed": 3, "version": "v3"})
+    res = rl.command({"op": "tensor", "seed": 3, "version": "v3", "format": "shared_memory"})
     assert res["status"] == 200 and res["body"]["success"], res
     rl.spec = rl.checkpoint(3)
     await check_serving(rl, "v3")

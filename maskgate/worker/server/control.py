@@ -103,11 +103,12 @@ async def handle_flush_cache(request: web.Request) -> web.Response:
         await asyncio.sleep(FLUSH_POLL_S)
 
 
-async def _memory_tags(request: web.Request) -> list[str]:
+async def _memory_tags(request: web.Request) -> list[str] | None:
+    """The named tags; None (no `tags`) means every tag."""
     body = await Body.read(request)
     tags = body.string_list("tags", required=False)
-    if tags is None:
-        return list(MEMORY_TAGS)
+    if tags is None or not tags:
+        return None
     bad = [t for t in tags if t not in MEMORY_TAGS]
     if bad:
         raise invalid("tags", f"holds unknown tags {bad}; known: {list(MEMORY_TAGS)}")
@@ -138,21 +139,45 @@ async def handle_release_memory(request: web.Request) -> web.Response:
                 "them before releasing memory",
                 status=400,
             )
-        state.sync.memory.release(tags)
+        state.sync.memory.release(_check_memory_state(state, tags, releasing=True))
 
     return await _change_memory(state, release)
 
 
 async def handle_resume_memory(request: web.Request) -> web.Response:
     state, tags = _state(request), await _memory_tags(request)
-    return await _change_memory(state, lambda: state.sync.memory.resume(tags))
+
+    def resume() -> None:
+        state.sync.memory.resume(_check_memory_state(state, tags, releasing=False))
+
+    return await _change_memory(state, resume)
+
+
+def _check_memory_state(
+    state: WorkerState, tags: list[str] | None, *, releasing: bool
+) -> list[str]:
+    """The tags to change. A named tag released twice, or resumed while not released, is an
+    error (as in SGLang); with no tags named, only a change with nothing to do is one."""
+    memory = state.sync.memory
+    named = list(MEMORY_TAGS) if tags is None else tags
+    bad = memory.conflicts(named, releasing=releasing)
+    if tags is None and len(bad) < len(memory.tags):
+        return named
+    if bad:
+        code, what = (
+            ("memory_already_released", "already released")
+            if releasing
+            else ("memory_not_released", "not released")
+        )
+        raise ApiError(code, f"memory {bad} is {what}; nothing was changed", param="tags")
+    return named
 
 
 async def handle_model_info(request: web.Request) -> web.Response:
     state = _state(request)
     cfg = state.runner_config
     info = {
-        "model_path": state.config.model,
+        "model_path": state.sync.model_path or state.config.model,
         "tokenizer_path": state.config.model,
         "served_model_name": state.model_name,
         "is_generation": True,

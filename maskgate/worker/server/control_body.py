@@ -1,6 +1,10 @@
 """Reading the JSON bodies of the control endpoints (SGLang's shapes): typed fields with
 defaults, unknown fields ignored (as SGLang's request structs do), and options this worker
-does not implement refused with a 400 that names them."""
+does not implement refused with a 400 that names them.
+
+Integer fields take what SGLang's request parsing (pydantic, lax mode) takes: a JSON integer,
+a string of decimal digits ("29500", as SGLang's own tests send `master_port`), or a float
+with no fractional part. Booleans are never integers."""
 
 from __future__ import annotations
 
@@ -49,14 +53,20 @@ class Body:
             raise invalid(name, f"must be a bool, not {json_type(value)}")
         return value
 
-    def integer(self, name: str, *, minimum: int, maximum: int | None = None) -> int:
+    def integer(
+        self, name: str, *, minimum: int, maximum: int | None = None, default: int | None = None
+    ) -> int:
         value = self.data.get(name)
         if value is None:
+            if default is not None:
+                return default
             raise invalid(name, "is required")
-        if not is_int(value) or value < minimum or (maximum is not None and value > maximum):
+        number = as_int(value)
+        if number is None or number < minimum or (maximum is not None and number > maximum):
             bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-            raise invalid(name, f"must be an integer {bound}, got {value!r}")
-        return int(value)
+            shown = repr(value) if len(repr(value)) <= 40 else json_type(value)
+            raise invalid(name, f"must be an integer {bound}, got {shown}")
+        return number
 
     def string_list(self, name: str, *, required: bool = True) -> list[Any] | None:
         value = self.data.get(name)
@@ -70,14 +80,33 @@ class Body:
 
     def shapes(self, name: str) -> list[list[int]]:
         value = self.data.get(name)
-        if not isinstance(value, list) or not all(
-            isinstance(s, list) and all(is_int(d) and d >= 0 for d in s) for s in value
+        shapes = (
+            [[as_int(d) for d in s] if isinstance(s, list) else None for s in value]
+            if isinstance(value, list)
+            else None
+        )
+        if shapes is None or not all(
+            s is not None and all(d is not None and 0 <= d < 2**48 for d in s) for s in shapes
         ):
             raise invalid(name, "must be a list of shapes (lists of non-negative integers)")
-        return value
+        return shapes  # type: ignore[return-value]
 
     def refuse(self, name: str, allowed: tuple[Any, ...], what: str) -> None:
         """400 when `name` is present with a value outside `allowed` (null always passes)."""
         value = self.data.get(name)
         if value is not None and value not in allowed:
             raise unsupported(name, f"{what} ({name}={value!r}; supported: {list(allowed)})")
+
+
+def as_int(value: Any) -> int | None:
+    """`value` as SGLang's request parsing reads an int field, None when it is not one."""
+    if is_int(value):
+        return int(value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    if isinstance(value, str) and 0 < len(value.strip()) <= 20:
+        text = value.strip()
+        digits = text[1:] if text[0] in "+-" else text
+        if digits.isascii() and digits.isdigit():
+            return int(text)
+    return None

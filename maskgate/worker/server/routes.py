@@ -13,7 +13,16 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from maskgate.worker.server import control, generate, health, info, openai, tokens, weight_routes
+from maskgate.worker.server import (
+    control,
+    generate,
+    health,
+    info,
+    openai,
+    tokens,
+    weight_routes,
+    weight_session,
+)
 from maskgate.worker.server.auth import Access, Keys, check_access
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -58,6 +67,10 @@ ROUTES: tuple[Row, ...] = (
         ADMIN,
     ),
     Row(POST, "/update_weight_version", weight_routes.handle_update_weight_version, ADMIN),
+    Row(POST, "/begin_weight_update", weight_session.handle_begin, ADMIN),
+    Row(POST, "/end_weight_update", weight_session.handle_end, ADMIN),
+    Row(GET_POST, "/get_weights_by_name", weight_session.handle_get_weights_by_name, ADMIN),
+    Row(POST, "/update_weights_from_ipc", weight_session.handle_update_from_ipc, ADMIN),
     Row(GET_POST, "/release_memory_occupation", control.handle_release_memory, ADMIN),
     Row(GET_POST, "/resume_memory_occupation", control.handle_resume_memory, ADMIN),
     Row(POST, "/abort_request", control.handle_abort_request, ADMIN),

@@ -1,5 +1,6 @@
 """SGLang's weight-update endpoints: from disk, from a trainer's broadcast (with the group's
-init and destroy), from a co-located trainer's shared tensors, and the weight version.
+init and destroy), from a co-located trainer's shared tensors, the weight version, and the
+weight-update session and read-out routes (`weight_session.py`).
 
 An update is checked whole, staged off the event loop, then copied in between two engine
 steps (`WeightSync.apply`); one update runs at a time. A refused update answers SGLang's
@@ -21,7 +22,11 @@ from maskgate.worker.params import invalid
 from maskgate.worker.server.control_body import Body
 from maskgate.worker.server.state import STATE, WorkerState
 
+LOAD_FORMATS = (None, "direct", "flattened_bucket", "safetensors")  # tensor_decode's
+
 DEFAULT_GROUP = "weight_update_group"
+MAX_WORLD_SIZE = 1024
+SELECTORS = ("all", "target")
 
 
 def _state(request: web.Request) -> WorkerState:
@@ -76,7 +81,7 @@ def _common(body: Body) -> tuple[str | None, bool]:
     torch_empty_cache are accepted (no prefix cache to flush; docs/worker.md)."""
     body.boolean("flush_cache", True)
     body.boolean("torch_empty_cache", False)
-    body.refuse("selector", ("all", "target"), "draft-model weights")
+    body.refuse("selector", SELECTORS, "draft-model weights")
     return body.string("weight_version"), body.boolean("abort_all_requests", False)
 
 
@@ -89,7 +94,7 @@ async def handle_update_from_disk(request: web.Request) -> web.Response:
     body.boolean("keep_pause", False)
     body.boolean("recapture_cuda_graph", False)  # in-place copies keep the graphs valid
     version, abort = _common(body)
-    return await _update(
+    resp = await _update(
         state,
         lambda: state.sync.stage_disk(path),
         version=version,
@@ -97,6 +102,9 @@ async def handle_update_from_disk(request: web.Request) -> web.Response:
         ok="Succeeded to update model weights.",
         extra={"num_paused_requests": 0},
     )
+    if resp.status == 200:
+        state.sync.model_path = path  # /get_model_info reports it, as SGLang does
+    return resp
 
 
 async def handle_init_group(request: web.Request) -> web.Response:
@@ -106,6 +114,12 @@ async def handle_init_group(request: web.Request) -> web.Response:
     address = body.string("master_address", required=True)
     port = body.integer("master_port", minimum=1, maximum=65535)
     world_size = body.integer("world_size", minimum=2)
+    if world_size > MAX_WORLD_SIZE:
+        raise ApiError(
+            "world_size_too_large",
+            f"world_size {world_size} is over this worker's limit of {MAX_WORLD_SIZE} ranks",
+            param="world_size",
+        )
     rank = body.integer("rank_offset", minimum=1, maximum=world_size - 1)
     name = body.string("group_name", DEFAULT_GROUP)
     backend = body.string("backend", "nccl")
@@ -180,14 +194,18 @@ async def _leave_group(state: WorkerState, name: str) -> None:
 
 async def handle_update_from_tensor(request: web.Request) -> web.Response:
     state, body = _state(request), await Body.read(request)
-    payloads = body.string_list("serialized_named_tensors")
-    if not payloads:
-        raise invalid("serialized_named_tensors", "must hold one entry (this worker is one rank)")
-    body.refuse("load_format", ("direct",), "load formats other than direct")
+    payloads = body.data.get("serialized_named_tensors")
+    if not isinstance(payloads, list) or not payloads or not isinstance(payloads[0], str):
+        raise invalid(
+            "serialized_named_tensors",
+            "must be a list whose entry 0 is a string (this worker is one rank)",
+        )
+    load_format = body.data.get("load_format")
+    body.refuse("load_format", LOAD_FORMATS[1:], "this load format")
     version, abort = _common(body)
     return await _update(
         state,
-        lambda: state.sync.stage_tensors(payloads[0]),
+        lambda: state.sync.stage_tensors(payloads[0], load_format),
         version=version,
         abort=abort,
         ok="Succeeded to update model weights.",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import pickle
+import sys
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,11 @@ from maskgate.worker.model.tiny_random import tiny_weights
 from maskgate.worker.server.backend import Backend
 from maskgate.worker.weights import WeightMap, WeightUpdateError, apply, parse_dtype
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trainer_payloads import b64, forking, shared
+from worker_calls import GREEDY, greedy, post
+
 CONFIG = WorkerConfig(model="tiny-random", device="cpu", max_model_len=64, max_num_seqs=4)
-GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
@@ -31,33 +35,17 @@ def worker_config() -> WorkerConfig:
     return CONFIG
 
 
-async def post(client: TestClient, path: str, body: Any) -> tuple[int, Any]:
-    r = await client.post(path, json=body)
-    return r.status, (await r.json()) if r.content_type == "application/json" else await r.text()
-
-
-async def greedy(client: TestClient) -> list[int]:
-    status, out = await post(
-        client, "/generate", {"input_ids": [3, 4, 5], "sampling_params": GREEDY}
-    )
-    assert status == 200, out
-    return out["output_ids"]
-
-
 def payload(named: list[tuple[str, torch.Tensor]]) -> str:
     """As a trainer sends them: shared-memory tensors, by file name (docs/worker.md)."""
-    torch.multiprocessing.set_sharing_strategy("file_system")
-    named = [(n, t.share_memory_()) for n, t in named]
-    buf = io.BytesIO()
-    ForkingPickler(buf).dump(named)
-    return base64.b64encode(buf.getvalue()).decode()
+    return b64(forking([(n, shared(t)) for n, t in named]))
 
 
 def test_hf_names_land_in_the_fused_parameters(backend: Backend) -> None:
     model = backend.runner.model  # type: ignore[attr-defined]
     wmap = WeightMap(model)
     weights = tiny_weights()
-    assert set(wmap.targets) == set(weights)  # every checkpoint name, nothing else
+    assert set(wmap.targets) - set(wmap.parts) == set(weights)  # every checkpoint name
+    assert set(wmap.parts) == {n for n in wmap.targets if "qkv_proj" in n or "gate_up_proj" in n}
     qkv = model.layers[1].self_attn.qkv_proj.weight
     before = qkv.detach().clone()
     new_k = torch.full_like(weights["model.layers.1.self_attn.k_proj.weight"], 0.5)
@@ -134,8 +122,8 @@ class _Evil:
             400,
             "shape [3]",
         ),
-        ({"serialized_named_tensors": []}, 400, "one entry"),
-        ({"serialized_named_tensors": ["x"], "load_format": "flattened_bucket"}, 400, "direct"),
+        ({"serialized_named_tensors": []}, 400, "entry 0"),
+        ({"serialized_named_tensors": ["x"], "load_format": "custom.loader"}, 400, "direct"),
     ],
 )
 async def test_refused_tensor_payloads(
