@@ -93,3 +93,8 @@ class Runner(Protocol):
     def release(self, slot: int) -> None:
         """The slot's sequence finished or was aborted; its KV entries may be reused."""
         ...
+
+    def copy_kv(self, copies: list[tuple[int, int, int, int]]) -> None:
+        """Prefix cache hits: for each (src, dst, start, end), copy the K/V at positions
+        [start, end) of slot src into slot dst, in order, before the next step's forward."""
+        ...

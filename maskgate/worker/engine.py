@@ -55,6 +55,7 @@ class Event:
     error: ApiError | None = None
     weight_version: str | None = None  # the weights live at this event (sampled `token`)
     abort_message: str | None = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -275,6 +276,7 @@ class Engine:
             error=seq.error,
             weight_version=self.weight_version,
             abort_message=seq.abort_message,
+            cached_tokens=seq.num_cached,
         )
         if seq.is_finished:
             del self._owner[id(seq)]

@@ -139,6 +139,17 @@ class ModelRunner:
             self.kv.v[:, slot].zero_()
 
     @torch.inference_mode()
+    def copy_kv(self, copies: list[tuple[int, int, int, int]]) -> None:
+        """Device-to-device copies, queued on the stream ahead of the step's forward. A copy
+        of a slot that produced NaN marks its target too (zeroed when released)."""
+        k, v = self.kv.k, self.kv.v
+        for src, dst, start, end in copies:
+            k[:, dst, :, start:end] = k[:, src, :, start:end]
+            v[:, dst, :, start:end] = v[:, src, :, start:end]
+            if src in self.nan_slots:
+                self.nan_slots.add(dst)
+
+    @torch.inference_mode()
     def run(self, rows: list[RowWork]) -> tuple[list[RowResult | None], StepStats]:
         stats = StepStats(num_rows=len(rows))
         out: list[RowResult | None] = [None] * len(rows)

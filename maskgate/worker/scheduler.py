@@ -21,10 +21,15 @@ from dataclasses import dataclass, field
 
 from maskgate.protocol.errors import ApiError
 from maskgate.worker.batch import RowResult, RowWork, Runner
+from maskgate.worker.prefix_cache import PrefixCache
 from maskgate.worker.sequence import SeqStatus, Sequence
 
 OVERFLOW = 1  # RowResult.mask_status values (maskgate/worker/batch.py)
 TRUNCATED = 2
+# A prefilling sequence waits a step for an earlier one that is about to write a prefix they
+# share (n > 1, a group of one prompt) when the wait saves at least this many tokens, or half
+# of what it has left: a shared first token or two is not worth a step of latency.
+MIN_WAIT_TOKENS = 32
 
 
 @dataclass(slots=True)
@@ -47,6 +52,7 @@ class Scheduler:
         max_prefill_tokens: int,
         max_mask_tokens: int,
         decode: Callable[[list[int]], str] | None = None,
+        prefix_cache: bool = False,
     ) -> None:
         if max_num_seqs < 1 or max_prefill_tokens < 1:
             raise ValueError("max_num_seqs and max_prefill_tokens must be >= 1")
@@ -57,9 +63,18 @@ class Scheduler:
         self.max_mask_tokens = max_mask_tokens
         self.eos_token_ids = runner.eos_token_ids
         self.decode = decode  # output ids -> text; needed only for stop strings
-        self.free_slots: deque[int] = deque(range(runner.max_num_slots))
+        # Slot bookkeeping, and with prefix_cache the radix tree of what the slots hold.
+        self.cache = PrefixCache(runner.max_num_slots)
+        self.caching = prefix_cache
+        self.owner: dict[int, Sequence] = {}  # slot -> the running sequence holding it
+        self.num_admitted = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+
+    @property
+    def free_slots(self) -> deque[int]:
+        """Slots that hold nothing (cached slots are not counted: they are taken last)."""
+        return self.cache.free
 
     @property
     def num_waiting(self) -> int:
@@ -72,7 +87,7 @@ class Scheduler:
     @property
     def kv_usage(self) -> float:
         """Fraction of KV slots held by running sequences."""
-        return 1.0 - len(self.free_slots) / self.runner.max_num_slots
+        return len(self.running) / self.runner.max_num_slots
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -104,7 +119,7 @@ class Scheduler:
             self._retire(seq)
             seq.status = SeqStatus.WAITING
             seq.recompute_ids = seq.prompt_ids + seq.output_ids if seq.output_ids else None
-            seq.num_prefilled = 0
+            seq.num_prefilled = seq.num_cached = 0
             seq.decode_row = None
             seq.num_retractions += 1
         self.waiting.extendleft(reversed(retracted))
@@ -117,26 +132,53 @@ class Scheduler:
             if not seq.is_prefilling:
                 batch.append((seq, self._decode_row(seq)))
         budget = self.max_prefill_tokens
+        copies: list[tuple[int, int, int, int]] = []
         for seq in self.running:
-            if seq.is_prefilling and budget > 0:
+            if seq.is_prefilling and budget > 0 and not self._reuse(seq, copies):
                 row = self._prefill_row(seq, budget)
                 budget -= len(row.token_ids)
                 batch.append((seq, row))
         while self.waiting and budget > 0 and self.can_admit():
             seq = self.waiting.popleft()
             self.admit(seq)
-            row = self._prefill_row(seq, budget)
-            budget -= len(row.token_ids)
-            batch.append((seq, row))
+            if not self._reuse(seq, copies):
+                row = self._prefill_row(seq, budget)
+                budget -= len(row.token_ids)
+                batch.append((seq, row))
+        if copies:  # queued ahead of the step's forward, in order
+            self.runner.copy_kv(copies)
         return batch
 
     def can_admit(self) -> bool:
-        return bool(self.free_slots) and len(self.running) < self.max_num_seqs
+        # Every slot no sequence runs in is free or cached (evictable).
+        return len(self.running) < self.max_num_seqs
 
     def admit(self, seq: Sequence) -> None:
-        seq.slot = self.free_slots.popleft()
+        slot = None
+        if self.caching:
+            # The cached slot holding the longest prefix of the prompt: taken over whole, it
+            # needs no copy (and is not lost to an eviction that a copy would have to race).
+            m = self.cache.match(seq.prefill_ids, _reuse_limit(seq), -1)
+            if m.slot is not None and m.slot in self.cache.cached:
+                slot = m.slot
+                self.cache.take_over(slot, seq.prefill_ids, m.length)
+                seq.num_prefilled = m.length
+                seq.num_cached = min(m.length, seq.num_prompt_tokens)
+        if slot is None:
+            slot = self.cache.take()
+            if self.caching:
+                self.cache.claim(slot, seq.prefill_ids)
+        seq.slot = slot
         seq.status = SeqStatus.RUNNING
+        seq.admit_order = self.num_admitted
+        self.num_admitted += 1
+        self.owner[slot] = seq
         self.running.append(seq)
+
+    def flush_cache(self) -> None:
+        """Forget every cached prefix (new weights, or the KV memory released); running
+        sequences keep their slots, which are freed rather than cached when they end."""
+        self.cache.flush([_slot(s) for s in self.running])
 
     def postprocess(
         self, batch: list[tuple[Sequence, RowWork]], results: list[RowResult | None]
@@ -148,6 +190,7 @@ class Scheduler:
             if seq.is_prefilling:
                 seq.num_prefilled += len(row.token_ids)
                 out.num_prompt_tokens += len(row.token_ids)
+                self.cache.set_written(row.slot, seq.num_prefilled)
                 if res is not None and res.prompt_logprobs is not None:
                     seq.input_logprobs.extend(res.prompt_logprobs)
                     seq.input_top.extend(res.prompt_top or ())
@@ -168,6 +211,31 @@ class Scheduler:
         return out
 
     # --- internals ------------------------------------------------------------------------
+
+    def _reuse(self, seq: Sequence, copies: list[tuple[int, int, int, int]]) -> bool:
+        """Copy the longest cached prefix of what `seq` still has to prefill into its slot
+        (a `copies` entry: source slot, its slot, positions [start, end)). True when it should
+        rather wait a step for an earlier sequence that is writing a longer shared prefix."""
+        if not self.caching:
+            return False
+        ids, slot, done = seq.prefill_ids, _slot(seq), seq.num_prefilled
+        limit = _reuse_limit(seq)
+        if limit <= done:
+            return False
+        m = self.cache.match(ids, limit, slot)
+        if m.length > done and m.slot is not None:
+            copies.append((m.slot, slot, done, m.length))
+            seq.num_cached += max(0, min(m.length, seq.num_prompt_tokens) - done)
+            seq.num_prefilled = done = m.length
+            self.cache.set_written(slot, done)
+            self.cache.touch(m.slot)
+        leader = self.owner.get(m.pending_slot) if m.pending_slot is not None else None
+        return (
+            leader is not None
+            and leader.admit_order < seq.admit_order
+            and leader.is_prefilling
+            and m.pending - done >= min(MIN_WAIT_TOKENS, (limit - done + 1) // 2)
+        )
 
     def _decode_row(self, seq: Sequence) -> RowWork:
         # One RowWork per sequence, updated in place each decode step: building a fresh one
@@ -272,12 +340,32 @@ class Scheduler:
         return True
 
     def _retire(self, seq: Sequence) -> None:
-        if seq.slot is None:
+        slot = seq.slot
+        if slot is None:
             return
         self.running.remove(seq)
-        self.runner.release(seq.slot)
-        self.free_slots.append(seq.slot)
+        del self.owner[slot]
+        self.runner.release(slot)
+        # What the slot holds: the fed tokens. A decoding sequence's newest token is not fed.
+        n = seq.num_prefilled
+        if not seq.is_prefilling and seq.output_ids:
+            n = seq.num_prompt_tokens + seq.num_output_tokens - 1
+        if self.caching and seq.error is None:
+            self.cache.set_written(slot, n)
+            self.cache.retire(slot, seq.prompt_ids + seq.output_ids, keep=True)
+        else:
+            self.cache.retire(slot, [], keep=False)
         seq.slot = None
+
+
+def _reuse_limit(seq: Sequence) -> int:
+    """How much of its prefill a sequence may take from the cache: the last token is always
+    fed (its logits sample the next token), and so is every position whose logits score a
+    prompt token."""
+    limit = len(seq.prefill_ids) - 1
+    if seq.logprob_start >= 0:
+        limit = min(limit, seq.logprob_start + len(seq.input_logprobs))
+    return limit
 
 
 def _slot(seq: Sequence) -> int:

@@ -50,6 +50,8 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     slot: int | None = None
     num_prefilled: int = 0  # tokens of prefill_ids whose KV is written
+    num_cached: int = 0  # prompt tokens copied from the prefix cache rather than computed
+    admit_order: int = 0  # admissions before this one (a sequence waits only on earlier ones)
     # Set when the sequence was retracted (its KV slot freed): prompt + the output so far,
     # recomputed as one prefill on readmission; None: just the prompt.
     recompute_ids: list[int] | None = None

@@ -63,6 +63,7 @@ def _engine_ctx(
             max_prefill_tokens=config.max_prefill_tokens,
             max_mask_tokens=config.max_mask_tokens,
             decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+            prefix_cache=not config.disable_radix_cache,
         )
         engine = Engine(loaded.runner, scheduler, metrics)
         engine.weight_version = config.weight_version
