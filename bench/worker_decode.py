@@ -103,6 +103,34 @@ def make_model(name: str, device: str) -> tuple[Any, dict[str, torch.Tensor]]:
     return loaded, weights
 
 
+def copy_bandwidth(device: str) -> float:
+    """Bytes per second a large device-to-device copy moves (each byte read once and written
+    once): the measured ceiling for a step that must read its weights and K/V."""
+    n = (1 << 30) if device == "cuda" else (64 << 20)
+    src = torch.zeros(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    reps = 10
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    sync(device)
+    return 2 * n * reps / (time.perf_counter() - t0)
+
+
+def bytes_per_step(runner: ModelRunner, batch: int, context: int) -> int:
+    """What a decode step must read at least: every weight once (a tied embedding once; an
+    untied one only its `batch` rows) and the K/V of `context` positions of every row."""
+    model, cfg = runner.model, runner.config
+    weights = sum(p.nbytes for p in {id(p): p for p in model.parameters()}.values())
+    emb = model.embed_tokens.weight
+    if emb is not model.lm_head.weight:
+        weights -= emb.nbytes - batch * emb.shape[1] * emb.itemsize
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+    return weights + batch * context * per_token * emb.itemsize
+
+
 def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespace) -> dict:
     """Prefill `batch` rows, then time args.steps decode steps of every row."""
     if setting in LOGPROB_SETTINGS:
@@ -153,6 +181,8 @@ def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespa
         runner.logits(rows)
     sync(args.device)
     forward = time.perf_counter() - t1
+    context = args.prompt_len + args.warmup + args.steps // 2  # the timed steps' mean
+    floor_ms = 1000 * bytes_per_step(runner, batch, context) / args.copy_bandwidth
     return {
         "tokens_per_s": batch * args.steps / wall,
         "step_ms": 1000 * wall / args.steps,
@@ -162,6 +192,8 @@ def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespa
         "mean_mask_len": mask_ids / (batch * args.steps) if want else 0.0,
         "overflows": overflows,
         "fallback_rows": fallbacks,  # rows the sampler sent down its slow full pass
+        "floor_ms": floor_ms,  # bytes read per step / measured copy bandwidth
+        "step_over_floor": 1000 * wall / args.steps / floor_ms,
     }
 
 
@@ -327,8 +359,9 @@ def summarize(rows: list[dict]) -> list[str]:
         "| model | batch | runner | masks off | top-k+top-p masks | top-p off | top-p masks "
         "| mask cost (top-k+top-p / top-p) | vs transformers (top-k+top-p / top-p) "
         "| graphs speed-up | fused speed-up (top-k+top-p / top-p masks) "
-        "| top-p masks ms/step (forward / sampler / whole) | spread (worst setting) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| top-p masks ms/step (forward / sampler / whole) | step / memory floor "
+        "(masks off / top-p masks) | spread (worst setting) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ms = {(r["model"], r["impl"], r["batch"], r["setting"]): r for r in rows}
     impls = [i for i in ("maskgate", "maskgate-unfused") if any(r["impl"] == i for r in rows)]
@@ -361,9 +394,15 @@ def summarize(rows: list[dict]) -> list[str]:
                 ]
                 spread = max((x for x in spreads if x is not None), default=None)
                 worst = "-" if spread is None else f"{spread:.1%}"
+                floor = " / ".join(
+                    f"{x:.2f}x"
+                    if (x := ms.get((model, impl, batch, s), {}).get("step_over_floor"))
+                    else "-"
+                    for s in ("masks_off", "top_p_masks")
+                )
                 lines.append(
                     f"| {model} | {batch} | {impl} | {' | '.join(cells)} | {cost} | {speed} "
-                    f"| {graphs} | {fused} | {split} | {worst} |"
+                    f"| {graphs} | {fused} | {split} | {floor} | {worst} |"
                 )
     return lines
 
@@ -473,6 +512,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script only")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
+    args.copy_bandwidth = 0.0  # measured before the first model
     if args.repeats < 1:
         sys.exit("--repeats must be >= 1")
     args.settings = [x for x in args.settings.split(",") if x]
@@ -489,6 +529,8 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    args.copy_bandwidth = copy_bandwidth(args.device)
+    print(f"device copy bandwidth: {args.copy_bandwidth / 1e9:.0f} GB/s", flush=True)
     meta = {"gpu": gpu, "torch": torch.__version__, "triton": _triton_version(), "args": vars(args)}
     for name in args.models.split(","):
         bench_model(name, args, rows)

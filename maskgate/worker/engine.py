@@ -238,6 +238,7 @@ class Engine:
         except Exception:
             log.exception("model runner step failed; failing the step's requests")
             err = ApiError("worker_error", "the model runner failed", status=500)
+            self.scheduler.flush_cache()  # what the failed step left in the KV is unknown
             self._publish([self._fail(seq, err) for seq, _ in batch if not seq.is_finished])
             return
         outcome = self.scheduler.postprocess(batch, results)
