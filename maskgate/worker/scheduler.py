@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from maskgate.protocol.errors import ApiError
-from maskgate.worker.batch import RowResult, RowWork, Runner
+from maskgate.worker.batch import PENDING, RowResult, RowWork, Runner
 from maskgate.worker.prefix_cache import PrefixCache
 from maskgate.worker.sequence import SeqStatus, Sequence
 
@@ -120,7 +120,7 @@ class Scheduler:
             seq.status = SeqStatus.WAITING
             seq.recompute_ids = seq.prompt_ids + seq.output_ids if seq.output_ids else None
             seq.num_prefilled = seq.num_cached = 0
-            seq.decode_row = None
+            seq.decode_row = seq.spare_row = None
             seq.num_retractions += 1
         self.waiting.extendleft(reversed(retracted))
         return len(retracted)
@@ -129,29 +129,40 @@ class Scheduler:
         """The next step's rows: decodes first (latency), then prompt chunks within budget."""
         batch: list[tuple[Sequence, RowWork]] = []
         for seq in self.running:
-            if not seq.is_prefilling:
-                batch.append((seq, self._decode_row(seq)))
+            if not seq.is_prefilling and (row := self._decode_row(seq)) is not None:
+                batch.append((seq, row))
         budget = self.max_prefill_tokens
         copies: list[tuple[int, int, int, int]] = []
         for seq in self.running:
             if seq.is_prefilling and budget > 0 and not self._reuse(seq, copies):
-                row = self._prefill_row(seq, budget)
-                budget -= len(row.token_ids)
-                batch.append((seq, row))
+                budget -= self._add_prefill(batch, seq, budget)
         while self.waiting and budget > 0 and self.can_admit():
             seq = self.waiting.popleft()
             self.admit(seq)
             if not self._reuse(seq, copies):
-                row = self._prefill_row(seq, budget)
-                budget -= len(row.token_ids)
-                batch.append((seq, row))
+                budget -= self._add_prefill(batch, seq, budget)
         if copies:  # queued ahead of the step's forward, in order
             self.runner.copy_kv(copies)
+        for seq, row in batch:
+            seq.num_in_flight += 1
+            if row.start_pos < seq.num_prefilled:  # a prompt chunk: copies may read it next
+                self.cache.set_written(row.slot, seq.num_prefilled)
         return batch
 
+    def _add_prefill(
+        self, batch: list[tuple[Sequence, RowWork]], seq: Sequence, budget: int
+    ) -> int:
+        """The sequence's next prompt chunk; its progress counts from now (a later step, even
+        one scheduled before this one's results are back, goes on after it)."""
+        row = self._prefill_row(seq, budget)
+        seq.num_prefilled += len(row.token_ids)
+        batch.append((seq, row))
+        return len(row.token_ids)
+
     def can_admit(self) -> bool:
-        # Every slot no sequence runs in is free or cached (evictable).
-        return len(self.running) < self.max_num_seqs
+        # Every slot no sequence holds is free or cached (evictable). A finished sequence
+        # holds its slot while a step launched before it finished still writes there.
+        return len(self.running) < self.max_num_seqs and len(self.owner) < self.runner.max_num_slots
 
     def admit(self, seq: Sequence) -> None:
         slot = None
@@ -187,14 +198,17 @@ class Scheduler:
         now = time.monotonic()
         out = StepOutcome()
         for (seq, row), res in zip(batch, results, strict=True):
-            if seq.is_prefilling:
-                seq.num_prefilled += len(row.token_ids)
+            seq.num_in_flight -= 1
+            if seq.is_finished:  # finished at an earlier step: this row's result is dropped
+                if seq.num_in_flight == 0 and seq.slot is not None:
+                    self._release(seq, nan=res is not None and res.nan)
+                continue
+            if row.start_pos < len(seq.prefill_ids):  # a prompt chunk
                 out.num_prompt_tokens += len(row.token_ids)
-                self.cache.set_written(row.slot, seq.num_prefilled)
                 if res is not None and res.prompt_logprobs is not None:
                     seq.input_logprobs.extend(res.prompt_logprobs)
                     seq.input_top.extend(res.prompt_top or ())
-            if not row.sample or seq.is_finished:
+            if not row.sample:
                 continue
             assert res is not None, "a sampling row needs a result"
             if res.nan:
@@ -229,22 +243,40 @@ class Scheduler:
             seq.num_prefilled = done = m.length
             self.cache.set_written(slot, done)
             self.cache.touch(m.slot)
+        # A running slot holds fewer tokens written than claimed only while its prefill is
+        # still to be written (or was just scheduled): its sequence is about to write them.
         leader = self.owner.get(m.pending_slot) if m.pending_slot is not None else None
         return (
             leader is not None
             and leader.admit_order < seq.admit_order
-            and leader.is_prefilling
-            and m.pending - done >= min(MIN_WAIT_TOKENS, (limit - done + 1) // 2)
+            and not leader.is_finished
+            and m.pending - done >= max(1, min(MIN_WAIT_TOKENS, (limit - done + 1) // 2))
         )
 
-    def _decode_row(self, seq: Sequence) -> RowWork:
-        # One RowWork per sequence, updated in place each decode step: building a fresh one
-        # per row per step was the scheduler's largest cost at batch 128. The runner reads
-        # rows only during run(), so reuse is safe.
-        row = seq.decode_row
+    def abandon(self, batch: list[tuple[Sequence, RowWork]]) -> None:
+        """A step that failed or was dropped: its rows are no longer in flight."""
+        for seq, _ in batch:
+            seq.num_in_flight -= 1
+            if seq.is_finished and seq.num_in_flight == 0 and seq.slot is not None:
+                self._release(seq, nan=True)  # what the step wrote is unknown
+
+    def _decode_row(self, seq: Sequence) -> RowWork | None:
+        """None when the token in flight is sure to end the sequence (a length limit)."""
         n = len(seq.output_ids)
+        # With a step in flight (the overlap schedule), the sequence's newest token is not
+        # back yet: the row feeds PENDING, which the runner replaces on the device with the
+        # token the slot's row of the previous step sampled.
+        pending = 1 if seq.num_in_flight else 0
+        if pending and (
+            n + 1 >= seq.rule.max_new_tokens or seq.num_prompt_tokens + n + 1 >= self.max_model_len
+        ):
+            return None
+        # Two RowWorks per sequence, reused in turn: building a fresh one per row per step
+        # was the scheduler's largest cost at batch 128, and the step in flight still holds
+        # the other one.
+        row = seq.decode_row
         if row is None:
-            row = seq.decode_row = RowWork(
+            row = RowWork(
                 slot=_slot(seq),
                 token_ids=[],
                 start_pos=0,
@@ -255,9 +287,10 @@ class Scheduler:
                 want_logprob=seq.want_logprob,
                 top_logprobs=seq.top_logprobs,
             )
-        row.token_ids = [seq.output_ids[-1]]
-        row.start_pos = len(seq.prompt_ids) + n - 1
-        row.step = n
+        seq.decode_row, seq.spare_row = seq.spare_row, row
+        row.token_ids = [PENDING] if pending else [seq.output_ids[-1]]
+        row.start_pos = len(seq.prompt_ids) + n + pending - 1
+        row.step = n + pending
         return row
 
     def _prefill_row(self, seq: Sequence, budget: int) -> RowWork:
@@ -340,17 +373,21 @@ class Scheduler:
         return True
 
     def _retire(self, seq: Sequence) -> None:
-        slot = seq.slot
-        if slot is None:
+        if seq.slot is None:
             return
         self.running.remove(seq)
+        if seq.num_in_flight == 0:  # else: released when the step in flight comes back
+            self._release(seq)
+
+    def _release(self, seq: Sequence, nan: bool = False) -> None:
+        slot = _slot(seq)
         del self.owner[slot]
         self.runner.release(slot)
         # What the slot holds: the fed tokens. A decoding sequence's newest token is not fed.
         n = seq.num_prefilled
         if not seq.is_prefilling and seq.output_ids:
             n = seq.num_prompt_tokens + seq.num_output_tokens - 1
-        if self.caching and seq.error is None:
+        if self.caching and seq.error is None and not nan:
             self.cache.set_written(slot, n)
             self.cache.retire(slot, seq.prompt_ids + seq.output_ids, keep=True)
         else:

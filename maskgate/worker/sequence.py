@@ -72,7 +72,9 @@ class Sequence:
     text_limit: int | None = None  # chars of the decoded output kept (cut before a stop string)
     error: ApiError | None = None
     abort_message: str | None = None  # why an abort came (pause, /abort_request, ...)
-    decode_row: RowWork | None = None  # reused by the scheduler each decode step
+    decode_row: RowWork | None = None  # reused by the scheduler, in turn with spare_row
+    spare_row: RowWork | None = None
+    num_in_flight: int = 0  # rows of launched steps whose results are not back yet
     first_token_time: float | None = None
     last_token_time: float | None = None
 
