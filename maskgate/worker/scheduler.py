@@ -3,10 +3,16 @@
 Each step the scheduler builds one batch of `RowWork`: a decode row (one token) for every
 running sequence whose prompt is in the cache, then prompt chunks for sequences still
 prefilling, then newly admitted sequences, while the step's prefill budget lasts. A sequence
-is admitted when a KV slot is free and fewer than `max_num_seqs` run; otherwise it waits in
-FIFO order. A slot holds a whole sequence (prompt + output <= max_model_len), so admission is
-the only capacity decision: nothing is preempted for capacity. `retract_all` (pause mode
-`retract`) is the one way back to the queue.
+is admitted when fewer than `max_num_seqs` run and a KV slot is free or cached (the least
+recently used cached one is evicted); otherwise it waits in FIFO order. A slot holds a whole
+sequence (prompt + output <= max_model_len), so admission is the only capacity decision:
+nothing is preempted for capacity. `retract_all` (pause mode `retract`) is the one way back
+to the queue. With `prefix_cache`, a prompt's longest cached prefix is copied into its slot
+instead of computed (maskgate/worker/prefix_cache.py).
+
+`schedule` may run before the previous step's results are back (the engine's overlap
+schedule): prompt progress counts when a chunk is scheduled, and a sequence whose newest
+token is still in flight feeds `PENDING`.
 
 `postprocess` commits the sampled tokens, applies the finish rules (EOS, stop token ids, stop
 strings, max_new_tokens, max_model_len) and turns overflow / NaN results into request errors.

@@ -75,9 +75,14 @@ def run(
     seqs = [make_seq(f"r{i}", p, **kw) for i, p in enumerate(prompts)]
     for s in seqs:
         sched.add(s)
+    finish(sched, runner)
+    return seqs, runner
+
+
+def finish(sched: Scheduler, runner: KVRunner) -> None:
     for _ in range(500):
         if not sched.has_work():
-            return seqs, runner
+            return
         batch = sched.schedule()
         results, _ = runner.run([row for _, row in batch])
         sched.postprocess(batch, results)
@@ -142,21 +147,15 @@ def test_a_later_request_reuses_a_finished_one_with_its_output() -> None:
     )
     first = make_seq("a", PROMPT)
     sched.add(first)
-    while sched.has_work():
-        batch = sched.schedule()
-        sched.postprocess(batch, runner.run([r for _, r in batch])[0])
+    finish(sched, runner)
     # A second turn: the history (prompt + answer) plus new tokens.
     second = make_seq("b", PROMPT + first.output_ids + [5, 6])
     sched.add(second)
-    while sched.has_work():
-        batch = sched.schedule()
-        sched.postprocess(batch, runner.run([r for _, r in batch])[0])
+    finish(sched, runner)
     # All but the newest output token (sampled, never fed) came from the cache.
     assert second.num_cached == len(PROMPT) + len(first.output_ids) - 1
     sched.flush_cache()
     third = make_seq("c", PROMPT)
     sched.add(third)
-    while sched.has_work():
-        batch = sched.schedule()
-        sched.postprocess(batch, runner.run([r for _, r in batch])[0])
+    finish(sched, runner)
     assert third.num_cached == 0 and third.output_ids == first.output_ids
