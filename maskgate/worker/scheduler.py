@@ -195,7 +195,7 @@ class Scheduler:
     def flush_cache(self) -> None:
         """Forget every cached prefix (new weights, or the KV memory released); running
         sequences keep their slots, which are freed rather than cached when they end."""
-        self.cache.flush([_slot(s) for s in self.running])
+        self.cache.flush(list(self.owner))
 
     def postprocess(
         self, batch: list[tuple[Sequence, RowWork]], results: list[RowResult | None]

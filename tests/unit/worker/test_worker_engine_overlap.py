@@ -15,7 +15,7 @@ from maskgate.worker.model import LoadedModel, load
 from maskgate.worker.runner import ModelRunner
 from maskgate.worker.scheduler import Scheduler
 from maskgate.worker.sequence import Sequence, StopRule
-from tests.unit.worker.test_worker_scheduler import FakeRunner, make_sched, make_seq
+from tests.unit.worker.test_worker_scheduler import Done, FakeRunner, make_sched, make_seq
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +151,22 @@ def test_the_step_in_flight_keeps_its_decode_row() -> None:
     assert row1 is not row2
     assert (row1.token_ids, row1.start_pos, row1.step) == ([6], 1, 1)
     assert (row2.token_ids, row2.start_pos, row2.step) == ([PENDING], 2, 2)
+
+
+def test_a_failed_launch_fails_its_rows_after_the_step_in_flight_is_collected() -> None:
+    class Failing(FakeRunner):
+        def launch(self, rows: list[RowWork]) -> Done:
+            if len(self.steps) == 2:  # the third launch
+                raise RuntimeError("device fault")
+            return super().launch(rows)
+
+    runner = Failing(slots=2)
+    engine = Engine(runner, make_sched(runner), WorkerMetrics(), overlap=True)
+    seq = make_seq("a", [5, 6], max_new=8)
+    drive(engine, [seq])
+    # The first two steps' tokens are committed; the third step's rows fail the request,
+    # and its slot is free again (not cached: what the step wrote is unknown).
+    assert seq.output_ids == [7, 8] and seq.finish_reason == "error"
+    assert seq.error is not None and seq.error.code == "worker_error"
+    sched = engine.scheduler
+    assert sched.owner == {} and sorted(sched.free_slots) == [0, 1]
