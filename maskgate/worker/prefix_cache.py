@@ -48,8 +48,10 @@ class _Node:
 def _common(run: tuple[int, ...], tokens: list[int], at: int, limit: int) -> int:
     """How many tokens of `run` equal tokens[at:limit], from the start."""
     n = min(len(run), limit - at)
+    if run[:n] == tuple(tokens[at : at + n]):  # the usual case, compared in C
+        return n
     i = 0
-    while i < n and run[i] == tokens[at + i]:
+    while run[i] == tokens[at + i]:
         i += 1
     return i
 
