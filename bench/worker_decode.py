@@ -44,7 +44,7 @@ rate counts the tokens the engine committed during the timed steps:
 
     python -m bench.worker_decode --engine --models llama-3.2-1b,qwen2.5-1.5b --batches 1,64,128
     python -m bench.worker_decode --engine --device cpu --models smoke --batches 1,4 --steps 4 \
-        --out /tmp/decode-smoke
+        --out worker_decode_smoke
 
 Every row also gives the step against its memory floor: the bytes a decode step must read
 (every weight once, the K/V of every row's context) over the device's measured copy

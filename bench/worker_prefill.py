@@ -14,7 +14,7 @@ interleaved; every figure is the median over the repeats.
     python -m bench.worker_prefill --models llama-3.2-1b --repeats 5
     # a check that the script runs, on the CPU (a tiny shape; --out keeps bench/results/ as it is)
     python -m bench.worker_prefill --device cpu --models smoke --prompts 2 --samples 4 \\
-        --prompt-len 64 --out /tmp/prefill-smoke
+        --prompt-len 64 --out worker_prefill_smoke
 """
 
 from __future__ import annotations
