@@ -654,16 +654,16 @@ def main() -> None:
         bench_model(name, args, rows)
         # Written after each model, so a run cut short still leaves its results.
         (out_dir / f"{stem}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
-        table = (
-            summarize_logprobs(rows)
-            if args.logprobs
-            else summarize_engine(rows)
-            if args.engine
-            else summarize(rows)
-        )
+        table = tabulate(rows, args)
         (out_dir / f"{stem}.md").write_text("\n".join(table) + "\n")
         print("\n".join(table), flush=True)
     plot(rows, out_dir / f"{stem}.png")
+
+
+def tabulate(rows: list[dict], args: argparse.Namespace) -> list[str]:
+    if args.logprobs:
+        return summarize_logprobs(rows)
+    return summarize_engine(rows) if args.engine else summarize(rows)
 
 
 def _triton_version() -> str | None:
