@@ -36,6 +36,19 @@ settings above, into worker_decode_logprobs.{json,md,png}:
 
     python -m bench.worker_decode --logprobs --models qwen2.5-1.5b --batches 64
     python -m bench.worker_decode --logprobs --device cpu --models smoke --batches 64 --steps 4
+
+`--engine` measures the whole engine loop instead (Scheduler + Engine.step + ModelRunner, as
+the server runs it, without the HTTP layer): the overlap schedule off and on (docs/worker.md,
+"Overlap"), masks off and top-p 0.9 masks, into worker_decode_overlap.{json,md,png}. The
+rate counts the tokens the engine committed during the timed steps:
+
+    python -m bench.worker_decode --engine --models llama-3.2-1b,qwen2.5-1.5b --batches 1,64,128
+    python -m bench.worker_decode --engine --device cpu --models smoke --batches 1,4 --steps 4 \
+        --out worker_decode_smoke
+
+Every row also gives the step against its memory floor: the bytes a decode step must read
+(every weight once, the K/V of every row's context) over the device's measured copy
+bandwidth (`floor_ms`, `step_over_floor`).
 """
 
 from __future__ import annotations
@@ -83,6 +96,13 @@ LOGPROB_PAIRS = (
     ("masks_t1", "masks_t1_logprob_top5"),
     ("masks_t07", "masks_t07_logprob"),
 )
+# --engine: name -> (overlap schedule, top_k, top_p, want_mask).
+ENGINE_SETTINGS: dict[str, tuple[bool, int, float, bool]] = {
+    "overlap_off_masks_off": (False, -1, 0.9, False),
+    "overlap_on_masks_off": (True, -1, 0.9, False),
+    "overlap_off_top_p_masks": (False, -1, 0.9, True),
+    "overlap_on_top_p_masks": (True, -1, 0.9, True),
+}
 HF_SETTINGS = ("topk_topp_masks", "top_p_masks")
 MASK_PAIRS = (("masks_off", "topk_topp_masks"), ("top_p_off", "top_p_masks"))
 
@@ -101,6 +121,34 @@ def make_model(name: str, device: str) -> tuple[Any, dict[str, torch.Tensor]]:
     eos = frozenset({0})  # unused: the benchmark never stops early
     loaded = build(name, raw, weights, tokenizer, eos, torch.device(device), torch.bfloat16)
     return loaded, weights
+
+
+def copy_bandwidth(device: str) -> float:
+    """Bytes per second a large device-to-device copy moves (each byte read once and written
+    once): the measured ceiling for a step that must read its weights and K/V."""
+    n = (1 << 30) if device == "cuda" else (64 << 20)
+    src = torch.zeros(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    reps = 10
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    sync(device)
+    return 2 * n * reps / (time.perf_counter() - t0)
+
+
+def bytes_per_step(runner: ModelRunner, batch: int, context: int) -> int:
+    """What a decode step must read at least: every weight once (a tied embedding once; an
+    untied one only its `batch` rows) and the K/V of `context` positions of every row."""
+    model, cfg = runner.model, runner.config
+    weights = sum(p.nbytes for p in {id(p): p for p in model.parameters()}.values())
+    emb = model.embed_tokens.weight
+    if emb is not model.lm_head.weight:
+        weights -= emb.nbytes - batch * emb.shape[1] * emb.itemsize
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+    return weights + batch * context * per_token * emb.itemsize
 
 
 def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespace) -> dict:
@@ -153,6 +201,8 @@ def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespa
         runner.logits(rows)
     sync(args.device)
     forward = time.perf_counter() - t1
+    context = args.prompt_len + args.warmup + args.steps // 2  # the timed steps' mean
+    floor_ms = 1000 * bytes_per_step(runner, batch, context) / args.copy_bandwidth
     return {
         "tokens_per_s": batch * args.steps / wall,
         "step_ms": 1000 * wall / args.steps,
@@ -162,6 +212,54 @@ def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespa
         "mean_mask_len": mask_ids / (batch * args.steps) if want else 0.0,
         "overflows": overflows,
         "fallback_rows": fallbacks,  # rows the sampler sent down its slow full pass
+        "floor_ms": floor_ms,  # bytes read per step / measured copy bandwidth
+        "step_over_floor": 1000 * wall / args.steps / floor_ms,
+    }
+
+
+def engine_decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespace) -> dict:
+    """`batch` sequences through Scheduler + Engine.step: prefill, args.warmup steps, then
+    args.steps timed steps; the rate is the tokens committed while timed."""
+    from maskgate.worker.engine import Engine
+    from maskgate.worker.metrics import WorkerMetrics
+    from maskgate.worker.scheduler import Scheduler
+    from maskgate.worker.sequence import Sequence, StopRule
+
+    overlap, top_k, top_p, want = ENGINE_SETTINGS[setting]
+    sched = Scheduler(
+        runner,
+        max_num_seqs=batch,
+        max_prefill_tokens=batch * args.prompt_len,
+        max_mask_tokens=runner.max_mask_tokens,
+    )
+    engine = Engine(runner, sched, WorkerMetrics(), overlap=overlap)
+    gen = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(10, 1000, (batch, args.prompt_len), generator=gen).tolist()
+    params = SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p)
+    rule = StopRule(args.warmup + args.steps + 4, ignore_eos=True)
+    seqs = [Sequence(f"s{i}", p, params, rule, want_mask=want) for i, p in enumerate(prompts)]
+    engine.submit(seqs)
+    engine._drain_inbox(block=False)
+    for _ in range(1 + args.warmup):  # the prefill step, then warm-up decode steps
+        engine.step()
+    sync(args.device)
+    before = sum(len(s.output_ids) for s in seqs)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        engine.step()
+    wall = time.perf_counter() - t0
+    tokens = sum(len(s.output_ids) for s in seqs) - before
+    engine.finish_step()
+    for s in seqs:  # free the slots for the next measurement
+        sched.abort(s)
+    context = args.prompt_len + args.warmup + args.steps // 2
+    floor_ms = 1000 * bytes_per_step(runner, batch, context) / args.copy_bandwidth
+    step_ms = 1000 * wall / args.steps
+    return {
+        "tokens_per_s": tokens / wall,
+        "step_ms": step_ms,
+        "floor_ms": floor_ms,
+        "step_over_floor": step_ms / floor_ms,
     }
 
 
@@ -271,8 +369,9 @@ def bench_model(name: str, args: argparse.Namespace, out: list[dict]) -> None:
         )
         # The runner compiles every sampler and model kernel variant before its first step.
         print(f"[{name}] {impl} runner ready in {time.perf_counter() - t0:.1f} s", flush=True)
+        fn = engine_decode if args.engine else decode
         for batch in args.batches:
-            for setting, result in measure(decode, runner, batch, args.settings, args).items():
+            for setting, result in measure(fn, runner, batch, args.settings, args).items():
                 row = {"model": name, "impl": impl, "batch": batch, "setting": setting}
                 row["fused"] = runner.fused
                 out.append({**row, **result})
@@ -327,8 +426,9 @@ def summarize(rows: list[dict]) -> list[str]:
         "| model | batch | runner | masks off | top-k+top-p masks | top-p off | top-p masks "
         "| mask cost (top-k+top-p / top-p) | vs transformers (top-k+top-p / top-p) "
         "| graphs speed-up | fused speed-up (top-k+top-p / top-p masks) "
-        "| top-p masks ms/step (forward / sampler / whole) | spread (worst setting) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| top-p masks ms/step (forward / sampler / whole) | step / memory floor "
+        "(masks off / top-p masks) | spread (worst setting) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ms = {(r["model"], r["impl"], r["batch"], r["setting"]): r for r in rows}
     impls = [i for i in ("maskgate", "maskgate-unfused") if any(r["impl"] == i for r in rows)]
@@ -361,10 +461,56 @@ def summarize(rows: list[dict]) -> list[str]:
                 ]
                 spread = max((x for x in spreads if x is not None), default=None)
                 worst = "-" if spread is None else f"{spread:.1%}"
+                floor = " / ".join(
+                    f"{x:.2f}x"
+                    if (x := ms.get((model, impl, batch, s), {}).get("step_over_floor"))
+                    else "-"
+                    for s in ("masks_off", "top_p_masks")
+                )
                 lines.append(
                     f"| {model} | {batch} | {impl} | {' | '.join(cells)} | {cost} | {speed} "
-                    f"| {graphs} | {fused} | {split} | {worst} |"
+                    f"| {graphs} | {fused} | {split} | {floor} | {worst} |"
                 )
+    return lines
+
+
+def summarize_engine(rows: list[dict]) -> list[str]:
+    """--engine: decode tokens/s of the engine loop, the overlap schedule off / on."""
+    get = {(r["model"], r["batch"], r["setting"]): r for r in rows}
+    lines = [
+        "| model | batch | masks off (overlap off / on) | top-p masks (overlap off / on) "
+        "| overlap gain (masks off / top-p masks) | top-p mask cost (overlap off / on) "
+        "| step ms, overlap on (masks off / top-p masks) | memory floor ms "
+        "| step / floor, overlap on (masks off / top-p masks) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for batch in sorted({r["batch"] for r in rows if r["model"] == model}):
+            r = {n: get.get((model, batch, n), {}) for n in ENGINE_SETTINGS}
+            rate = {n: r[n].get("tokens_per_s") for n in ENGINE_SETTINGS}
+
+            def pair(a: str, b: str, key: str = "tokens_per_s", fmt: str = "{:.0f}") -> str:
+                x, y = r[a].get(key), r[b].get(key)  # noqa: B023
+                return " / ".join("-" if v is None else fmt.format(v) for v in (x, y))
+
+            gain = " / ".join(
+                _ratio(rate[f"overlap_on_{m}"], rate[f"overlap_off_{m}"], "{:.2f}x")
+                for m in ("masks_off", "top_p_masks")
+            )
+            cost = " / ".join(
+                _ratio(
+                    rate[f"overlap_{o}_masks_off"], rate[f"overlap_{o}_top_p_masks"], "{:.1%}", True
+                )
+                for o in ("off", "on")
+            )
+            floor = r["overlap_on_masks_off"].get("floor_ms")
+            lines.append(
+                f"| {model} | {batch} | {pair('overlap_off_masks_off', 'overlap_on_masks_off')} "
+                f"| {pair('overlap_off_top_p_masks', 'overlap_on_top_p_masks')} | {gain} | {cost} "
+                f"| {pair('overlap_on_masks_off', 'overlap_on_top_p_masks', 'step_ms', '{:.2f}')} "
+                f"| {'-' if floor is None else f'{floor:.2f}'} "
+                f"| {pair('overlap_on_masks_off', 'overlap_on_top_p_masks', 'step_over_floor', '{:.2f}x')} |"
+            )
     return lines
 
 
@@ -406,7 +552,7 @@ def plot(rows: list[dict], path: Path) -> None:
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
-        series = [("maskgate", s) for s in [*SETTINGS, *LOGPROB_SETTINGS]]
+        series = [("maskgate", s) for s in [*SETTINGS, *LOGPROB_SETTINGS, *ENGINE_SETTINGS]]
         series.append(("maskgate-eager", "masks_off"))
         series += [("maskgate-unfused", s) for s in SETTINGS]
         series += [("transformers", s) for s in HF_SETTINGS]
@@ -469,35 +615,55 @@ def main() -> None:
         help="measure return_logprob off / on with masks on (settings "
         f"{','.join(LOGPROB_SETTINGS)}) instead; writes worker_decode_logprobs.*",
     )
+    ap.add_argument(
+        "--engine",
+        action="store_true",
+        help="measure the engine loop, the overlap schedule off / on, masks off / top-p masks "
+        f"(settings {','.join(ENGINE_SETTINGS)}) instead; writes worker_decode_overlap.*",
+    )
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script only")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
+    args.copy_bandwidth = 0.0  # measured before the first model
     if args.repeats < 1:
         sys.exit("--repeats must be >= 1")
     args.settings = [x for x in args.settings.split(",") if x]
-    unknown = sorted(set(args.settings) - set(SETTINGS))
+    if args.engine:
+        args.settings = list(ENGINE_SETTINGS)
+    unknown = sorted(set(args.settings) - set(SETTINGS) - set(ENGINE_SETTINGS))
     if unknown:
         sys.exit(f"unknown settings {unknown}; choose from {list(SETTINGS)}")
     stem = "worker_decode"
     if args.logprobs:  # transformers and the eager runner have no log-prob counterpart here
         args.settings, args.hf, args.eager = list(LOGPROB_SETTINGS), False, False
         stem = "worker_decode_logprobs"
+    if args.engine:  # the engine loop has no transformers or eager counterpart here
+        args.hf, args.eager = False, False
+        stem = "worker_decode_overlap"
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench.worker_decode needs a CUDA GPU (or --device cpu for a smoke run)")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    args.copy_bandwidth = copy_bandwidth(args.device)
+    print(f"device copy bandwidth: {args.copy_bandwidth / 1e9:.0f} GB/s", flush=True)
     meta = {"gpu": gpu, "torch": torch.__version__, "triton": _triton_version(), "args": vars(args)}
     for name in args.models.split(","):
         bench_model(name, args, rows)
         # Written after each model, so a run cut short still leaves its results.
         (out_dir / f"{stem}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
-        table = summarize_logprobs(rows) if args.logprobs else summarize(rows)
+        table = tabulate(rows, args)
         (out_dir / f"{stem}.md").write_text("\n".join(table) + "\n")
         print("\n".join(table), flush=True)
     plot(rows, out_dir / f"{stem}.png")
+
+
+def tabulate(rows: list[dict], args: argparse.Namespace) -> list[str]:
+    if args.logprobs:
+        return summarize_logprobs(rows)
+    return summarize_engine(rows) if args.engine else summarize(rows)
 
 
 def _triton_version() -> str | None:

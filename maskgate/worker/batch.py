@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# A decode row's token while the step that samples it is still in flight (the overlap
+# schedule): the runner feeds the token its slot's row of the previous step sampled.
+PENDING = -1
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -84,6 +88,12 @@ class StepStats:
     num_fallback_rows: int = 0
 
 
+class Launch(Protocol):
+    """A launched step (Runner.launch): its results, once the device is done with it."""
+
+    def collect(self) -> tuple[list[RowResult | None], StepStats]: ...
+
+
 class Runner(Protocol):
     """What the engine needs from the model runner."""
 
@@ -97,6 +107,17 @@ class Runner(Protocol):
         they scored prompt tokens: then a result with token -1 and prompt_logprobs)."""
         ...
 
+    def launch(self, rows: list[RowWork]) -> Launch:
+        """`run` without waiting for the results: `launch(rows).collect() == run(rows)`. A
+        decode row may feed PENDING when its slot had a sampling row in the step launched
+        just before (that row's token, taken on the device)."""
+        ...
+
     def release(self, slot: int) -> None:
         """The slot's sequence finished or was aborted; its KV entries may be reused."""
+        ...
+
+    def copy_kv(self, copies: list[tuple[int, int, int, int]]) -> None:
+        """Prefix cache hits: for each (src, dst, start, end), copy the K/V at positions
+        [start, end) of slot src into slot dst, in order, before the next step's forward."""
         ...

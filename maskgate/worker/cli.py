@@ -36,6 +36,10 @@ def build_worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, metavar="N", help="tokens per sequence")
     p.add_argument("--kv-memory-gb", type=float, metavar="GB", help="KV cache budget")
     p.add_argument("--max-prefill-tokens", type=int, metavar="N", help="prefill chunk (2048)")
+    p.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache")
+    p.add_argument(
+        "--disable-overlap-schedule", action="store_true", help="one engine step at a time"
+    )
     p.add_argument("--no-cuda-graphs", action="store_true", help="eager decode on CUDA")
     p.add_argument(
         "--no-fused-kernels", action="store_true", help="torch layers instead of Triton on CUDA"

@@ -42,6 +42,11 @@ class WorkerConfig(BaseModel):
     max_model_len: int | None = Field(None, ge=2)  # tokens per sequence; None: model's limit
     max_num_seqs: int = Field(64, ge=1)  # sequences decoding at once
     max_prefill_tokens: int = Field(2048, ge=1)  # prompt tokens fed per step (chunk size)
+    # The prefix cache (docs/worker.md): prompts sharing a prefix copy its K/V, computed once.
+    disable_radix_cache: bool = False
+    # The overlap schedule (docs/worker.md): step N + 1 is launched before step N's results
+    # are post-processed. Off: one step at a time, for debugging.
+    disable_overlap_schedule: bool = False
     cuda_graphs: bool = True  # capture decode batch buckets as CUDA graphs (CUDA only)
     # The Triton kernels of maskgate/worker/model (fused norm, rope + KV store, SiLU-mul, decode
     # attention) on CUDA; false: the torch path, the before/after switch (CUDA only).

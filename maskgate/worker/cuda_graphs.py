@@ -15,6 +15,8 @@ reads its own context and no more.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from maskgate.worker.batch import RowWork
@@ -57,8 +59,11 @@ class DecodeGraphs:
             r.sample and len(r.token_ids) == 1 for r in rows
         )
 
-    def run(self, rows: list[RowWork]) -> torch.Tensor:
-        """Decode rows -> logits [len(rows), vocab] float32."""
+    def run(
+        self, rows: list[RowWork], pending: Callable[[torch.Tensor], None] | None = None
+    ) -> torch.Tensor:
+        """Decode rows -> logits [len(rows), vocab] float32. `pending` writes the tokens of
+        rows that feed PENDING into the ids on the device (ModelRunner._pending)."""
         n = len(rows)
         b = self.bucket_of[n]
         context = max(r.start_pos for r in rows) + 1
@@ -76,6 +81,8 @@ class DecodeGraphs:
         # The whole buffer: a contiguous copy is one DMA (a [3, b] slice is strided).
         self.inputs.copy_(self.host, non_blocking=True)
         self.copied.record()
+        if pending is not None:
+            pending(self.inputs[0])
         entry = self.graphs.get((b, keys))
         if entry is None:
             entry = self._capture(b, keys)

@@ -10,6 +10,13 @@ Control work (pausing, aborting by rid, copying new weights in, releasing memory
 thread through the same inbox as a callable (`between_steps`), so it runs after one step ends
 and before the next begins: no forward ever sees a half-applied change. While `paused` (or
 while memory is released, `held`) the thread takes no steps; new requests queue.
+
+The overlap schedule (on unless `overlap=False`): the thread schedules and launches step
+N + 1 before it collects and post-processes step N, so the device runs one step while the
+host turns the previous one into events. Step N + 1 is scheduled without N's tokens (the
+runner feeds them from the device, `batch.PENDING`); a sequence that step N finishes may
+still have a row in N + 1, whose result is dropped, and none in N + 2. Control calls and
+aborts first collect the step in flight: they always run with nothing in flight.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from maskgate.protocol.errors import ApiError
-from maskgate.worker.batch import Runner, StepStats
+from maskgate.worker.batch import Launch, RowWork, Runner, StepStats
 from maskgate.worker.metrics import WorkerMetrics
 from maskgate.worker.scheduler import Scheduler, StepOutcome
 from maskgate.worker.sequence import Sequence
@@ -57,6 +64,7 @@ class Event:
     error: ApiError | None = None
     weight_version: str | None = None  # the weights live at this event (sampled `token`)
     abort_message: str | None = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -96,10 +104,20 @@ class RequestHandle:
 
 
 class Engine:
-    def __init__(self, runner: Runner, scheduler: Scheduler, metrics: WorkerMetrics) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        scheduler: Scheduler,
+        metrics: WorkerMetrics,
+        *,
+        overlap: bool = True,
+    ) -> None:
         self.runner = runner
         self.scheduler = scheduler
         self.metrics = metrics
+        self.overlap = overlap
+        # The step launched and not yet collected (overlap only): its rows and its handle.
+        self._in_flight: tuple[list[tuple[Sequence, RowWork]], Launch] | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._owner: dict[int, tuple[RequestHandle, int]] = {}  # id(seq) -> (handle, index)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -150,9 +168,12 @@ class Engine:
 
     def _run(self) -> None:
         try:
-            while self._drain_inbox(block=not self._can_step()):
+            while self._drain_inbox(block=not self._can_step() and self._in_flight is None):
                 if self._can_step():
                     self.step()
+                else:
+                    self.finish_step()
+            self.finish_step()
             err = ApiError("worker_shutting_down", "the worker is stopping", status=503)
         except Exception:
             log.exception("engine loop crashed")
@@ -177,6 +198,8 @@ class Engine:
             if kind == "stop":
                 return False
             assert handle is not None
+            if kind != "add":
+                self.finish_step()  # control and aborts never run with a step in flight
             if kind == "call":
                 fn, fut = handle
                 if fut.set_running_or_notify_cancel():
@@ -234,15 +257,35 @@ class Engine:
         self.paused = None
 
     def step(self) -> None:
+        """Schedule and launch one step; collect it now, or (overlap) the one before it."""
         batch = self.scheduler.schedule()
         if not batch:
+            self.finish_step()
             return
         try:
-            results, stats = self.runner.run([row for _, row in batch])
+            launched = self.runner.launch([row for _, row in batch])
         except Exception:
-            log.exception("model runner step failed; failing the step's requests")
-            err = ApiError("worker_error", "the model runner failed", status=500)
-            self._publish([self._fail(seq, err) for seq, _ in batch if not seq.is_finished])
+            self.finish_step()
+            self._step_failed(batch)
+            return
+        previous, self._in_flight = self._in_flight, (batch, launched)
+        if previous is not None:
+            self._complete(*previous)
+        if not self.overlap:
+            self.finish_step()
+
+    def finish_step(self) -> None:
+        """Collect and post-process the step in flight, if any."""
+        if self._in_flight is not None:
+            batch, launched = self._in_flight
+            self._in_flight = None
+            self._complete(batch, launched)
+
+    def _complete(self, batch: list[tuple[Sequence, RowWork]], launched: Launch) -> None:
+        try:
+            results, stats = launched.collect()
+        except Exception:
+            self._step_failed(batch)
             return
         outcome = self.scheduler.postprocess(batch, results)
         self.num_steps += 1
@@ -254,6 +297,13 @@ class Engine:
             log.warning("non-finite logits: %s", "unhealthy" if any(sampled) else "recovered")
         self._observe(outcome, len(batch), stats, any(r.want_mask for _, r in batch))
         self._publish([self._event(seq) for seq in outcome.updated])
+
+    def _step_failed(self, batch: list[tuple[Sequence, RowWork]]) -> None:
+        log.exception("model runner step failed; failing the step's requests")
+        err = ApiError("worker_error", "the model runner failed", status=500)
+        self.scheduler.abandon(batch)
+        self.scheduler.flush_cache()  # what the failed step left in the KV is unknown
+        self._publish([self._fail(seq, err) for seq, _ in batch if not seq.is_finished])
 
     def _fail(self, seq: Sequence, err: ApiError) -> tuple[RequestHandle, Event]:
         self.scheduler.abort(seq)
@@ -288,6 +338,7 @@ class Engine:
             error=seq.error,
             weight_version=self.weight_version,
             abort_message=seq.abort_message,
+            cached_tokens=seq.num_cached,
         )
         if seq.is_finished:
             del self._owner[id(seq)]

@@ -163,6 +163,11 @@ class RowSampler:
         """kernels.sample over logits [B, V], row i of logits being rows[i]; returns per-row
         results, the sampler's seconds (device time on CUDA) and the number of rows that
         needed the sampler's slow full pass."""
+        return self.launch(logits, rows).collect()
+
+    def launch(self, logits: torch.Tensor, rows: list[RowWork]) -> SampledRows:
+        """`sample` without waiting: the sampler and the copies of its results to the host
+        are queued; `collect()` on what this returns waits for them."""
         b = len(rows)
         self._fill(rows)
         f = self.views.get(b)
@@ -183,8 +188,7 @@ class RowSampler:
         )
         timer.mark()
         raw = self._raw_logprobs(logits, rows, f["temperature"], res)
-        results, num_fallback = _to_rows(res, rows, raw)
-        return results, timer.seconds(), num_fallback
+        return SampledRows(res, rows, raw, timer)
 
     def _raw_logprobs(
         self,
@@ -276,28 +280,88 @@ class RowSampler:
         self.capacity = cap
 
 
+class SampledRows:
+    """A launched sampler call: its results are copied back in one device-to-host copy of
+    everything but the mask ids, issued at launch into pinned memory, and one of the mask ids
+    (their count is known only from the first), made on a side stream so that it does not
+    wait for a step launched after this one."""
+
+    def __init__(
+        self,
+        res: Any,
+        rows: list[RowWork],
+        raw: tuple[list[int], int, torch.Tensor] | None,
+        timer: _Timer,
+    ) -> None:
+        self.res, self.rows, self.raw, self.timer = res, rows, raw, timer
+        self.tokens: torch.Tensor = res.tokens  # on the device: a later step's PENDING tokens
+        b = len(rows)
+        num_masks = sum(r.want_mask for r in rows)
+        parts = [res.tokens, res.logprobs, res.nan_rows, res.fallback_rows]
+        if num_masks:
+            parts += [res.support_sizes, res.mask_status, res.mask_offsets]
+        # One float64 block holds every value exactly (ids, sizes and offsets are < 2**53,
+        # the log-probs float32); `out=` casts each part straight to it.
+        size = 4 * b + (b + 2 * num_masks + 1 if num_masks else 0)
+        if raw is not None:
+            parts.append(raw[2].reshape(-1))
+            size += raw[2].numel()
+        block = torch.empty(size, dtype=torch.float64, device=res.tokens.device)
+        torch.cat(parts, out=block)
+        self.cuda = block.device.type == "cuda"
+        self.host = block
+        self.done: torch.cuda.Event | None = None
+        if self.cuda:
+            self.host = torch.empty(size, dtype=torch.float64, pin_memory=True)
+            self.host.copy_(block, non_blocking=True)
+            self.done = torch.cuda.Event()
+            self.done.record()
+
+    def collect(self) -> tuple[list[RowResult], float, int]:
+        """Per-row results, the sampler's seconds and its slow-pass row count (as `sample`)."""
+        if self.done is not None:
+            self.done.synchronize()
+        results, num_fallback = _to_rows(self, self.rows, self.raw)
+        return results, self.timer.seconds(), num_fallback
+
+    def mask_ids(self, count: int) -> list[int]:
+        ids = self.res.mask_ids[:count]
+        if self.done is None:
+            return ids.tolist()
+        stream = _copy_stream(ids.device)
+        with torch.cuda.stream(stream):
+            stream.wait_event(self.done)
+            host = torch.empty(count, dtype=ids.dtype, pin_memory=True)
+            host.copy_(ids, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(stream)
+        copied.synchronize()
+        return host.tolist()
+
+
+_COPY_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _copy_stream(device: torch.device) -> torch.cuda.Stream:
+    stream = _COPY_STREAMS.get(device)
+    if stream is None:
+        stream = _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
+
+
 def _to_rows(
-    res: Any, rows: list[RowWork], raw: tuple[list[int], int, torch.Tensor] | None = None
+    sampled: SampledRows,
+    rows: list[RowWork],
+    raw: tuple[list[int], int, torch.Tensor] | None = None,
 ) -> tuple[list[RowResult], int]:
-    """A SampleResult (and the raw log-probs of the rows that asked) to per-row results, in
-    one device-to-host copy of everything but the mask ids and one of the mask ids (their
-    count is known only from the first)."""
+    """A sampler call's results back on the host (and the raw log-probs of the rows that
+    asked) to per-row results."""
     b = len(rows)
     # res.mask_rows is these rows, ascending: known here, so not copied.
     mask_rows = [i for i, r in enumerate(rows) if r.want_mask]
     num_masks = len(mask_rows)
-    parts = [res.tokens, res.logprobs, res.nan_rows, res.fallback_rows]
-    if num_masks:
-        parts += [res.support_sizes, res.mask_status, res.mask_offsets]
-    # One float64 block holds every value exactly (ids, sizes and offsets are < 2**53, the
-    # log-probs float32); `out=` casts each part straight to it.
-    size = 4 * b + (b + 2 * num_masks + 1 if num_masks else 0)
-    meta_end = size
-    if raw is not None:
-        parts.append(raw[2].reshape(-1))
-        size += raw[2].numel()
-    block = torch.empty(size, dtype=torch.float64, device=res.tokens.device)
-    values = torch.cat(parts, out=block).cpu().numpy()
+    meta_end = 4 * b + (b + 2 * num_masks + 1 if num_masks else 0)
+    values = sampled.host.cpu().numpy()
     tokens = values[:b].astype(np.int64).tolist()
     nan = (values[2 * b : 3 * b] != 0).tolist()
     num_fallback = int(np.count_nonzero(values[3 * b : 4 * b]))
@@ -312,7 +376,7 @@ def _to_rows(
         sizes = meta[:b].tolist()
         status = meta[b : b + num_masks].tolist()
         offsets = meta[b + num_masks :].tolist()
-        ids = res.mask_ids[: offsets[-1]].tolist()
+        ids = sampled.mask_ids(offsets[-1])
         for j, row in enumerate(mask_rows):
             r = results[row]
             r.mask_status = st = status[j]

@@ -3,6 +3,12 @@
 `run(rows)` flattens the step's rows into one token batch (decode rows first, then prefill
 chunks), runs the decoder over the slot KV cache, takes logits only at the last token of rows
 that sample, and calls `kernels.sample` (the one sampler) for tokens, log-probs and masks.
+
+`run` is `launch(rows).collect()`. `launch` queues the step's device work and the copies of
+its results to pinned host memory, and returns without waiting for the device; `collect`
+waits for those copies and builds the `RowResult`s. The engine's overlap schedule launches
+step N + 1 before it collects step N. A decode row of step N + 1 may then feed `PENDING`:
+the token its slot's row of step N sampled, which the runner takes from the device.
 """
 
 from __future__ import annotations
@@ -14,13 +20,13 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from maskgate import kernels
-from maskgate.worker.batch import RowResult, RowWork, StepStats
+from maskgate.worker.batch import PENDING, RowResult, RowWork, StepStats
 from maskgate.worker.cuda_graphs import DecodeGraphs
 from maskgate.worker.kv_cache import allocate_kv_cache, bytes_per_slot
 from maskgate.worker.model import LoadedModel, load
 from maskgate.worker.model.attention import build_attn_batch
 from maskgate.worker.raw_logprobs import score_prompts
-from maskgate.worker.row_sampling import RowSampler, warm_up_sampler
+from maskgate.worker.row_sampling import RowSampler, SampledRows, warm_up_sampler
 from maskgate.worker.sort_all import sample_sort_all_rows
 
 # Default KV budget when none is given: on CPU a fixed 2 GiB; on CUDA the free memory after
@@ -93,6 +99,10 @@ class ModelRunner:
             else None
         )
         self.sampler = RowSampler(self.sample_fn, self.device, max_mask_tokens)
+        # The last launched step's sampled tokens (on the device) and, by slot, their rows:
+        # where a PENDING token of the next step comes from.
+        self.prev_tokens: torch.Tensor | None = None
+        self.prev_index: dict[int, int] = {}
         if self.device.type == "cuda":
             # Every sampling row holds its own KV slot: at most max_num_slots rows a step.
             warm_up_sampler(
@@ -139,34 +149,35 @@ class ModelRunner:
             self.kv.v[:, slot].zero_()
 
     @torch.inference_mode()
+    def copy_kv(self, copies: list[tuple[int, int, int, int]]) -> None:
+        """Device-to-device copies, queued on the stream ahead of the step's forward. A copy
+        of a slot that produced NaN marks its target too (zeroed when released)."""
+        k, v = self.kv.k, self.kv.v
+        for src, dst, start, end in copies:
+            k[:, dst, :, start:end] = k[:, src, :, start:end]
+            v[:, dst, :, start:end] = v[:, src, :, start:end]
+            if src in self.nan_slots:
+                self.nan_slots.add(dst)
+
     def run(self, rows: list[RowWork]) -> tuple[list[RowResult | None], StepStats]:
+        return self.launch(rows).collect()
+
+    @torch.inference_mode()
+    def launch(self, rows: list[RowWork]) -> Launched:
+        """Queue the step; its results come from `collect()` on what this returns."""
         stats = StepStats(num_rows=len(rows))
-        out: list[RowResult | None] = [None] * len(rows)
         if not rows:
-            return out, stats
+            return Launched(self, rows, [], stats, {}, None)
         order, stats.num_tokens = self._order(rows)
         prompt: dict[int, RowResult] = {}  # row index -> its prompt log-probs
         logits = self._logits(order, rows, prompt)
         sampling = [i for i in order if rows[i].sample]
+        sampled = None
         if sampling:
-            results, stats.mask_seconds, stats.num_fallback_rows = self.sampler.sample(
-                logits, [rows[i] for i in sampling]
-            )
-            for i, res in zip(sampling, results, strict=True):
-                out[i] = res
-                if res.nan:
-                    self.nan_slots.add(rows[i].slot)
-        for i, scored in prompt.items():
-            sampled = out[i]
-            if sampled is None:  # a prompt chunk that samples nothing: token -1
-                out[i] = scored
-            else:
-                sampled.prompt_logprobs, sampled.prompt_top = (
-                    scored.prompt_logprobs,
-                    scored.prompt_top,
-                )
-                sampled.prompt_ids_logprobs = scored.prompt_ids_logprobs
-        return out, stats
+            sampled = self.sampler.launch(logits, [rows[i] for i in sampling])
+            self.prev_tokens = sampled.tokens
+        self.prev_index = {rows[i].slot: j for j, i in enumerate(sampling)}
+        return Launched(self, rows, sampling, stats, prompt, sampled)
 
     @torch.inference_mode()
     def logits(self, rows: list[RowWork]) -> torch.Tensor:
@@ -198,7 +209,13 @@ class ModelRunner:
                     f"allowed: non-empty within [0, {max_len})"
                 )
             if n == 1:
-                if not 0 <= ids[0] < vocab:
+                if ids[0] == PENDING:
+                    if r.slot not in self.prev_index:
+                        raise ValueError(
+                            f"token id outside [0, {vocab}) (PENDING needs a sampling row of "
+                            "the slot in the step launched last)"
+                        )
+                elif not 0 <= ids[0] < vocab:
                     raise ValueError(f"token id outside [0, {vocab})")
                 decode.append(i)
             else:
@@ -219,18 +236,39 @@ class ModelRunner:
         """Forward the rows in `order`; logits [num sampling rows, vocab] float32, same order.
         Rows with prompt_targets get their prompt log-probs in `prompt` (by row index)."""
         ordered = [rows[i] for i in order]
+        pending = self._pending(ordered)
         # Graphs keep last-token logits only: a row scoring prompt tokens runs eagerly.
         graphs = self.graphs
         if graphs is not None and graphs.can_run(ordered) and not _scores_prompt(ordered):
-            return graphs.run(ordered)
+            return graphs.run(ordered, pending)
         scored: dict[int, RowResult] = {}
-        logits = self._forward(ordered, scored)
+        logits = self._forward(ordered, scored, pending)
         if prompt is not None:
             prompt.update({order[j]: res for j, res in scored.items()})
         return logits
 
+    def _pending(self, ordered: list[RowWork]) -> Callable[[torch.Tensor], None] | None:
+        """For rows feeding PENDING (decode rows, so token j of the step is row j's): a
+        function that writes, on the device, the tokens they stand for into the step's ids."""
+        where = [j for j, r in enumerate(ordered) if r.token_ids[0] == PENDING]
+        if not where:
+            return None
+        prev = self.prev_tokens
+        assert prev is not None, "a pending token needs a launched step"
+        src = [self.prev_index[ordered[j].slot] for j in where]
+        host = torch.tensor([where, src], dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        idx = host.to(self.device, non_blocking=True)
+
+        def fill(ids: torch.Tensor) -> None:
+            ids.index_copy_(0, idx[0], prev.index_select(0, idx[1]).to(ids.dtype))
+
+        return fill
+
     def _forward(
-        self, ordered: list[RowWork], prompt: dict[int, RowResult] | None = None
+        self,
+        ordered: list[RowWork],
+        prompt: dict[int, RowResult] | None = None,
+        pending: Callable[[torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
         """An eager step over rows already ordered (decode rows first); logits as _logits.
         Rows with prompt_targets get their prompt log-probs in `prompt`, keyed by their
@@ -260,6 +298,8 @@ class ModelRunner:
             pin_memory=self.device.type == "cuda",
         )
         dev = host.to(self.device, non_blocking=True)
+        if pending is not None:
+            pending(dev[0])
         flat = dev[:3, :n]
         batch = build_attn_batch(
             write_slots=flat[2],
@@ -295,3 +335,41 @@ class ModelRunner:
 
 def _scores_prompt(rows: list[RowWork]) -> bool:
     return any(r.prompt_targets for r in rows)
+
+
+class Launched:
+    """A launched step: `collect()` waits for its results and returns them as `run` does."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        rows: list[RowWork],
+        sampling: list[int],
+        stats: StepStats,
+        prompt: dict[int, RowResult],
+        sampled: SampledRows | None,
+    ) -> None:
+        self.runner, self.rows, self.sampling = runner, rows, sampling
+        self.stats, self.prompt, self.sampled = stats, prompt, sampled
+
+    @torch.inference_mode()
+    def collect(self) -> tuple[list[RowResult | None], StepStats]:
+        rows, stats = self.rows, self.stats
+        out: list[RowResult | None] = [None] * len(rows)
+        if self.sampled is not None:
+            results, stats.mask_seconds, stats.num_fallback_rows = self.sampled.collect()
+            for i, res in zip(self.sampling, results, strict=True):
+                out[i] = res
+                if res.nan:
+                    self.runner.nan_slots.add(rows[i].slot)
+        for i, scored in self.prompt.items():
+            sampled = out[i]
+            if sampled is None:  # a prompt chunk that samples nothing: token -1
+                out[i] = scored
+            else:
+                sampled.prompt_logprobs, sampled.prompt_top = (
+                    scored.prompt_logprobs,
+                    scored.prompt_top,
+                )
+                sampled.prompt_ids_logprobs = scored.prompt_ids_logprobs
+        return out, stats

@@ -3,10 +3,16 @@
 Each step the scheduler builds one batch of `RowWork`: a decode row (one token) for every
 running sequence whose prompt is in the cache, then prompt chunks for sequences still
 prefilling, then newly admitted sequences, while the step's prefill budget lasts. A sequence
-is admitted when a KV slot is free and fewer than `max_num_seqs` run; otherwise it waits in
-FIFO order. A slot holds a whole sequence (prompt + output <= max_model_len), so admission is
-the only capacity decision: nothing is preempted for capacity. `retract_all` (pause mode
-`retract`) is the one way back to the queue.
+is admitted when fewer than `max_num_seqs` run and a KV slot is free or cached (the least
+recently used cached one is evicted); otherwise it waits in FIFO order. A slot holds a whole
+sequence (prompt + output <= max_model_len), so admission is the only capacity decision:
+nothing is preempted for capacity. `retract_all` (pause mode `retract`) is the one way back
+to the queue. With `prefix_cache`, a prompt's longest cached prefix is copied into its slot
+instead of computed (maskgate/worker/prefix_cache.py).
+
+`schedule` may run before the previous step's results are back (the engine's overlap
+schedule): prompt progress counts when a chunk is scheduled, and a sequence whose newest
+token is still in flight feeds `PENDING`.
 
 `postprocess` commits the sampled tokens, applies the finish rules (EOS, stop token ids, stop
 strings, max_new_tokens, max_model_len) and turns overflow / NaN results into request errors.
@@ -20,11 +26,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from maskgate.protocol.errors import ApiError
-from maskgate.worker.batch import RowResult, RowWork, Runner
+from maskgate.worker.batch import PENDING, RowResult, RowWork, Runner
+from maskgate.worker.prefix_cache import PrefixCache
 from maskgate.worker.sequence import SeqStatus, Sequence
 
 OVERFLOW = 1  # RowResult.mask_status values (maskgate/worker/batch.py)
 TRUNCATED = 2
+# A prefilling sequence waits a step for an earlier one that is about to write a prefix they
+# share (n > 1, a group of one prompt) when the wait saves at least this many tokens, or half
+# of what it has left: a shared first token or two is not worth a step of latency.
+MIN_WAIT_TOKENS = 32
 
 
 @dataclass(slots=True)
@@ -47,6 +58,7 @@ class Scheduler:
         max_prefill_tokens: int,
         max_mask_tokens: int,
         decode: Callable[[list[int]], str] | None = None,
+        prefix_cache: bool = False,
     ) -> None:
         if max_num_seqs < 1 or max_prefill_tokens < 1:
             raise ValueError("max_num_seqs and max_prefill_tokens must be >= 1")
@@ -57,9 +69,18 @@ class Scheduler:
         self.max_mask_tokens = max_mask_tokens
         self.eos_token_ids = runner.eos_token_ids
         self.decode = decode  # output ids -> text; needed only for stop strings
-        self.free_slots: deque[int] = deque(range(runner.max_num_slots))
+        # Slot bookkeeping, and with prefix_cache the radix tree of what the slots hold.
+        self.cache = PrefixCache(runner.max_num_slots)
+        self.caching = prefix_cache
+        self.owner: dict[int, Sequence] = {}  # slot -> the running sequence holding it
+        self.num_admitted = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+
+    @property
+    def free_slots(self) -> deque[int]:
+        """Slots that hold nothing (cached slots are not counted: they are taken last)."""
+        return self.cache.free
 
     @property
     def num_waiting(self) -> int:
@@ -72,7 +93,7 @@ class Scheduler:
     @property
     def kv_usage(self) -> float:
         """Fraction of KV slots held by running sequences."""
-        return 1.0 - len(self.free_slots) / self.runner.max_num_slots
+        return len(self.running) / self.runner.max_num_slots
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -104,8 +125,8 @@ class Scheduler:
             self._retire(seq)
             seq.status = SeqStatus.WAITING
             seq.recompute_ids = seq.prompt_ids + seq.output_ids if seq.output_ids else None
-            seq.num_prefilled = 0
-            seq.decode_row = None
+            seq.num_prefilled = seq.num_cached = 0
+            seq.decode_row = seq.spare_row = None
             seq.num_retractions += 1
         self.waiting.extendleft(reversed(retracted))
         return len(retracted)
@@ -114,29 +135,67 @@ class Scheduler:
         """The next step's rows: decodes first (latency), then prompt chunks within budget."""
         batch: list[tuple[Sequence, RowWork]] = []
         for seq in self.running:
-            if not seq.is_prefilling:
-                batch.append((seq, self._decode_row(seq)))
-        budget = self.max_prefill_tokens
-        for seq in self.running:
-            if seq.is_prefilling and budget > 0:
-                row = self._prefill_row(seq, budget)
-                budget -= len(row.token_ids)
+            if not seq.is_prefilling and (row := self._decode_row(seq)) is not None:
                 batch.append((seq, row))
+        budget = self.max_prefill_tokens
+        copies: list[tuple[int, int, int, int]] = []
+        for seq in self.running:
+            if seq.is_prefilling and budget > 0 and not self._reuse(seq, copies):
+                budget -= self._add_prefill(batch, seq, budget)
         while self.waiting and budget > 0 and self.can_admit():
             seq = self.waiting.popleft()
             self.admit(seq)
-            row = self._prefill_row(seq, budget)
-            budget -= len(row.token_ids)
-            batch.append((seq, row))
+            if not self._reuse(seq, copies):
+                budget -= self._add_prefill(batch, seq, budget)
+        if copies:  # queued ahead of the step's forward, in order
+            self.runner.copy_kv(copies)
+        for seq, row in batch:
+            seq.num_in_flight += 1
+            if row.start_pos < seq.num_prefilled:  # a prompt chunk: copies may read it next
+                self.cache.set_written(row.slot, seq.num_prefilled)
         return batch
 
+    def _add_prefill(
+        self, batch: list[tuple[Sequence, RowWork]], seq: Sequence, budget: int
+    ) -> int:
+        """The sequence's next prompt chunk; its progress counts from now (a later step, even
+        one scheduled before this one's results are back, goes on after it)."""
+        row = self._prefill_row(seq, budget)
+        seq.num_prefilled += len(row.token_ids)
+        batch.append((seq, row))
+        return len(row.token_ids)
+
     def can_admit(self) -> bool:
-        return bool(self.free_slots) and len(self.running) < self.max_num_seqs
+        # Every slot no sequence holds is free or cached (evictable). A finished sequence
+        # holds its slot while a step launched before it finished still writes there.
+        return len(self.running) < self.max_num_seqs and len(self.owner) < self.runner.max_num_slots
 
     def admit(self, seq: Sequence) -> None:
-        seq.slot = self.free_slots.popleft()
+        slot = None
+        if self.caching:
+            # The cached slot holding the longest prefix of the prompt: taken over whole, it
+            # needs no copy (and is not lost to an eviction that a copy would have to race).
+            m = self.cache.match(seq.prefill_ids, _reuse_limit(seq), -1)
+            if m.slot is not None and m.slot in self.cache.cached:
+                slot = m.slot
+                self.cache.take_over(slot, seq.prefill_ids, m.length)
+                seq.num_prefilled = m.length
+                seq.num_cached = min(m.length, seq.num_prompt_tokens)
+        if slot is None:
+            slot = self.cache.take()
+            if self.caching:
+                self.cache.claim(slot, seq.prefill_ids)
+        seq.slot = slot
         seq.status = SeqStatus.RUNNING
+        seq.admit_order = self.num_admitted
+        self.num_admitted += 1
+        self.owner[slot] = seq
         self.running.append(seq)
+
+    def flush_cache(self) -> None:
+        """Forget every cached prefix (new weights, or the KV memory released); running
+        sequences keep their slots, which are freed rather than cached when they end."""
+        self.cache.flush(list(self.owner))
 
     def postprocess(
         self, batch: list[tuple[Sequence, RowWork]], results: list[RowResult | None]
@@ -145,14 +204,18 @@ class Scheduler:
         now = time.monotonic()
         out = StepOutcome()
         for (seq, row), res in zip(batch, results, strict=True):
-            if seq.is_prefilling:
-                seq.num_prefilled += len(row.token_ids)
+            seq.num_in_flight -= 1
+            if seq.is_finished:  # finished at an earlier step: this row's result is dropped
+                if seq.num_in_flight == 0 and seq.slot is not None:
+                    self._release(seq, nan=res is not None and res.nan)
+                continue
+            if row.start_pos < len(seq.prefill_ids):  # a prompt chunk
                 out.num_prompt_tokens += len(row.token_ids)
                 if res is not None and res.prompt_logprobs is not None:
                     seq.input_logprobs.extend(res.prompt_logprobs)
                     seq.input_top.extend(res.prompt_top or ())
                     seq.input_ids_logprobs.extend(res.prompt_ids_logprobs or ())
-            if not row.sample or seq.is_finished:
+            if not row.sample:
                 continue
             assert res is not None, "a sampling row needs a result"
             if res.nan:
@@ -170,14 +233,57 @@ class Scheduler:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _decode_row(self, seq: Sequence) -> RowWork:
-        # One RowWork per sequence, updated in place each decode step: building a fresh one
-        # per row per step was the scheduler's largest cost at batch 128. The runner reads
-        # rows only during run(), so reuse is safe.
-        row = seq.decode_row
+    def _reuse(self, seq: Sequence, copies: list[tuple[int, int, int, int]]) -> bool:
+        """Copy the longest cached prefix of what `seq` still has to prefill into its slot
+        (a `copies` entry: source slot, its slot, positions [start, end)). True when it should
+        rather wait a step for an earlier sequence that is writing a longer shared prefix."""
+        if not self.caching:
+            return False
+        ids, slot, done = seq.prefill_ids, _slot(seq), seq.num_prefilled
+        limit = _reuse_limit(seq)
+        if limit <= done:
+            return False
+        m = self.cache.match(ids, limit, slot)
+        if m.length > done and m.slot is not None:
+            copies.append((m.slot, slot, done, m.length))
+            seq.num_cached += max(0, min(m.length, seq.num_prompt_tokens) - done)
+            seq.num_prefilled = done = m.length
+            self.cache.set_written(slot, done)
+            self.cache.touch(m.slot)
+        # A running slot holds fewer tokens written than claimed only while its prefill is
+        # still to be written (or was just scheduled): its sequence is about to write them.
+        leader = self.owner.get(m.pending_slot) if m.pending_slot is not None else None
+        return (
+            leader is not None
+            and leader.admit_order < seq.admit_order
+            and not leader.is_finished
+            and m.pending - done >= max(1, min(MIN_WAIT_TOKENS, (limit - done + 1) // 2))
+        )
+
+    def abandon(self, batch: list[tuple[Sequence, RowWork]]) -> None:
+        """A step that failed or was dropped: its rows are no longer in flight."""
+        for seq, _ in batch:
+            seq.num_in_flight -= 1
+            if seq.is_finished and seq.num_in_flight == 0 and seq.slot is not None:
+                self._release(seq, nan=True)  # what the step wrote is unknown
+
+    def _decode_row(self, seq: Sequence) -> RowWork | None:
+        """None when the token in flight is sure to end the sequence (a length limit)."""
         n = len(seq.output_ids)
+        # With a step in flight (the overlap schedule), the sequence's newest token is not
+        # back yet: the row feeds PENDING, which the runner replaces on the device with the
+        # token the slot's row of the previous step sampled.
+        pending = 1 if seq.num_in_flight else 0
+        if pending and (
+            n + 1 >= seq.rule.max_new_tokens or seq.num_prompt_tokens + n + 1 >= self.max_model_len
+        ):
+            return None
+        # Two RowWorks per sequence, reused in turn: building a fresh one per row per step
+        # was the scheduler's largest cost at batch 128, and the step in flight still holds
+        # the other one.
+        row = seq.decode_row
         if row is None:
-            row = seq.decode_row = RowWork(
+            row = RowWork(
                 slot=_slot(seq),
                 token_ids=[],
                 start_pos=0,
@@ -189,9 +295,10 @@ class Scheduler:
                 top_logprobs=seq.top_logprobs,
                 logprob_ids=seq.logprob_ids,
             )
-        row.token_ids = [seq.output_ids[-1]]
-        row.start_pos = len(seq.prompt_ids) + n - 1
-        row.step = n
+        seq.decode_row, seq.spare_row = seq.spare_row, row
+        row.token_ids = [PENDING] if pending else [seq.output_ids[-1]]
+        row.start_pos = len(seq.prompt_ids) + n + pending - 1
+        row.step = n + pending
         return row
 
     def _prefill_row(self, seq: Sequence, budget: int) -> RowWork:
@@ -280,9 +387,33 @@ class Scheduler:
         if seq.slot is None:
             return
         self.running.remove(seq)
-        self.runner.release(seq.slot)
-        self.free_slots.append(seq.slot)
+        if seq.num_in_flight == 0:  # else: released when the step in flight comes back
+            self._release(seq)
+
+    def _release(self, seq: Sequence, nan: bool = False) -> None:
+        slot = _slot(seq)
+        del self.owner[slot]
+        self.runner.release(slot)
+        # What the slot holds: the fed tokens. A decoding sequence's newest token is not fed.
+        n = seq.num_prefilled
+        if not seq.is_prefilling and seq.output_ids:
+            n = seq.num_prompt_tokens + seq.num_output_tokens - 1
+        if self.caching and seq.error is None and not nan:
+            self.cache.set_written(slot, n)
+            self.cache.retire(slot, seq.prompt_ids + seq.output_ids, keep=True)
+        else:
+            self.cache.retire(slot, [], keep=False)
         seq.slot = None
+
+
+def _reuse_limit(seq: Sequence) -> int:
+    """How much of its prefill a sequence may take from the cache: the last token is always
+    fed (its logits sample the next token), and so is every position whose logits score a
+    prompt token."""
+    limit = len(seq.prefill_ids) - 1
+    if seq.logprob_start >= 0:
+        limit = min(limit, seq.logprob_start + len(seq.input_logprobs))
+    return limit
 
 
 def _slot(seq: Sequence) -> int:

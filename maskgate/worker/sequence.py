@@ -51,6 +51,8 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     slot: int | None = None
     num_prefilled: int = 0  # tokens of prefill_ids whose KV is written
+    num_cached: int = 0  # prompt tokens copied from the prefix cache rather than computed
+    admit_order: int = 0  # admissions before this one (a sequence waits only on earlier ones)
     # Set when the sequence was retracted (its KV slot freed): prompt + the output so far,
     # recomputed as one prefill on readmission; None: just the prompt.
     recompute_ids: list[int] | None = None
@@ -73,7 +75,9 @@ class Sequence:
     text_limit: int | None = None  # chars of the decoded output kept (cut before a stop string)
     error: ApiError | None = None
     abort_message: str | None = None  # why an abort came (pause, /abort_request, ...)
-    decode_row: RowWork | None = None  # reused by the scheduler each decode step
+    decode_row: RowWork | None = None  # reused by the scheduler, in turn with spare_row
+    spare_row: RowWork | None = None
+    num_in_flight: int = 0  # rows of launched steps whose results are not back yet
     first_token_time: float | None = None
     last_token_time: float | None = None
 

@@ -126,5 +126,6 @@ class WeightSync:
         if "weights" in self.memory.held:
             raise WeightUpdateError("weights are released; resume them first")
         apply(staged)
+        self.engine.scheduler.flush_cache()  # cached K/V came from the old weights
         if version is not None:
             self.engine.weight_version = version

@@ -202,7 +202,11 @@ async def test_openai_logprobs_shapes_and_values(cluster: Any, oracle: Any) -> N
         assert len(e["top_logprobs"]) == 2
         # Greedy: the token is the most likely one.
         assert e["top_logprobs"][0]["logprob"] == pytest.approx(e["logprob"], abs=1e-6)
-    # A stream carries each new token's entries; joined, they are the whole answer's.
+    # A stream carries each new token's entries; joined, they are the whole answer's. The
+    # prompt is computed afresh, as the first time: a prefix cache hit computes its last
+    # token in a one-token row, which rounds log-probs differently (docs/worker.md).
+    async with aiohttp.ClientSession() as s, s.post(cluster.general + "/flush_cache") as r:
+        assert r.status == 200
     streamed = await sse_chunks(cluster.general, "/v1/chat/completions", {**chat, "stream": True})
     joined = [
         e

@@ -119,7 +119,12 @@ async def test_chat_stream_for_general_traffic(cluster: Any) -> None:
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == whole["choices"][0]["message"]["content"]
-    assert chunks[-1]["usage"] == whole["usage"]
+    usage = chunks[-1]["usage"]
+    cached = usage.pop("prompt_tokens_details")["cached_tokens"]
+    whole["usage"].pop("prompt_tokens_details")
+    assert usage == whole["usage"]
+    # The same prompt again: all of it but its last token comes from the prefix cache.
+    assert cached == usage["prompt_tokens"] - 1
 
 
 # A batch of long generations (several seconds on a CPU), so that an abort is what ends them.

@@ -60,8 +60,11 @@ def _engine_ctx(
             max_prefill_tokens=config.max_prefill_tokens,
             max_mask_tokens=config.max_mask_tokens,
             decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+            prefix_cache=not config.disable_radix_cache,
         )
-        engine = Engine(loaded.runner, scheduler, metrics)
+        engine = Engine(
+            loaded.runner, scheduler, metrics, overlap=not config.disable_overlap_schedule
+        )
         engine.weight_version = config.weight_version
         sync = _weight_sync(loaded, engine, config)
         engine.start()

@@ -77,10 +77,17 @@ def _rid_match(rid: str) -> Callable[[Sequence], bool]:
 
 
 async def handle_flush_cache(request: web.Request) -> web.Response:
-    """400 while any request is queued or running (SGLang's retry loops poll for 200). The
-    worker keeps no prefix cache: KV slots belong to running sequences only, so once idle
-    there is nothing to drop. `?timeout=S` waits up to S seconds for idle."""
+    """400 while any request is queued or running (SGLang's retry loops poll for 200); once
+    idle, empties the prefix cache. `?timeout=S` waits up to S seconds for idle."""
     state = _state(request)
+
+    def flush() -> bool:  # engine thread: True while busy
+        sched = state.engine.scheduler
+        if sched.has_work():
+            return True
+        sched.flush_cache()
+        return False
+
     raw = request.query.get("timeout", "0")
     try:
         timeout = float(raw)
@@ -90,7 +97,7 @@ async def handle_flush_cache(request: web.Request) -> web.Response:
         raise invalid("timeout", f"must be >= 0, got {raw!r}")
     deadline = time.monotonic() + timeout
     while True:
-        busy = await on_engine(state, lambda: state.engine.scheduler.has_work())
+        busy = await on_engine(state, flush)
         if not busy:
             return web.Response(text=FLUSHED)
         if time.monotonic() >= deadline:
@@ -139,7 +146,10 @@ async def handle_release_memory(request: web.Request) -> web.Response:
                 "them before releasing memory",
                 status=400,
             )
-        state.sync.memory.release(_check_memory_state(state, tags, releasing=True))
+        changed = _check_memory_state(state, tags, releasing=True)
+        state.sync.memory.release(changed)
+        if "kv_cache" in changed:
+            state.engine.scheduler.flush_cache()
 
     return await _change_memory(state, release)
 

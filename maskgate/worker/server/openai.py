@@ -169,8 +169,10 @@ async def _serve(
             out.admitted_version = state.engine.weight_version
             outs.append(out)
     total = sum(len(p) for p in prompts)
-    reply = _Reply(state, route, rid, outs, prompt_tokens=total, meta=meta, token_ids=token_ids)
-    reply.echo, reply.n = echo, params.n
+    reply = _Reply(
+        state, route, rid, outs, prompt_tokens=total, meta=meta, token_ids=token_ids, n=params.n
+    )
+    reply.echo = echo
     with state.rids.claim([rid, *(s.rid for s in seqs)]):
         handle = state.engine.submit(seqs)
         try:
@@ -195,6 +197,7 @@ class _Reply:
         prompt_tokens: int,
         meta: bool,
         token_ids: bool,
+        n: int = 1,
     ) -> None:
         self.state, self.outs = state, outs
         self.chat = route is Route.CHAT
@@ -203,7 +206,7 @@ class _Reply:
         self.prompt_tokens = prompt_tokens  # each prompt once, whatever n is (as OpenAI)
         self.meta, self.token_ids = meta, token_ids
         self.echo: list[str] | None = None  # completions echo: each prompt's text
-        self.n = 1  # choices per prompt
+        self.n = n  # choices per prompt (outs hold each prompt's n choices in a row)
 
     def envelope(self, chunk: bool) -> dict[str, Any]:
         kind = "chat.completion" if self.chat else "text_completion"
@@ -214,12 +217,17 @@ class _Reply:
             "model": self.state.model_name,
         }
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         completion = sum(len(o.ids) for o in self.outs)
+        # Each prompt counts once (as prompt_tokens does): the tokens of it that none of its
+        # n choices computed.
+        groups = [self.outs[i : i + self.n] for i in range(0, len(self.outs), self.n)]
+        cached = sum(min(o.cached_tokens for o in g) for g in groups)
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
         }
 
     def choice(

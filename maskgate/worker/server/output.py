@@ -63,6 +63,7 @@ class SeqOutput:
     text_limit: int | None = None
     error: ApiError | None = None
     abort_message: str | None = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
     # Weight versions over output positions: [{"version", "start", "end"}], end exclusive.
     weight_versions: list[dict[str, Any]] = field(default_factory=list)
     weight_version: str | None = None  # the engine's version at the latest event
@@ -77,6 +78,7 @@ class SeqOutput:
     def apply(self, ev: Event) -> None:
         if ev.weight_version is not None:
             self.weight_version = ev.weight_version
+        self.cached_tokens = ev.cached_tokens
         if ev.token is not None:
             self.ids.append(ev.token)
             spans = self.weight_versions
@@ -150,7 +152,7 @@ class SeqOutput:
             "finish_reason": self.sglang_finish_reason(),
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": len(self.ids),
-            "cached_tokens": 0,
+            "cached_tokens": self.cached_tokens,
             "e2e_latency": round(time.monotonic() - self.start, 6),
             # The version of the last token's weights (before any token, the admitted one).
             "weight_version": spans[-1]["version"],

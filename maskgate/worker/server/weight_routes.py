@@ -78,7 +78,7 @@ async def _update(
 
 def _common(body: Body) -> tuple[str | None, bool]:
     """Fields every update takes: weight_version, abort_all_requests; flush_cache and
-    torch_empty_cache are accepted (no prefix cache to flush; docs/worker.md)."""
+    torch_empty_cache are accepted (every update empties the prefix cache; docs/worker.md)."""
     body.boolean("flush_cache", True)
     body.boolean("torch_empty_cache", False)
     body.refuse("selector", SELECTORS, "draft-model weights")

@@ -82,4 +82,3 @@ async def handle_update_from_ipc(request: web.Request) -> web.Response:
         "this worker; send the tensors to /update_weights_from_tensor instead."
     )
     return json_response({"success": False, "message": msg}, status=400)
-

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from maskgate.worker.batch import RowResult, RowWork, SamplingParams, StepStats
+from maskgate.worker.batch import PENDING, RowResult, RowWork, SamplingParams, StepStats
 from maskgate.worker.scheduler import Scheduler
 from maskgate.worker.sequence import SeqStatus, Sequence, StopRule
 
@@ -38,6 +38,19 @@ class FakeRunner:
         self.steps: list[list[RowWork]] = []
         self.released: list[int] = []
         self.held: set[int] = set()
+        self.last: dict[int, int] = {}  # slot -> token sampled by the last launch
+
+    def launch(self, rows: list[RowWork]) -> Done:
+        # The runner's contract for a step launched before the last one is collected: a
+        # PENDING token is the one the slot's row of the previous launch sampled.
+        rows = [
+            dataclasses.replace(r, token_ids=[self.last[r.slot]]) if r.token_ids == [PENDING] else r
+            for r in rows
+        ]
+        done = Done(self.run(rows))
+        out = zip(rows, done.out[0], strict=True)
+        self.last = {r.slot: res.token for r, res in out if res is not None}
+        return done
 
     def run(self, rows: list[RowWork]) -> tuple[list[RowResult | None], StepStats]:
         # Copies: the scheduler reuses a sequence's decode RowWork from step to step.
@@ -69,6 +82,14 @@ class FakeRunner:
         assert slot in self.held, "released a slot that never ran"
         self.held.discard(slot)
         self.released.append(slot)
+
+
+class Done:
+    def __init__(self, out: tuple[list[RowResult | None], StepStats]) -> None:
+        self.out = out
+
+    def collect(self) -> tuple[list[RowResult | None], StepStats]:
+        return self.out
 
 
 def make_seq(

@@ -1,0 +1,48 @@
+"""The overlap schedule and the prefix cache on CUDA: the engine over the real runner (decode
+graphs, the Triton sampler, results copied to pinned memory, mask ids on the side stream,
+PENDING tokens filled into the graphs' inputs) gives the same tokens and masks with overlap
+off and on, and with the cache off and on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from maskgate.worker.engine import Engine
+from maskgate.worker.metrics import WorkerMetrics
+from maskgate.worker.model import load
+from maskgate.worker.runner import ModelRunner
+from maskgate.worker.scheduler import Scheduler
+from maskgate.worker.sequence import Sequence
+from tests.unit.worker.test_worker_engine_overlap import drive, workload
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+
+def run(kv_bytes: int, *, overlap: bool, cache: bool, graphs: bool) -> list[Sequence]:
+    loaded = load("tiny-random", "cuda", torch.float32)
+    runner = ModelRunner(
+        loaded, max_num_slots=4, max_model_len=64, kv_cache_bytes=kv_bytes, cuda_graphs=graphs
+    )
+    sched = Scheduler(
+        runner, max_num_seqs=4, max_prefill_tokens=32, max_mask_tokens=4096, prefix_cache=cache
+    )
+    engine = Engine(runner, sched, WorkerMetrics(), overlap=overlap)
+    seqs = workload()
+    drive(engine, seqs)
+    return seqs
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_overlap_and_cache_keep_tokens_and_masks(kv_bytes: int, graphs: bool) -> None:
+    base = run(kv_bytes, overlap=False, cache=False, graphs=graphs)
+    for overlap, cache in ((True, False), (False, True), (True, True)):
+        other = run(kv_bytes, overlap=overlap, cache=cache, graphs=graphs)
+        for a, b in zip(base, other, strict=True):
+            assert a.finish_reason == b.finish_reason, (overlap, cache, a.rid)
+            assert a.output_ids == b.output_ids, (overlap, cache, a.rid)
+            assert a.masks == b.masks, (overlap, cache, a.rid)
+            assert a.raw_logprobs == pytest.approx(b.raw_logprobs, abs=1e-3)
