@@ -23,6 +23,7 @@ from maskgate.protocol.fields import (
     is_int,
     json_type,
 )
+from maskgate.protocol.mask_format import mask_formats
 
 FULL_VOCAB_MESSAGE = (
     "return_sampling_mask cannot return the full vocabulary; set top_p < 1 or a finite top_k."
@@ -129,6 +130,7 @@ def _check_openai(
     for name in ("return_meta_info", "stream", "return_token_ids"):
         _FIELDS.boolean(body, name)
     _check_mask_mode(body, "")
+    mask_formats(body, None, _invalid)
     # Rule 4.
     if body.get("return_meta_info") is not True:
         raise PolicyError(
@@ -170,6 +172,7 @@ def _check_generate(
     flags = _mask_flags(body, size)
     _FIELDS.boolean(body, "stream")
     _check_mask_mode(body, "")
+    mask_formats(body, size, _invalid)
     sp = body.get("sampling_params")
     if sp is None or isinstance(sp, dict):
         # One object shared by every item: checked once, whatever the batch size.

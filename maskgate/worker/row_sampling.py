@@ -21,6 +21,7 @@ import torch
 from maskgate import kernels
 from maskgate.kernels.result import STATUS_OVERFLOW
 from maskgate.worker.batch import RowResult, RowWork
+from maskgate.worker.mask_copy import MaskIdsCopy
 from maskgate.worker.raw_logprobs import token_logprobs
 
 SampleFn = Callable[..., Any]  # kernels.sample or worker.sort_all.sample_sort_all_rows
@@ -156,6 +157,7 @@ class RowSampler:
         self.views: dict[int, dict[str, torch.Tensor]] = {}  # B -> fields cut to [B]
         # The last parameter copy: the host buffer is rewritten only once it has completed.
         self.copied = torch.cuda.Event() if self.cuda else None
+        self.mask_ids = MaskIdsCopy(device)  # the step's mask ids to the host
 
     def sample(
         self, logits: torch.Tensor, rows: list[RowWork]
@@ -183,7 +185,7 @@ class RowSampler:
         )
         timer.mark()
         raw = self._raw_logprobs(logits, rows, f["temperature"], res)
-        results, num_fallback = _to_rows(res, rows, raw)
+        results, num_fallback = _to_rows(res, rows, raw, self.mask_ids)
         return results, timer.seconds(), num_fallback
 
     def _raw_logprobs(
@@ -267,11 +269,14 @@ class RowSampler:
 
 
 def _to_rows(
-    res: Any, rows: list[RowWork], raw: tuple[list[int], int, torch.Tensor] | None = None
+    res: Any,
+    rows: list[RowWork],
+    raw: tuple[list[int], int, torch.Tensor] | None,
+    mask_ids: MaskIdsCopy,
 ) -> tuple[list[RowResult], int]:
     """A SampleResult (and the raw log-probs of the rows that asked) to per-row results, in
     one device-to-host copy of everything but the mask ids and one of the mask ids (their
-    count is known only from the first)."""
+    count is known only from the first). Each mask is a view of the step's host id array."""
     b = len(rows)
     # res.mask_rows is these rows, ascending: known here, so not copied.
     mask_rows = [i for i, r in enumerate(rows) if r.want_mask]
@@ -302,7 +307,7 @@ def _to_rows(
         sizes = meta[:b].tolist()
         status = meta[b : b + num_masks].tolist()
         offsets = meta[b + num_masks :].tolist()
-        ids = res.mask_ids[: offsets[-1]].tolist()
+        ids = mask_ids.copy(res.mask_ids, offsets[-1])
         for j, row in enumerate(mask_rows):
             r = results[row]
             r.mask_status = st = status[j]

@@ -16,6 +16,7 @@ import orjson
 from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
+from maskgate.protocol.mask_format import mask_formats
 from maskgate.protocol.policy import Route
 from maskgate.worker.engine import RequestHandle
 from maskgate.worker.logprob_params import parse_openai_logprobs
@@ -115,6 +116,7 @@ async def _serve(
     meta = bool(opt_bool(body, "return_meta_info"))
     token_ids = bool(opt_bool(body, "return_token_ids"))
     bounded = masked and body.get("sampling_mask_mode") == "bounded"
+    packed = mask_formats(body, None, invalid)[0]
     lp = parse_openai_logprobs(body, chat=route is Route.CHAT)
     rid = request_id(request)
     seqs: list[Sequence] = []
@@ -128,7 +130,8 @@ async def _serve(
                 seq.want_logprob, seq.top_logprobs = True, lp.top
             seqs.append(seq)
             hold = holdback(params.rule.stop)
-            outs.append(SeqOutput(f"{rid}-{k}", len(ids), masked, bounded, holdback=hold, lp=lp))
+            out = SeqOutput(f"{rid}-{k}", len(ids), masked, bounded, hold, packed, lp=lp)
+            outs.append(out)
     total = sum(len(p) for p in prompts)
     reply = _Reply(state, route, rid, outs, prompt_tokens=total, meta=meta, token_ids=token_ids)
     handle = state.engine.submit(seqs)

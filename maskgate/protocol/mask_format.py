@@ -1,0 +1,49 @@
+"""`sampling_mask_format`: how a mask answer carries its masks (docs/design.md, Mask formats).
+
+`lists` (the default, SGLang's layout): `meta_info.output_token_sampling_mask` holds one list
+of ids per generated token, in mask order (the argmax first).
+
+`packed`: `meta_info.output_token_sampling_mask_ids` is the base64 of little-endian int32
+ids, each token's ids ascending, one token after another, and
+`meta_info.output_token_sampling_mask_offsets` the base64 of little-endian int32 offsets,
+T + 1 of them, from 0 to the id count; token t's ids are ids[offsets[t]:offsets[t + 1]].
+They replace `output_token_sampling_mask`; the log-prob, length and truncation fields are
+the same in both formats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+FIELD = "sampling_mask_format"
+LISTS = "lists"
+PACKED = "packed"
+FORMATS = (LISTS, PACKED)
+
+MASK = "output_token_sampling_mask"
+IDS = "output_token_sampling_mask_ids"
+OFFSETS = "output_token_sampling_mask_offsets"
+
+
+def mask_formats(
+    body: Mapping[str, Any], size: int | None, invalid: Callable[[str, str], Exception]
+) -> list[bool]:
+    """Whether each prompt asks for packed masks: one value, or on a `/generate` batch of
+    `size` prompts a list of one value per prompt (as `return_sampling_mask`). Absent or
+    null means lists. Raises `invalid(param, problem)` on anything else."""
+    value = body.get(FIELD)
+    if isinstance(value, list):
+        if size is None or len(value) != size:
+            want = "not a list here" if size is None else f"a list of {size} values"
+            raise invalid(FIELD, f"must be 'lists' or 'packed' ({want})")
+        return [_one(v, f"{FIELD}[{i}]", invalid) for i, v in enumerate(value)]
+    return [_one(value, FIELD, invalid)] * (size or 1)
+
+
+def _one(value: Any, param: str, invalid: Callable[[str, str], Exception]) -> bool:
+    if value is None or value == LISTS:
+        return False
+    if value == PACKED:
+        return True
+    raise invalid(param, f"must be 'lists' or 'packed', got {value!r}")
