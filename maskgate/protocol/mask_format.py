@@ -47,3 +47,16 @@ def _one(value: Any, param: str, invalid: Callable[[str, str], Exception]) -> bo
     if value == PACKED:
         return True
     raise invalid(param, f"must be 'lists' or 'packed', got {value!r}")
+
+
+def answer_formats(body: Mapping[str, Any], size: int | None) -> tuple[bool, ...]:
+    """Whether each answer of a checked mask request wants packed masks: one value for all
+    answers, or on a `/generate` batch that mixes formats one per answer, prompt-major (each
+    prompt's `n` answers together, the order SGLang and the worker answer in)."""
+    packed = mask_formats(body, size, ValueError)
+    if len(set(packed)) <= 1:
+        return (packed[0],)
+    sp = body.get("sampling_params")
+    items = sp if isinstance(sp, list) else [sp] * len(packed)
+    counts = [item.get("n", 1) if isinstance(item, dict) else 1 for item in items]
+    return tuple(p for p, n in zip(packed, counts, strict=True) for _ in range(n or 1))

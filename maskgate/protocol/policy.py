@@ -457,6 +457,7 @@ POLICY_CODES = frozenset(
         "sampling_mask_top_k_exceeds_cap",
         "sampling_mask_payload_too_large",
         "sampling_mask_batch_too_large",
+        "sampling_mask_engine_unsupported",
         "pool_overloaded",
         "queue_timeout",
     }

@@ -1,0 +1,95 @@
+"""Packed masks at the gateway, without NumPy (protocol/mask_format.py has the layout).
+
+`array('i')` holds the decoded ids and offsets as C ints, so every check is one C-level pass
+(`min`, `max`, `sorted`, `bisect`), never a Python step per id. Conversions: lists to packed
+for an upstream that answers lists (SGLang), packed to lists for a client that asked lists.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import sys
+from array import array
+from bisect import bisect_left
+from itertools import accumulate, chain, pairwise, repeat
+from typing import Any
+
+from maskgate.protocol.mask_format import IDS, MASK, OFFSETS
+
+_SWAP = sys.byteorder != "little"  # the wire is little-endian
+assert array("i").itemsize == 4, "packed masks need a 4-byte C int"
+
+
+class PackedMaskError(ValueError):
+    """A packed mask that breaks the layout (the message says how)."""
+
+
+def decode(meta: dict[str, Any]) -> tuple[array[int], array[int]]:
+    """meta_info's packed fields -> (ids, offsets), with the layout checked: offsets
+    non-decreasing from 0 to the id count. Raises PackedMaskError."""
+    ids = _int32s(meta.get(IDS), IDS)
+    offsets = _int32s(meta.get(OFFSETS), OFFSETS)
+    if not offsets or offsets[0] != 0:
+        raise PackedMaskError(f"{OFFSETS} must start at 0")
+    if offsets[-1] != len(ids):
+        raise PackedMaskError(f"{OFFSETS} ends at {offsets[-1]}, not the id count {len(ids)}")
+    if offsets != array("i", sorted(offsets)):  # timsort: one linear pass on sorted input
+        raise PackedMaskError(f"{OFFSETS} must be non-decreasing")
+    return ids, offsets
+
+
+def check_vocab(ids: array[int], vocab_size: int | None) -> None:
+    if ids and (min(ids) < 0 or (vocab_size is not None and max(ids) >= vocab_size)):
+        raise PackedMaskError(f"an id of {IDS} is outside the vocabulary [0, {vocab_size})")
+
+
+def tokens_outside(ids: array[int], offsets: array[int], tokens: list[Any]) -> bool:
+    """True when a sampled token is not in its own (ascending) mask."""
+    try:
+        pos = map(bisect_left, repeat(ids), tokens, offsets, offsets[1:])
+        return not all(map(_hit, pos, offsets[1:], tokens, repeat(ids)))
+    except TypeError:  # a sampled "id" that is not a number
+        return True
+
+
+def _hit(pos: int, end: int, token: Any, ids: array[int]) -> bool:
+    return pos < end and ids[pos] == token
+
+
+def to_packed(meta: dict[str, Any]) -> None:
+    """Lists -> packed, in place: each token's ids ascending."""
+    masks = meta.pop(MASK)
+    ids = array("i", chain.from_iterable(map(sorted, masks)))
+    offsets = array("i", accumulate(map(len, masks), initial=0))
+    meta[IDS] = _b64(ids)
+    meta[OFFSETS] = _b64(offsets)
+
+
+def to_lists(meta: dict[str, Any], ids: array[int], offsets: array[int]) -> None:
+    """Packed (already decoded) -> lists, in place."""
+    del meta[IDS], meta[OFFSETS]
+    meta[MASK] = [ids[a:b].tolist() for a, b in pairwise(offsets)]
+
+
+def _int32s(value: Any, name: str) -> array[int]:
+    if not isinstance(value, str):
+        raise PackedMaskError(f"{name} must be a base64 string")
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise PackedMaskError(f"{name} is not valid base64") from e
+    if len(raw) % 4:
+        raise PackedMaskError(f"{name} holds {len(raw)} bytes, not a whole number of int32")
+    out = array("i")
+    out.frombytes(raw)
+    if _SWAP:
+        out.byteswap()
+    return out
+
+
+def _b64(values: array[int]) -> str:
+    if _SWAP:
+        values = array("i", values)
+        values.byteswap()
+    return base64.b64encode(values.tobytes()).decode("ascii")
