@@ -59,9 +59,13 @@ def _hit(pos: int, end: int, token: Any, ids: array[int]) -> bool:
 
 def to_packed(meta: dict[str, Any]) -> None:
     """Lists -> packed, in place: each token's ids ascending."""
-    masks = meta.pop(MASK)
-    ids = array("i", chain.from_iterable(map(sorted, masks)))
-    offsets = array("i", accumulate(map(len, masks), initial=0))
+    masks = meta[MASK]
+    try:
+        ids = array("i", chain.from_iterable(map(sorted, masks)))
+        offsets = array("i", accumulate(map(len, masks), initial=0))
+    except (TypeError, OverflowError) as e:
+        raise PackedMaskError(f"{MASK} is not a list of int32 id lists") from e
+    del meta[MASK]
     meta[IDS] = _b64(ids)
     meta[OFFSETS] = _b64(offsets)
 

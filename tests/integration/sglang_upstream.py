@@ -49,7 +49,7 @@ class SGLangUpstream:
 
     async def start(self) -> str:
         app = web.Application()
-        app.router.add_get("/health", lambda _: web.Response())
+        app.router.add_get("/health", self._health)
         app.router.add_get("/get_model_info", self._model_info)
         app.router.add_post("/generate", self._generate)
         app.router.add_post("/v1/chat/completions", self._chat)
@@ -63,6 +63,9 @@ class SGLangUpstream:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response()
 
     async def _model_info(self, _: web.Request) -> web.Response:
         return web.json_response({"model_path": "fake-sglang", "vocab_size": self.vocab_size})
