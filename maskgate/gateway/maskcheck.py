@@ -5,12 +5,14 @@ invariant: one mask and one log-prob per generated token, and each sampled token
 own mask. A `lists` answer to a `lists` request goes to the client as the upstream's bytes,
 unchanged; a malformed one is counted, never rewritten.
 
-Packed answers (protocol/mask_format.py) are checked on their decoded int32 arrays
+Packed answers (protocol/mask_format.py) are checked without decoding their ids
 (gateway/packed.py): offsets from 0 to the id count and non-decreasing, T + 1 of them where T
-is the answer's mask length, completion tokens and sampled ids, ids inside the vocabulary when
-it is known. A packed answer that breaks any of these is a 502 `upstream_invalid_mask`. When
-an answer's format is not the one its request asked for (an SGLang pool answers lists), the
-masks are converted and the body re-encoded.
+is the answer's mask length, completion tokens and sampled ids, no empty mask, and ids below
+the vocabulary size rounded up to a power of two, read from the base64 text. A packed answer
+that breaks any of these is a 502 `upstream_invalid_mask`. When an answer's format is not the
+one its request asked for (an SGLang pool answers lists), the masks are converted and the
+body re-encoded; a packed answer converted to lists is decoded anyway, and then also checked
+exactly (every id below the vocabulary size, each sampled token inside its mask).
 
 Shapes (SGLang): `/generate` answers an object (a list of objects for a batch) with
 `meta_info` and the sampled ids in `output_ids`; chat and completions answer
@@ -109,8 +111,8 @@ def _check_packed(
 ) -> set[str]:
     """One packed answer's checks (raises PackedMaskError); converts it to lists unless
     `want`. Returns the violations that do not make it malformed."""
-    mask_ids, offsets = packing.decode(meta)
-    packing.check_vocab(mask_ids, vocab_size)
+    offsets = packing.offsets_of(meta)
+    packing.check_ids(meta, offsets, vocab_size)
     t = len(offsets) - 1
     for name in (LENGTH, "completion_tokens"):
         value = meta.get(name)
@@ -126,9 +128,11 @@ def _check_packed(
         raise packing.PackedMaskError("a token has an empty mask")
     support.observe_counts(counts)
     found = set()
-    if isinstance(ids, list) and packing.tokens_outside(mask_ids, offsets, ids):
-        found.add("token_outside_mask")
-    if not want:
+    if not want:  # decoded for the conversion: the exact checks come at no extra cost
+        mask_ids, offsets = packing.decode(meta)
+        packing.check_vocab(mask_ids, vocab_size)
+        if isinstance(ids, list) and packing.tokens_outside(mask_ids, offsets, ids):
+            found.add("token_outside_mask")
         packing.to_lists(meta, mask_ids, offsets)
     return found
 

@@ -3,6 +3,8 @@ format and engine rules (protocol/mask_format.py, protocol/engine_rules.py)."""
 
 from __future__ import annotations
 
+import base64
+import random
 from typing import Any
 
 import orjson
@@ -68,10 +70,54 @@ def test_per_answer_formats_and_a_token_outside_its_packed_mask() -> None:
     assert not same
     assert "output_token_sampling_mask_ids" in out[0]["meta_info"]
     assert out[1]["meta_info"]["output_token_sampling_mask"] == MASKS
-    # Packed as it comes back from the pool: checked, the violation counted, bytes kept.
-    (same, _), text = finish(out[0] | {"output_ids": [7, 5, 2]}, (True,))
+    # A packed answer passes as its bytes; one converted to lists is decoded, and then
+    # each sampled token is checked against its mask too.
+    (same, _), _ = finish(out[0], (True,))
     assert same
+    (same, back), text = finish(out[0] | {"output_ids": [7, 5, 2]}, (False,))
+    assert not same and back["meta_info"]["output_token_sampling_mask"] == [[3, 7], [5], [1, 4, 9]]
     assert 'maskgate_mask_invariant_violations_total{kind="token_outside_mask"} 1.0' in text
+
+
+def packed_meta(ids: list[int], offsets: list[int]) -> dict[str, Any]:
+    def b64(values: list[int]) -> str:
+        raw = b"".join(v.to_bytes(4, "little", signed=True) for v in values)
+        return base64.b64encode(raw).decode()
+
+    return {"output_token_sampling_mask_ids": b64(ids),
+            "output_token_sampling_mask_offsets": b64(offsets)}  # fmt: skip
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 1000, 1024, 1025, 151_936, 2**24, 2**31 - 1])
+def test_the_cheap_id_bound_is_the_vocabulary_rounded_to_a_power_of_two(vocab: int) -> None:
+    rng = random.Random(vocab)
+    bound = 1 << max(1, (vocab - 1).bit_length())
+    for n in (1, 2, 3, 4, 5, 7):
+        for bad in (None, bound, bound + rng.randrange(1000), -1, -(2**31)):
+            if bad is not None and bad >= 2**31:
+                continue  # not an int32
+            ids = [rng.randrange(vocab) for _ in range(n)]
+            if bad is not None:
+                ids[rng.randrange(n)] = bad
+            meta = packed_meta(ids, [0, n])
+            offsets = packing.offsets_of(meta)
+            if bad is None or 0 <= bad < bound:
+                packing.check_ids(meta, offsets, vocab)
+            else:
+                with pytest.raises(packing.PackedMaskError, match="vocabulary"):
+                    packing.check_ids(meta, offsets, vocab)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [("AAAA", "id count"), ("AAAAAAAA", "id count"), ("AA=A", "base64"), ("AA", "base64"),
+     ("AA*AAA==", "base64"), ("\u00e9AAAAAAA", "base64")],
+)  # fmt: skip
+def test_malformed_id_text(text: str, problem: str) -> None:
+    meta = packed_meta([], [0, 1])
+    meta["output_token_sampling_mask_ids"] = text
+    with pytest.raises(packing.PackedMaskError, match=problem):
+        packing.check_ids(meta, packing.offsets_of(meta), None)
 
 
 def test_unpackable_lists_for_a_packed_request_are_a_502() -> None:
