@@ -27,7 +27,7 @@ import random
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -85,7 +85,7 @@ def _response(body: bytes) -> bytes:
 class _Upstream(asyncio.Protocol):
     """Keep-alive HTTP/1.1: canned answers, parsed only as far as choosing one needs."""
 
-    canned: dict[str, bytes] = {}
+    canned: ClassVar[dict[str, bytes]] = {}
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -212,8 +212,13 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     for (target, fmt, c), runs in rows.items():
         best = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
         out.append(
-            {"target": target, "format": fmt, "concurrency": c, **best,
-             "rps_all": [r["rps"] for r in runs]}  # fmt: skip
+            {
+                "target": target,
+                "format": fmt,
+                "concurrency": c,
+                **best,
+                "rps_all": [r["rps"] for r in runs],
+            }
         )
     return out
 
@@ -221,9 +226,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
 def summarise(rows: list[dict[str, Any]], c: int, cost: dict[str, float]) -> dict[str, Any]:
     def get(target: str, fmt: str, conc: int, key: str) -> float:
         row = next(
-            r
-            for r in rows
-            if (r["target"], r["format"], r["concurrency"]) == (target, fmt, conc)
+            r for r in rows if (r["target"], r["format"], r["concurrency"]) == (target, fmt, conc)
         )
         return float(row[key])
 
