@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 
+from examples.unpack_masks import dense, unpack
 from maskgate.worker.config import WorkerConfig
 from tests.mask_formats import masks_of, sse_events
 
@@ -48,6 +50,10 @@ async def test_generate_single_lists_and_packed_carry_the_same_masks(client: Tes
         == lists["meta_info"]["output_token_sampling_logprobs"]
     )
     assert meta["output_token_sampling_mask_length"] == 6
+    # The example's NumPy lines: a boolean [T, vocab] mask.
+    ids, offsets = unpack(meta)
+    table = dense(ids, offsets, 512)
+    assert [sorted(np.flatnonzero(row).tolist()) for row in table] == want
 
 
 async def test_generate_batch_formats_per_item_or_shared(client: TestClient) -> None:
