@@ -130,7 +130,7 @@ def _check_openai(
     for name in ("return_meta_info", "stream", "return_token_ids"):
         _FIELDS.boolean(body, name)
     _check_mask_mode(body, "")
-    mask_formats(body, None, _invalid)
+    mask_formats(body, None)
     # Rule 4.
     if body.get("return_meta_info") is not True:
         raise PolicyError(
@@ -172,7 +172,7 @@ def _check_generate(
     flags = _mask_flags(body, size)
     _FIELDS.boolean(body, "stream")
     _check_mask_mode(body, "")
-    mask_formats(body, size, _invalid)
+    mask_formats(body, size)
     sp = body.get("sampling_params")
     if sp is None or isinstance(sp, dict):
         # One object shared by every item: checked once, whatever the batch size.

@@ -137,7 +137,7 @@ def parse_request(
     mode = body.get("sampling_mask_mode")
     if mode not in (None, "exact", "bounded"):
         raise invalid("sampling_mask_mode", f"must be 'exact' or 'bounded', got {mode!r}")
-    packed = mask_formats(body, size if is_batch else None, invalid)
+    packed = mask_formats(body, size if is_batch else None)
     opt_bool(body, "stream")
     opt_bool(body, "incremental_streaming_output")
     rids = _rids(body.get("rid"), size, is_batch, default_rid)

@@ -116,7 +116,7 @@ async def _serve(
     meta = bool(opt_bool(body, "return_meta_info"))
     token_ids = bool(opt_bool(body, "return_token_ids"))
     bounded = masked and body.get("sampling_mask_mode") == "bounded"
-    packed = mask_formats(body, None, invalid)[0]
+    packed = mask_formats(body, None)[0]
     lp = parse_openai_logprobs(body, chat=route is Route.CHAT)
     rid = request_id(request)
     seqs: list[Sequence] = []

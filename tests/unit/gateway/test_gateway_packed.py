@@ -146,3 +146,35 @@ def test_engine_rules_pass_maskgate_and_finite_top_k() -> None:
         check_engine(Route.GENERATE, body, "sglang", 64, "mask")
     assert e.value.code == "sampling_mask_engine_unsupported"
     assert "engine: maskgate" in e.value.message and "top_k <= 64" in e.value.message
+
+
+@pytest.mark.parametrize(
+    ("route", "extra", "ok"),
+    [
+        (Route.GENERATE, {"sampling_mask_format": "packed"}, True),
+        (Route.GENERATE, {"sampling_mask_format": None}, True),
+        (Route.GENERATE, {"text": ["a", "b"], "sampling_mask_format": ["lists", "packed"]}, True),
+        (Route.GENERATE, {"text": ["a", "b"], "sampling_mask_format": ["packed"]}, False),
+        (Route.GENERATE, {"sampling_mask_format": ["packed"]}, False),
+        (Route.GENERATE, {"sampling_mask_format": "PACKED"}, False),
+        (Route.CHAT, {"sampling_mask_format": "packed"}, True),
+        (Route.CHAT, {"sampling_mask_format": ["packed"]}, False),
+        (Route.COMPLETIONS, {"sampling_mask_format": True}, False),
+    ],
+)
+def test_policy_checks_the_format(route: Route, extra: dict[str, Any], ok: bool) -> None:
+    from maskgate.protocol.policy import PolicyConfig, check_mask_request
+
+    body: dict[str, Any] = {"return_sampling_mask": True, "top_p": 0.9, "return_meta_info": True}
+    if route is Route.GENERATE:
+        body = {"text": "a", "return_sampling_mask": True, "sampling_params": {"top_p": 0.9}}
+    body.update(extra)
+    if ok:
+        assert (
+            check_mask_request(route, body, PolicyConfig())["sampling_mask_format"]
+            == extra["sampling_mask_format"]
+        )
+        return
+    with pytest.raises(PolicyError) as e:
+        check_mask_request(route, body, PolicyConfig())
+    assert e.value.code == "sampling_mask_invalid_param"

@@ -111,7 +111,13 @@ async def test_openai_routes_lists_and_packed(client: TestClient, route: str) ->
 
 @pytest.mark.parametrize(
     ("fmt", "extra"),
-    [("dense", {}), (["packed"], {}), (["packed"], {"text": ["a", "b"]}), (1, {})],
+    [
+        ("dense", {}),
+        (["packed"], {}),
+        (["packed"], {"text": ["a", "b"]}),
+        (1, {}),
+        ("x" * 5000, {"return_sampling_mask": False}),  # not a mask request: refused too
+    ],
 )
 async def test_invalid_format_is_refused(client: TestClient, fmt: Any, extra: Any) -> None:
     r = await client.post("/generate", json=generate(fmt, **extra))
@@ -119,3 +125,4 @@ async def test_invalid_format_is_refused(client: TestClient, fmt: Any, extra: An
     err = orjson.loads(await r.read())["error"]
     assert err["code"] == "sampling_mask_invalid_param"
     assert err["param"].startswith("sampling_mask_format")
+    assert len(err["message"]) < 200  # the value is not echoed whole
