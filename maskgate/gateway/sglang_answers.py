@@ -20,6 +20,10 @@ from maskgate.protocol.errors import ApiError, ServerError, error_event
 from maskgate.protocol.mask_format import MASK
 
 _DONE = b"data: [DONE]"
+_MAX_MESSAGE = 1000  # characters of an upstream error message kept in the gateway's error
+# An event longer than this (a packed 4096-token answer of 4096-id masks is ~90 MB, but SGLang
+# streams lists one step at a time) is relayed as it came, and the rest of the stream too.
+MAX_EVENT_BYTES = 16 * 1024 * 1024
 
 
 def error_from_body(raw: bytes, status: int, pool: str) -> ApiError | None:
@@ -44,6 +48,7 @@ def _message(data: Any) -> str | None:
 
 
 def _error(message: str, status: int, pool: str) -> ApiError:
+    message = message[:_MAX_MESSAGE]
     if status >= 500:
         return ServerError(
             "upstream_error", f"the {pool} pool (SGLang) failed: {message}", status=status
@@ -58,17 +63,24 @@ def _error(message: str, status: int, pool: str) -> ApiError:
 class StreamRewriter:
     """Rewrites an SGLang event stream event by event: error events into the gateway's error
     event, and mask lists into packed for the answers that asked. Bytes of an event that has
-    not ended yet wait for the rest of it."""
+    not ended yet wait for the rest of it, up to MAX_EVENT_BYTES; past that the stream is
+    relayed unchanged from there on."""
 
     def __init__(self, pool: str, packed: tuple[bool, ...]) -> None:
         self.pool = pool
         self.packed = packed
         self.pending = b""
+        self.bypass = False
 
     def feed(self, data: bytes) -> bytes:
+        if self.bypass:
+            return data
         buf = self.pending + data
         cut = buf.rfind(b"\n\n")
         if cut < 0:
+            if len(buf) > MAX_EVENT_BYTES:
+                self.bypass, self.pending = True, b""
+                return buf
             self.pending = buf
             return b""
         self.pending = buf[cut + 2 :]

@@ -178,3 +178,19 @@ def test_policy_checks_the_format(route: Route, extra: dict[str, Any], ok: bool)
     with pytest.raises(PolicyError) as e:
         check_mask_request(route, body, PolicyConfig())
     assert e.value.code == "sampling_mask_invalid_param"
+
+
+def test_stream_rewriter_events_split_anywhere_and_a_bounded_buffer() -> None:
+    from maskgate.gateway import sglang_answers
+
+    event = {"text": "x", "output_ids": [3], "meta_info": lists_meta([[9, 3]])}
+    stream = b"data: " + orjson.dumps(event) + b"\n\n" + b'data: {"error": {"message": "no"}}\n\n'
+    rw = sglang_answers.StreamRewriter("mask", (True,))
+    out = b"".join(rw.feed(stream[i : i + 7]) for i in range(0, len(stream), 7)) + rw.flush()
+    first, second = (orjson.loads(f[6:]) for f in out.split(b"\n\n")[:2])
+    assert masks_of(first["meta_info"]) == [[3, 9]]
+    assert second["error"]["code"] == "upstream_invalid_request"
+    big = sglang_answers.StreamRewriter("mask", (True,))
+    chunk = b"x" * (sglang_answers.MAX_EVENT_BYTES // 2 + 1)
+    assert big.feed(chunk) == b""
+    assert big.feed(chunk) == chunk * 2 and big.feed(b"data: y\n\n") == b"data: y\n\n"
