@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias
 if TYPE_CHECKING:
     import numpy as np
 
-# One token's mask ids in mask order: an int32 NumPy array, a view of its step's host copy
+# One token's mask ids in mask order: an int32 NumPy array cut from its step's host copy
 # (worker/mask_copy.py), so no Python int is made per id; lists where a test builds them.
 MaskIds: TypeAlias = "list[int] | np.ndarray"
 

@@ -276,7 +276,7 @@ def _to_rows(
 ) -> tuple[list[RowResult], int]:
     """A SampleResult (and the raw log-probs of the rows that asked) to per-row results, in
     one device-to-host copy of everything but the mask ids and one of the mask ids (their
-    count is known only from the first). Each mask is a view of the step's host id array."""
+    count is known only from the first). Each mask is an int32 array of its own."""
     b = len(rows)
     # res.mask_rows is these rows, ascending: known here, so not copied.
     mask_rows = [i for i, r in enumerate(rows) if r.want_mask]
@@ -312,7 +312,9 @@ def _to_rows(
             r = results[row]
             r.mask_status = st = status[j]
             r.support_size = sizes[row]
-            r.mask = None if st == STATUS_OVERFLOW else ids[offsets[j] : offsets[j + 1]]
+            # A copy, not a view: a view would keep the whole step's ids alive for as long
+            # as its longest sequence runs.
+            r.mask = None if st == STATUS_OVERFLOW else ids[offsets[j] : offsets[j + 1]].copy()
     return results, num_fallback
 
 
