@@ -1,8 +1,10 @@
 """Packed masks at the gateway, without NumPy (protocol/mask_format.py has the layout).
 
-`array('i')` holds the decoded ids and offsets as C ints, so every check is one C-level pass
-(`min`, `max`, `sorted`, `bisect`), never a Python step per id. Conversions: lists to packed
-for an upstream that answers lists (SGLang), packed to lists for a client that asked lists.
+The check of an answer that passes through decodes only its offsets (`array('i')`, T + 1
+ints) and reads the ids from their base64 text with `bytes` operations, never a Python step
+per id (`offsets_of`, `check_ids`). Conversions decode everything: lists to packed for an
+upstream that answers lists (SGLang), packed to lists for a client that asked lists; the
+exact checks (`check_vocab`, `tokens_outside`) run on those decoded ids.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ class PackedMaskError(ValueError):
 
 
 def decode(meta: dict[str, Any]) -> tuple[array[int], array[int]]:
-    """meta_info's packed fields -> (ids, offsets), every check of `offsets_of` and
-    `check_ids` passed, plus the exact decode. Raises PackedMaskError."""
+    """meta_info's packed fields -> (ids, offsets): the offsets checked as by `offsets_of`,
+    the ids decoded (strict base64) and counted against the last offset. Raises
+    PackedMaskError."""
     offsets = offsets_of(meta)
     ids = _int32s(meta.get(IDS), IDS)
     if len(ids) != offsets[-1]:
