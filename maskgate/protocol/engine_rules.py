@@ -2,9 +2,10 @@
 
 A pool of maskgate workers (`engine: maskgate`) serves every mask the policy admits. A pool of
 SGLang engines (`engine: sglang`) returns masks only with a finite `top_k` no larger than its
-`--sampling-mask-max-tokens` (`sampling_mask_max_tokens`), never on `/v1/completions` and
-never in a chat stream (rule 5 already refuses streamed chat masks). Anything else gets 400
-`sampling_mask_engine_unsupported`, whose message names the pool that could serve it.
+`--sampling-mask-max-tokens` (`sampling_mask_max_tokens`), never on `/v1/completions`, never
+in bounded mode and never in a chat stream (rule 5 already refuses streamed chat masks).
+Anything else gets 400 `sampling_mask_engine_unsupported`, whose message names the pool that
+could serve it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ def check_engine(
             f"{where} does not return sampling masks on /v1/completions; use /generate or "
             f"/v1/chat/completions, or {_ELSEWHERE}",
             param="return_sampling_mask",
+        )
+    if body.get("sampling_mask_mode") not in (None, "exact"):
+        raise PolicyError(
+            CODE,
+            f"{where} has no bounded mask mode (SGLang refuses a mask past its cap); {_ELSEWHERE}",
+            param="sampling_mask_mode",
         )
     if route is Route.CHAT and body.get("stream") is True:
         raise PolicyError(CODE, f"{where} does not stream chat masks; {_ELSEWHERE}", param="stream")

@@ -58,6 +58,7 @@ def chat(**extra: Any) -> dict[str, Any]:
             "sampling_params[1].top_k",
         ),
         ("/v1/chat/completions", chat(top_p=0.8), "top_k"),
+        ("/generate", generate({"top_k": 5}, sampling_mask_mode="bounded"), "sampling_mask_mode"),
         ("/v1/completions", {**chat(top_k=5), "prompt": "hi"}, "return_sampling_mask"),
     ],
 )
