@@ -1,8 +1,9 @@
 """Worker decode over HTTP: tokens/s with masks off, as lists and packed; answer bytes per token.
 
-One worker process (`maskgate worker`) on random weights shaped like Qwen2.5-1.5B and
-Llama-3.2-1B (bench/isolation/checkpoint.py; prompts go as input_ids), `--max-num-seqs` the
-batch. For each batch B, B concurrent clients each send `/generate` requests back to back
+One worker process per model (`maskgate worker`) on random weights shaped like Qwen2.5-1.5B
+and Llama-3.2-1B (bench/isolation/checkpoint.py; prompts go as input_ids), its
+`--max-num-seqs` the largest batch. For each batch B, B concurrent clients each send
+`/generate` requests back to back
 (top-p 0.9, temperature 1, `--max-new-tokens` with ignore_eos, prompts of `--prompt-len`
 random ids) for `--seconds`, once per setting:
 
@@ -16,10 +17,11 @@ are interleaved and their order rotated over `--rounds`; the median round is kep
 a format is 1 - its tokens/s over `off`'s (the target for packed: at most 5% at batches 64
 and 128 on a GPU).
 
-    python -m bench.worker_http                                      # GPU: both models, 64/128
+    python -m bench.worker_http                                      # both models, 64/128, ~8 min
+    python -m bench.worker_http --models llama-3.2-1b --stem worker_http_llama   # one, ~4 min
     python -m bench.worker_http --device cpu --models smoke --batches 4 --seconds 3   # smoke
 
-Prints a table and writes worker_http.json and worker_http.png under --out.
+Prints a table and writes {--stem}.json and {--stem}.png (worker_http by default) under --out.
 """
 
 from __future__ import annotations
@@ -107,41 +109,50 @@ def check_answer(url: str, args: argparse.Namespace) -> None:
 
 
 def measure_model(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One worker (`max_num_seqs` the largest batch) for every batch of this model: batch B
+    is B concurrent clients."""
     if name == "smoke":
         spec, vocab = "tiny-random", None
     else:
         path = args.ckpt_dir / f"maskgate-{name}-random"
         checkpoint.write_checkpoint(path, args.device, MODELS[name])
         spec, vocab = str(path), MODELS[name]["vocab_size"]
+    proc = worker(
+        f"worker-{name}", model=spec, role="mixed", device=args.device, mask_impl="kernel",
+        kv_memory_gb=args.kv_memory_gb, max_model_len=args.prompt_len + args.max_new_tokens + 8,
+        max_num_seqs=max(args.batches), cpu_threads=None,
+    ).start()  # fmt: skip
     rows = []
-    for batch in args.batches:
-        proc = worker(
-            f"worker-{name}-b{batch}", model=spec, role="mixed", device=args.device,
-            mask_impl="kernel", kv_memory_gb=args.kv_memory_gb,
-            max_model_len=args.prompt_len + args.max_new_tokens + 8, max_num_seqs=batch,
-            cpu_threads=None,
-        ).start()  # fmt: skip
-        try:
-            proc.wait_ready(time.monotonic() + args.start_timeout_s)
-            url = proc.url + "/generate"
-            check_answer(url, args)
+    try:
+        proc.wait_ready(time.monotonic() + args.start_timeout_s)
+        url = proc.url + "/generate"
+        check_answer(url, args)
+        for batch in args.batches:
             runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SETTINGS}
             for r in range(args.rounds):
-                order = SETTINGS[r % 3 :] + SETTINGS[: r % 3]
-                for setting in order:
+                for setting in SETTINGS[r % 3 :] + SETTINGS[: r % 3]:
                     runs[setting].append(asyncio.run(run_setting(url, setting, batch, args)))
-        finally:
-            proc.stop()
-        off = statistics.median(x["tokens_per_s"] for x in runs["off"])
-        for setting in SETTINGS:
-            mid = sorted(runs[setting], key=lambda x: x["tokens_per_s"])[len(runs[setting]) // 2]
-            rows.append(
-                {
-                    "model": name, "vocab_size": vocab, "batch": batch, "setting": setting,
-                    **mid, "cost_vs_off": 1 - mid["tokens_per_s"] / off,
-                    "tokens_per_s_runs": [x["tokens_per_s"] for x in runs[setting]],
-                }
-            )  # fmt: skip
+            rows += _rows(name, vocab, batch, runs)
+    finally:
+        proc.stop()
+    return rows
+
+
+def _rows(
+    name: str, vocab: int | None, batch: int, runs: dict[str, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """The median round of each setting, with its cost against masks off."""
+    off = statistics.median(x["tokens_per_s"] for x in runs["off"])
+    rows = []
+    for setting in SETTINGS:
+        mid = sorted(runs[setting], key=lambda x: x["tokens_per_s"])[len(runs[setting]) // 2]
+        rows.append(
+            {
+                "model": name, "vocab_size": vocab, "batch": batch, "setting": setting,
+                **mid, "cost_vs_off": 1 - mid["tokens_per_s"] / off,
+                "tokens_per_s_runs": [x["tokens_per_s"] for x in runs[setting]],
+            }
+        )  # fmt: skip
     return rows
 
 
@@ -186,7 +197,7 @@ def main() -> None:
     ap.add_argument("--models", default="qwen2.5-1.5b,llama-3.2-1b", help="or smoke (CPU)")
     ap.add_argument("--batches", default="64,128")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
@@ -195,6 +206,7 @@ def main() -> None:
     ap.add_argument("--start-timeout-s", type=float, default=900.0)
     ap.add_argument("--ckpt-dir", type=Path, default=Path(tempfile.gettempdir()))
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--stem", default="worker_http", help="result file names")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     rows = [r for m in args.models.split(",") for r in measure_model(m, args)]
@@ -212,8 +224,8 @@ def main() -> None:
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     doc = {"what": title, "device": device, "config": config, "target_cost": TARGET_COST,
            "rows": rows}  # fmt: skip
-    (args.out / "worker_http.json").write_text(json.dumps(doc, indent=2) + "\n")
-    plot(rows, title, args.out / "worker_http.png")
+    (args.out / f"{args.stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    plot(rows, title, args.out / f"{args.stem}.png")
 
 
 if __name__ == "__main__":
