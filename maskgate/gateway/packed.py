@@ -53,25 +53,28 @@ def offsets_of(meta: dict[str, Any]) -> array[int]:
 def check_ids(meta: dict[str, Any], offsets: array[int], vocab_size: int | None) -> None:
     """The ids without decoding them (a full base64 decode costs ~100 us per 6,400 ids, more
     than the rest of the mask path): their count from the text's length must be the last
-    offset, and, when the vocabulary is known, every id must be below it rounded up to a
-    power of two, read from the base64 characters that hold each id's high bits."""
+    offset, the text base64, and every id non-negative and, when the vocabulary is known,
+    below it rounded up to a power of two, read from the base64 characters that hold each
+    id's high bits."""
     text = meta.get(IDS)
     if not isinstance(text, str) or not text.isascii() or len(text) % 4:
         raise PackedMaskError(f"{IDS} must be base64 text (a multiple of 4 characters)")
     data = text.encode("ascii")
-    pads = len(data) - len(data.rstrip(b"="))
-    if pads > 2 or b"=" in data[: len(data) - pads]:
+    pads = 2 if data.endswith(b"==") else int(data.endswith(b"="))
+    if data.find(b"=", 0, len(data) - pads) >= 0:
         raise PackedMaskError(f"{IDS} is not valid base64")
     size = len(data) // 4 * 3 - pads
     if size % 4 or size // 4 != offsets[-1]:
         raise PackedMaskError(f"{OFFSETS} ends at {offsets[-1]}, not the id count {size / 4:g}")
-    if data.translate(None, _ALPHABET + b"="):
-        raise PackedMaskError(f"{IDS} is not valid base64")
-    if vocab_size is not None and size:
-        bits = max(1, (vocab_size - 1).bit_length())
-        for pos, allowed in _allowed_chars(bits):
-            if data[pos::16].translate(None, allowed):
-                raise PackedMaskError(f"an id of {IDS} is outside the vocabulary [0, {vocab_size})")
+    # Every character once: against the alphabet, or, where it holds id bits at or above
+    # the bound (the sign bit when the vocabulary is unknown), against the characters that
+    # leave those bits zero.
+    bits = 31 if vocab_size is None else max(1, (vocab_size - 1).bit_length())
+    for pos, allowed in _allowed_chars(bits):
+        if data[pos::16].translate(None, allowed):
+            if data[pos::16].translate(None, _ALPHABET + b"="):
+                raise PackedMaskError(f"{IDS} is not valid base64")
+            raise PackedMaskError(f"an id of {IDS} is outside the vocabulary [0, {vocab_size})")
 
 
 def check_vocab(ids: array[int], vocab_size: int | None) -> None:
@@ -86,9 +89,8 @@ _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 @cache
 def _allowed_chars(bits: int) -> tuple[tuple[int, bytes], ...]:
     """For ids below 2**bits: per character position of a 16-character period (12 bytes,
-    three little-endian int32), the characters whose 6 bits leave every id bit >= `bits`
-    zero (the sign bit included); positions that hold no such bit are left out. "=" is
-    allowed everywhere: padding holds no bits."""
+    three little-endian int32), the base64 characters whose 6 bits leave every id bit >=
+    `bits` zero (the sign bit included). "=" is allowed everywhere: padding holds no bits."""
     out = []
     for pos in range(16):
         forbidden = 0
@@ -98,9 +100,8 @@ def _allowed_chars(bits: int) -> tuple[tuple[int, bytes], ...]:
             id_bit = 8 * (byte % 4) + (7 - bit_in_byte)
             if id_bit >= bits:
                 forbidden |= 1 << (5 - i)
-        if forbidden:
-            ok = bytes(c for v, c in enumerate(_ALPHABET) if not v & forbidden)
-            out.append((pos, ok + b"="))
+        ok = bytes(c for v, c in enumerate(_ALPHABET) if not v & forbidden)
+        out.append((pos, ok + b"="))
     return tuple(out)
 
 
