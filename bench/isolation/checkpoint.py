@@ -31,11 +31,20 @@ QWEN25_15B: dict[str, Any] = {
     "eos_token_id": 151643,
     "torch_dtype": "bfloat16",
 }
+LLAMA32_1B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    **shapes.LLAMA32_1B,
+    "hidden_act": "silu",
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "torch_dtype": "bfloat16",
+}
 SEED = 0
 
 
-def write_checkpoint(path: Path, device: str) -> float:
-    """Write the checkpoint to `path` (skipped when already there); returns seconds spent.
+def write_checkpoint(path: Path, device: str, config: dict[str, Any] = QWEN25_15B) -> float:
+    """Write the checkpoint of `config` (Qwen2.5-1.5B's by default) to `path` (skipped when
+    already there); returns seconds spent.
 
     The weights are drawn on `device` (seconds on a GPU, minutes on a CPU) and saved as bf16.
     """
@@ -44,7 +53,7 @@ def write_checkpoint(path: Path, device: str) -> float:
         return 0.0
     path.mkdir(parents=True, exist_ok=True)
     weights = random_hf_weights(
-        ModelConfig.from_hf(QWEN25_15B),
+        ModelConfig.from_hf(config),
         seed=SEED,
         logit_std=shapes.LOGIT_STD,
         device=device,
@@ -53,6 +62,6 @@ def write_checkpoint(path: Path, device: str) -> float:
     cpu = {k: v.cpu().contiguous() for k, v in weights.items()}
     del weights
     save_file(cpu, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(QWEN25_15B, indent=2) + "\n")
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tiny_tokenizer().save_pretrained(str(path))
     return time.monotonic() - t0

@@ -25,7 +25,10 @@ import orjson
 from maskgate.gateway.auth import check_mask_allowed
 from maskgate.gateway.config import OffloadConfig
 from maskgate.protocol import policy
+from maskgate.protocol.engine_rules import Engine, check_engine
 from maskgate.protocol.errors import ApiError
+from maskgate.protocol.mask_format import FIELD as FORMAT_FIELD
+from maskgate.protocol.mask_format import answer_formats
 
 LOG = logging.getLogger("maskgate.offload")
 
@@ -38,6 +41,8 @@ class Checked:
     # The body's `min_weight_version` (docs/rl.md), taken out: the gateway routes by it and
     # never sends it upstream. None when absent; validated by the proxy.
     min_version: Any = None
+    # Mask requests: whether each answer wants packed masks (protocol/mask_format.py).
+    packed: tuple[bool, ...] = (False,)
 
 
 MIN_VERSION_FIELD = "min_weight_version"
@@ -54,6 +59,8 @@ class BodyJob:
     rid: str
     key: str | None
     allow: frozenset[str] | None
+    engine: Engine = "maskgate"  # the mask pool's engine (protocol/engine_rules.py)
+    engine_cap: int = 4096  # its sampling_mask_max_tokens
 
 
 def check_body(job: BodyJob, raw: bytes) -> Checked:
@@ -77,11 +84,15 @@ def _check_mask(job: BodyJob, body: dict[str, Any]) -> Checked:
     try:
         check_mask_allowed(job.key, job.allow)  # rule 2
         out = policy.check_mask_request(job.route, body, job.cfg, vocab_size=job.vocab_size)
+        check_engine(job.route, out, job.engine, job.engine_cap, "mask")
     except ApiError as e:
         return Checked(True, b"", e)
+    packed = answer_formats(out, policy.batch_size(out))
+    if job.engine == "sglang":
+        out.pop(FORMAT_FIELD, None)  # SGLang answers lists; the gateway converts (relay)
     if job.route is policy.Route.GENERATE and "rid" not in out:
         out["rid"] = job.rid  # one string for a batch too: SGLang and the worker number items
-    return Checked(True, orjson.dumps(out), min_version=wanted)
+    return Checked(True, orjson.dumps(out), min_version=wanted, packed=packed)
 
 
 def prompt_count(route: policy.Route, body: dict[str, Any]) -> int:

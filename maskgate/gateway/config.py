@@ -105,6 +105,11 @@ class PoolConfig(StrictModel):
     unhealthy_threshold: int = Field(default=3, ge=1)
     healthy_threshold: int = Field(default=2, ge=1)
     circuit: CircuitConfig = Field(default_factory=CircuitConfig)
+    # What the pool's endpoints run (protocol/engine_rules.py): maskgate workers serve every
+    # mask the policy admits; SGLang serves masks only with top_k <= sampling_mask_max_tokens
+    # (SGLang's --sampling-mask-max-tokens) and answers them as lists.
+    engine: Literal["maskgate", "sglang"] = "maskgate"
+    sampling_mask_max_tokens: int = Field(default=4096, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> PoolConfig:

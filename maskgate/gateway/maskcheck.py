@@ -1,9 +1,18 @@
-"""Checks on mask responses that do not stream.
+"""Checks on mask responses that do not stream, and their conversion between formats.
 
 The body is parsed once with orjson to record each token's support size and any broken
 invariant: one mask and one log-prob per generated token, and each sampled token inside its
-own mask. The bytes sent to the client are the upstream's, unchanged; a malformed answer is
-counted, never rewritten.
+own mask. A `lists` answer to a `lists` request goes to the client as the upstream's bytes,
+unchanged; a malformed one is counted, never rewritten.
+
+Packed answers (protocol/mask_format.py) are checked without decoding their ids
+(gateway/packed.py): offsets from 0 to the id count and non-decreasing, T + 1 of them where T
+is the answer's mask length, completion tokens and sampled ids, no empty mask, and ids below
+the vocabulary size rounded up to a power of two, read from the base64 text. A packed answer
+that breaks any of these is a 502 `upstream_invalid_mask`. When an answer's format is not the
+one its request asked for (an SGLang pool answers lists), the masks are converted and the
+body re-encoded; a packed answer converted to lists is decoded anyway, and then also checked
+exactly (every id below the vocabulary size, each sampled token inside its mask).
 
 Shapes (SGLang): `/generate` answers an object (a list of objects for a batch) with
 `meta_info` and the sampled ids in `output_ids`; chat and completions answer
@@ -15,15 +24,18 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from operator import contains
+from operator import contains, sub
 from typing import Any
 
 import orjson
 
+from maskgate.gateway import packed as packing
 from maskgate.gateway.loop_metrics import HistogramChild
 from maskgate.gateway.metrics import GatewayMetrics
+from maskgate.protocol.errors import ServerError
+from maskgate.protocol.mask_format import IDS, MASK
 
-MASK = "output_token_sampling_mask"
+_IDS_KEY = f'"{IDS}"'.encode()
 LOGPROBS = "output_token_sampling_logprobs"
 LENGTH = "output_token_sampling_mask_length"
 
@@ -45,6 +57,90 @@ def check_mask_response(route: str, raw: bytes, pool: str, metrics: GatewayMetri
     for kind in found:
         metrics.mask_violations.labels(kind).inc()
     return found
+
+
+def finish_mask_response(
+    route: str,
+    raw: bytes,
+    pool: str,
+    metrics: GatewayMetrics,
+    packed: tuple[bool, ...],
+    vocab_size: int | None = None,
+) -> bytes:
+    """Check a 200 mask answer and give each answer the format its request asked for
+    (`packed`: one value for all answers, or one per answer). Returns the client's bytes;
+    raises ServerError 502 `upstream_invalid_mask` on a malformed packed answer."""
+    if not any(packed) and _IDS_KEY not in raw:
+        check_mask_response(route, raw, pool, metrics)  # lists both ways: bytes unchanged
+        return raw
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict | list):
+        metrics.mask_violations.labels("malformed").inc()
+        raise _invalid_mask(pool, "the answer is not a JSON object")
+    found: set[str] = set()
+    changed = False
+    support = metrics.mask_support.labels(pool)
+    try:
+        for k, (meta, ids) in enumerate(_items(route, data)):
+            want = packed[min(k, len(packed) - 1)]
+            if isinstance(meta, dict) and IDS in meta:
+                found |= _check_packed(meta, ids, support, vocab_size, want)
+                changed |= not want
+                continue
+            kinds = _check_item(meta, ids, support)
+            found |= kinds
+            if want and isinstance(meta, dict) and MASK in meta:
+                if "malformed" in kinds:
+                    raise packing.PackedMaskError(f"its {MASK} cannot be packed")
+                packing.to_packed(meta)
+                changed = True
+    except packing.PackedMaskError as e:
+        found.add("malformed")
+        raise _invalid_mask(pool, str(e)) from e
+    finally:
+        for kind in found:
+            metrics.mask_violations.labels(kind).inc()
+    return orjson.dumps(data) if changed else raw
+
+
+def _check_packed(
+    meta: dict[str, Any], ids: Any, support: HistogramChild, vocab_size: int | None, want: bool
+) -> set[str]:
+    """One packed answer's checks (raises PackedMaskError); converts it to lists unless
+    `want`. Returns the violations that do not make it malformed."""
+    offsets = packing.offsets_of(meta)
+    packing.check_ids(meta, offsets, vocab_size)
+    t = len(offsets) - 1
+    for name in (LENGTH, "completion_tokens"):
+        value = meta.get(name)
+        if value is not None and value != t:
+            raise packing.PackedMaskError(f"{name} is {value}, the packed mask has {t} tokens")
+    logprobs = meta.get(LOGPROBS)
+    if not isinstance(logprobs, list) or len(logprobs) != t:
+        raise packing.PackedMaskError(f"{LOGPROBS} must hold one log-prob per token ({t})")
+    if isinstance(ids, list) and len(ids) != t:
+        raise packing.PackedMaskError(f"{len(ids)} sampled tokens but {t} masks")
+    counts = Counter(map(sub, offsets[1:], offsets))
+    if 0 in counts:
+        raise packing.PackedMaskError("a token has an empty mask")
+    support.observe_counts(counts)
+    found = set()
+    if not want:  # decoded for the conversion: the exact checks come at no extra cost
+        mask_ids, offsets = packing.decode(meta)
+        packing.check_vocab(mask_ids, vocab_size)
+        if isinstance(ids, list) and packing.tokens_outside(mask_ids, offsets, ids):
+            found.add("token_outside_mask")
+        packing.to_lists(meta, mask_ids, offsets)
+    return found
+
+
+def _invalid_mask(pool: str, problem: str) -> ServerError:
+    return ServerError(
+        "upstream_invalid_mask", f"the {pool} pool answered a malformed sampling mask: {problem}"
+    )
 
 
 def _items(route: str, data: Any) -> Iterator[tuple[Any, Any]]:

@@ -93,6 +93,8 @@ SAMPLING_FIELDS: dict[str, Any] = {
     **dict.fromkeys(GRAMMAR_FIELDS, _ANY),
 }
 _MASK_MODE = _nullable({"type": "string", "enum": ["exact", "bounded"]})
+_MASK_FORMAT_ONE = {"type": "string", "enum": ["lists", "packed"]}
+_MASK_FORMAT = _nullable(_MASK_FORMAT_ONE)
 
 # Under a mask: every logit transform neutral or absent (rule 6).
 _NEUTRAL: dict[str, Any] = {
@@ -125,6 +127,7 @@ def _openai_request(extra: dict[str, Any], required: list[str]) -> dict[str, Any
         "return_meta_info": _nullable({"type": "boolean"}),
         "return_token_ids": _nullable({"type": "boolean"}),
         "sampling_mask_mode": _MASK_MODE,
+        "sampling_mask_format": _MASK_FORMAT,
         "sampling_seed": _nullable({"type": "integer"}),
     }
     mask_rules = {
@@ -218,6 +221,9 @@ GENERATE_REQUEST = {
             {"anyOf": [{"type": "boolean"}, {"type": "array", "items": {"type": "boolean"}}]}
         ),
         "sampling_mask_mode": _MASK_MODE,
+        "sampling_mask_format": _nullable(
+            {"anyOf": [_MASK_FORMAT_ONE, {"type": "array", "items": _MASK_FORMAT_ONE}]}
+        ),
         "stream": _nullable({"type": "boolean"}),
         "rid": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
         "return_logprob": _per_item({"type": "boolean"}),
@@ -276,12 +282,15 @@ ERROR = {
 _MASK_META = {
     "type": "object",
     "description": "One mask (token ids, argmax first) and one log-prob "
-    "per generated token; the sampled token is always inside its mask.",
+    "per generated token; the sampled token is always inside its mask. Packed: base64 "
+    "little-endian int32 ids (ascending per token) and T + 1 offsets instead.",
     "properties": {
         "output_token_sampling_mask": {
             "type": "array",
             "items": {"type": "array", "items": {"type": "integer"}},
         },
+        "output_token_sampling_mask_ids": {"type": "string", "contentEncoding": "base64"},
+        "output_token_sampling_mask_offsets": {"type": "string", "contentEncoding": "base64"},
         "output_token_sampling_logprobs": {"type": "array", "items": {"type": "number"}},
         "output_token_sampling_mask_length": {"type": "integer"},
         "output_token_sampling_mask_truncated": {"type": "array", "items": {"type": "boolean"}},

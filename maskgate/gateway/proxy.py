@@ -109,7 +109,15 @@ async def _proxy(
             decoded = True  # the body goes upstream plain, without the header
         masks = state.pools["mask"]
         job = BodyJob(
-            route, limit, state.policy, masks.vocab_size, ctx.rid, key, state.mask_allow_keys
+            route,
+            limit,
+            state.policy,
+            masks.vocab_size,
+            ctx.rid,
+            key,
+            state.mask_allow_keys,
+            masks.cfg.engine,
+            masks.cfg.sampling_mask_max_tokens,
         )
         assert state.checker is not None
         checked = await state.checker.check(job, raw)  # rule 1, then rules 2-9 for masks
@@ -117,6 +125,7 @@ async def _proxy(
             min_version = _min_version(checked.min_version)
         if checked.mask:
             mask = True
+            ctx.packed = checked.packed
             pool = masks
             ctx.pool = pool.name
             if checked.error is not None:

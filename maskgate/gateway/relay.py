@@ -12,8 +12,9 @@ import time
 from aiohttp import web
 from multidict import CIMultiDict
 
-from maskgate.gateway.maskcheck import check_mask_response
+from maskgate.gateway.maskcheck import finish_mask_response
 from maskgate.gateway.pool import Endpoint, Pool
+from maskgate.gateway.sglang_answers import StreamRewriter, error_from_body
 from maskgate.gateway.state import GatewayState
 from maskgate.gateway.upstream import MalformedError, Response, UpstreamError
 from maskgate.protocol.errors import ServerError, error_event
@@ -41,6 +42,7 @@ class RequestCtx:
 
     __slots__ = (
         "attempts",
+        "packed",
         "pool",
         "rid",
         "route_label",
@@ -59,6 +61,7 @@ class RequestCtx:
         self.status = 0
         self.waited = 0.0  # seconds spent queued or waiting on upstreams
         self.attempts = 0
+        self.packed: tuple[bool, ...] = (False,)  # mask answers: the format each asked for
 
 
 def response_headers(upstream: Response, rid: str) -> CIMultiDict[str]:
@@ -99,7 +102,9 @@ async def relay(
     try:
         ctx.status = upstream.status
         if upstream.streamed or upstream.content_type == "text/event-stream":
-            out = await _relay_stream(request, state, ctx, pool, ep, upstream)
+            sglang = mask and pool.cfg.engine == "sglang"
+            rewriter = StreamRewriter(pool.name, ctx.packed) if sglang else None
+            out = await _relay_stream(request, state, ctx, pool, ep, upstream, rewriter)
             done = True
             return out
         t0 = time.perf_counter()
@@ -120,9 +125,9 @@ async def relay(
             ) from e
         ctx.waited += time.perf_counter() - t0
         record_status(state, pool, ep, upstream.status)
-        if mask and upstream.status == 200 and upstream.header("Content-Encoding") is None:
-            check_mask_response(ctx.route_label, body, pool.name, state.metrics)
         done = True
+        if mask and upstream.header("Content-Encoding") is None:
+            body = _mask_answer(ctx, pool, state, upstream.status, body)
         return web.Response(
             status=upstream.status, body=body, headers=response_headers(upstream, ctx.rid)
         )
@@ -131,6 +136,22 @@ async def relay(
             upstream.release()
         else:
             upstream.close()
+
+
+def _mask_answer(
+    ctx: RequestCtx, pool: Pool, state: GatewayState, status: int, body: bytes
+) -> bytes:
+    """A whole mask answer, checked and in the format asked (maskcheck.py); an SGLang pool's
+    error body raised as the gateway's error (sglang_answers.py)."""
+    if status == 200:
+        return finish_mask_response(
+            ctx.route_label, body, pool.name, state.metrics, ctx.packed, pool.vocab_size
+        )
+    if status >= 400 and pool.cfg.engine == "sglang":
+        err = error_from_body(body, status, pool.name)
+        if err is not None:
+            raise err
+    return body
 
 
 class AnswerTooLarge(ServerError):
@@ -175,9 +196,11 @@ async def _relay_stream(
     pool: Pool,
     ep: Endpoint,
     upstream: Response,
+    rewriter: StreamRewriter | None = None,
 ) -> web.StreamResponse:
     """Relay chunk by chunk. A write waits while the client's buffer is full, and no read
-    happens meanwhile, so a slow client slows the upstream down (backpressure)."""
+    happens meanwhile, so a slow client slows the upstream down (backpressure). A `rewriter`
+    (an SGLang mask pool's stream) rewrites whole events on the way."""
     out = web.StreamResponse(status=upstream.status, headers=response_headers(upstream, ctx.rid))
     await out.prepare(request)
     timeouts = state.config.timeouts
@@ -196,7 +219,13 @@ async def _relay_stream(
         now = time.perf_counter()
         ctx.waited += now - t_wait
         if not data:
+            if rewriter is not None:
+                await out.write(rewriter.flush())
             break
+        if rewriter is not None:
+            data = rewriter.feed(data)
+            if not data:
+                continue
         if first:
             state.metrics.stream_ttfb.labels(ctx.route_label, pool.name).observe(now - ctx.started)
             first = False

@@ -27,6 +27,8 @@ GATEWAY_CODES = (  # the policy's own are policy.POLICY_CODES
     "upstream_protocol_error",
     "upstream_stream_error",
     "upstream_answer_too_large",
+    "upstream_invalid_mask",
+    "upstream_invalid_request",
     "unknown_pool",
     "unknown_endpoint",
     "invalid_endpoint",

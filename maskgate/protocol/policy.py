@@ -24,6 +24,7 @@ from maskgate.protocol.fields import (
     is_int,
     json_type,
 )
+from maskgate.protocol.mask_format import mask_formats
 from maskgate.protocol.transforms import (
     MIN_TOKENS_FIELDS,
     PENALTIES,
@@ -125,6 +126,7 @@ def _check_openai(
     for name in ("return_meta_info", "stream", "return_token_ids"):
         _FIELDS.boolean(body, name)
     _check_mask_mode(body, "")
+    mask_formats(body, None)
     # Rule 4.
     if body.get("return_meta_info") is not True:
         raise PolicyError(
@@ -168,6 +170,7 @@ def _check_generate(
     flags = _mask_flags(body, size)
     _FIELDS.boolean(body, "stream")
     _check_mask_mode(body, "")
+    mask_formats(body, size)
     sp = body.get("sampling_params")
     if sp is None or isinstance(sp, dict):
         # One object shared by every item: checked once, whatever the batch size.
@@ -394,6 +397,7 @@ POLICY_CODES = frozenset(
         "sampling_mask_top_k_exceeds_cap",
         "sampling_mask_payload_too_large",
         "sampling_mask_batch_too_large",
+        "sampling_mask_engine_unsupported",
         "pool_overloaded",
         "queue_timeout",
     }

@@ -8,7 +8,14 @@ imports torch, so the scheduler and its tests stay on plain Python.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# One token's mask ids in mask order: an int32 NumPy array cut from its step's host copy
+# (worker/mask_copy.py), so no Python int is made per id; lists where a test builds them.
+MaskIds: TypeAlias = "list[int] | np.ndarray"
 
 # A decode row's token while the step that samples it is still in flight (the overlap
 # schedule): the runner feeds the token its slot's row of the previous step sampled.
@@ -64,7 +71,7 @@ class RowWork:
 class RowResult:
     token: int
     logprob: float  # under the truncated, renormalised distribution
-    mask: list[int] | None = None  # ids in mask order; None when not asked or overflow
+    mask: MaskIds | None = None  # ids in mask order; None when not asked or overflow
     mask_status: int = 0  # 0 ok, 1 overflow (exact mode; nothing to commit), 2 truncated
     support_size: int = 0  # |S| before any cap (0 when no mask was asked)
     nan: bool = False  # NaN in the row's logits: fail the request, never commit the token

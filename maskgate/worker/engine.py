@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from maskgate.protocol.errors import ApiError
-from maskgate.worker.batch import Launch, RowWork, Runner, StepStats
+from maskgate.worker.batch import Launch, MaskIds, RowWork, Runner, StepStats
 from maskgate.worker.metrics import WorkerMetrics
 from maskgate.worker.scheduler import Scheduler, StepOutcome
 from maskgate.worker.sequence import Sequence
@@ -48,7 +48,7 @@ class Event:
     index: int  # the sequence's index within its request
     token: int | None = None  # committed output token, None when the step committed none
     logprob: float | None = None  # mask rows only
-    mask: list[int] | None = None  # mask rows only
+    mask: MaskIds | None = None  # mask rows only
     truncated: bool = False
     raw_logprob: float | None = None  # want_logprob rows only (raw distribution)
     top: list[tuple[float, int]] | None = None  # top_logprobs > 0 only

@@ -21,6 +21,7 @@ import torch
 from maskgate import kernels
 from maskgate.kernels.result import STATUS_OVERFLOW
 from maskgate.worker.batch import RowResult, RowWork
+from maskgate.worker.mask_copy import MaskIdsCopy
 from maskgate.worker.raw_logprobs import ids_logprobs, token_logprobs
 
 SampleFn = Callable[..., Any]  # kernels.sample or worker.sort_all.sample_sort_all_rows
@@ -156,6 +157,7 @@ class RowSampler:
         self.views: dict[int, dict[str, torch.Tensor]] = {}  # B -> fields cut to [B]
         # The last parameter copy: the host buffer is rewritten only once it has completed.
         self.copied = torch.cuda.Event() if self.cuda else None
+        self.mask_ids = MaskIdsCopy(device)  # the step's mask ids to the host
 
     def sample(
         self, logits: torch.Tensor, rows: list[RowWork]
@@ -188,7 +190,7 @@ class RowSampler:
         )
         timer.mark()
         raw = self._raw_logprobs(logits, rows, f["temperature"], res)
-        return SampledRows(res, rows, raw, timer)
+        return SampledRows(res, rows, raw, timer, self.mask_ids)
 
     def _raw_logprobs(
         self,
@@ -292,8 +294,10 @@ class SampledRows:
         rows: list[RowWork],
         raw: tuple[list[int], int, torch.Tensor] | None,
         timer: _Timer,
+        mask_copy: MaskIdsCopy,
     ) -> None:
         self.res, self.rows, self.raw, self.timer = res, rows, raw, timer
+        self.mask_copy = mask_copy
         self.tokens: torch.Tensor = res.tokens  # on the device: a later step's PENDING tokens
         b = len(rows)
         num_masks = sum(r.want_mask for r in rows)
@@ -324,29 +328,10 @@ class SampledRows:
         results, num_fallback = _to_rows(self, self.rows, self.raw)
         return results, self.timer.seconds(), num_fallback
 
-    def mask_ids(self, count: int) -> list[int]:
-        ids = self.res.mask_ids[:count]
-        if self.done is None:
-            return ids.tolist()
-        stream = _copy_stream(ids.device)
-        with torch.cuda.stream(stream):
-            stream.wait_event(self.done)
-            host = torch.empty(count, dtype=ids.dtype, pin_memory=True)
-            host.copy_(ids, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record(stream)
-        copied.synchronize()
-        return host.tolist()
-
-
-_COPY_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def _copy_stream(device: torch.device) -> torch.cuda.Stream:
-    stream = _COPY_STREAMS.get(device)
-    if stream is None:
-        stream = _COPY_STREAMS[device] = torch.cuda.Stream(device)
-    return stream
+    def mask_ids(self, count: int) -> np.ndarray:
+        """The first `count` mask ids, int32 on the host: on CUDA copied on a side stream
+        that waits only for this step's results (mask_copy.py), not for a later step."""
+        return self.mask_copy.copy(self.res.mask_ids, count, after=self.done)
 
 
 def _to_rows(
@@ -381,7 +366,13 @@ def _to_rows(
             r = results[row]
             r.mask_status = st = status[j]
             r.support_size = sizes[row]
-            r.mask = None if st == STATUS_OVERFLOW else ids[offsets[j] : offsets[j + 1]]
+            # A copy, not a view: a view would keep the whole step's ids alive for as long
+            # as its longest sequence runs.
+            # A copy, not a view: a view would keep the whole step's ids alive for as long
+            # as its longest sequence runs.
+            r.mask = (
+                None if st == STATUS_OVERFLOW else ids[offsets[j] : offsets[j + 1]].copy().copy()
+            )
     return results, num_fallback
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 
 from maskgate.protocol.errors import ApiError
-from maskgate.worker.batch import RowWork, SamplingParams
+from maskgate.worker.batch import MaskIds, RowWork, SamplingParams
 
 
 class SeqStatus(Enum):
@@ -60,7 +60,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     # Per output token, only for mask rows (docs/design.md, Mask semantics).
     logprobs: list[float] = field(default_factory=list)
-    masks: list[list[int]] = field(default_factory=list)
+    masks: list[MaskIds] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     # want_logprob only: per output token, and per prompt token scored (positions
     # logprob_start + 1 .. len(prompt_ids) - 1).

@@ -66,7 +66,8 @@ def test_cuda_sampling_masks_follow_the_semantics(kv_bytes: int) -> None:
     ]
     results, stats = runner.run(rows)
     greedy, topk, topp = results
-    assert greedy is not None and greedy.mask == [int(logits.argmax())]
+    assert greedy is not None and greedy.mask is not None
+    assert list(greedy.mask) == [int(logits.argmax())]
     for r in (topk, topp):
         assert r is not None and r.mask is not None and r.mask_status == 0
         assert r.token in r.mask and r.mask[0] == greedy.token and r.logprob <= 0

@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 
 from maskgate.protocol.fields import json_type
+from maskgate.protocol.mask_format import mask_formats
 from maskgate.protocol.policy import Route
 from maskgate.worker.engine import RequestHandle
 from maskgate.worker.logprob_params import LogprobOptions, parse_generate_logprobs
@@ -52,6 +53,7 @@ _KNOWN = frozenset(
         "sampling_params",
         "return_sampling_mask",
         "sampling_mask_mode",
+        "sampling_mask_format",
         "stream",
         "incremental_streaming_output",
         "rid",
@@ -71,6 +73,7 @@ class Item:
     want_mask: bool
     rid: str
     logprobs: LogprobOptions | None = None
+    packed: bool = False  # sampling_mask_format "packed"
 
 
 async def handle_generate(request: web.Request) -> web.StreamResponse:
@@ -104,6 +107,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
                     item.want_mask,
                     bounded,
                     holdback=holdback(item.params.rule.stop),
+                    packed=item.packed,
                     lp=lp,
                     scored=item.prompt_ids[lp.start :] if lp is not None and lp.start >= 0 else [],
                     admitted_version=state.engine.weight_version,
@@ -152,6 +156,7 @@ async def parse_request(
     mode = body.get("sampling_mask_mode")
     if mode not in (None, "exact", "bounded"):
         raise invalid("sampling_mask_mode", f"must be 'exact' or 'bounded', got {mode!r}")
+    packed = mask_formats(body, size if is_batch else None)
     opt_bool(body, "stream")
     opt_bool(body, "incremental_streaming_output")
     rids = _rids(body.get("rid"), size, is_batch, default_rid)
@@ -173,10 +178,11 @@ async def parse_request(
         ),
     )
     items = []
-    for ids, gp, flag, rid, lp in zip(prompts, parsed, flags, rids, logprobs, strict=True):
+    rows = zip(prompts, parsed, flags, rids, logprobs, packed, strict=True)
+    for ids, gp, flag, rid, lp, pk in rows:
         if flag not in (None, True, False):
             raise invalid("return_sampling_mask", f"must be a bool, not {json_type(flag)}")
-        items.append(Item(ids, gp, bool(flag), rid, lp))
+        items.append(Item(ids, gp, bool(flag), rid, lp, pk))
     return items, is_batch
 
 

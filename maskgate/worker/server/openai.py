@@ -17,6 +17,7 @@ import orjson
 from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
+from maskgate.protocol.mask_format import mask_formats
 from maskgate.protocol.policy import Route
 from maskgate.worker.engine import RequestHandle
 from maskgate.worker.logprob_params import parse_openai_logprobs
@@ -149,6 +150,7 @@ async def _serve(
     meta = bool(opt_bool(body, "return_meta_info"))
     token_ids = bool(opt_bool(body, "return_token_ids"))
     bounded = masked and body.get("sampling_mask_mode") == "bounded"
+    packed = mask_formats(body, None)[0]
     lp = parse_openai_logprobs(body, chat=route is Route.CHAT)
     if lp is not None and echo is not None:  # the prompt's log-probs come first
         lp = replace(lp, start=0)
@@ -164,7 +166,7 @@ async def _serve(
                 seq.want_logprob, seq.top_logprobs, seq.logprob_start = True, lp.top, lp.start
             seqs.append(seq)
             hold = holdback(params.rule.stop)
-            out = SeqOutput(f"{rid}-{k}", len(ids), masked, bounded, holdback=hold, lp=lp)
+            out = SeqOutput(f"{rid}-{k}", len(ids), masked, bounded, hold, packed, lp=lp)
             out.scored = ids if lp is not None and lp.start == 0 else []
             out.admitted_version = state.engine.weight_version
             outs.append(out)

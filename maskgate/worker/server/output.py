@@ -15,9 +15,11 @@ import orjson
 from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
+from maskgate.worker.batch import MaskIds
 from maskgate.worker.engine import Event, RequestHandle
 from maskgate.worker.logprob_params import LogprobOptions
 from maskgate.worker.server.logprob_format import Top, token_texts, top_triples, triples
+from maskgate.worker.server.mask_fields import mask_fields
 from maskgate.worker.server.top_p_ids import add_top_p_info
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting handler checks that its client is still there
@@ -42,10 +44,11 @@ class SeqOutput:
     # Streams hold back this many trailing characters (longest stop string - 1), so text
     # that may turn out to start a stop string is never sent before the match is known.
     holdback: int = 0
+    packed: bool = False  # sampling_mask_format "packed" (protocol/mask_format.py)
     start: float = field(default_factory=time.monotonic)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    masks: list[list[int]] = field(default_factory=list)
+    masks: list[MaskIds] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     # Raw-distribution log-probs (return_logprob); `scored` is the prompt from
     # lp.start on (its first token has no log-prob), empty when lp.start is -1.
@@ -159,11 +162,15 @@ class SeqOutput:
             "weight_versions": self.stream_spans(spans) if stream else spans,
         }
         if self.want_mask:
-            info["output_token_sampling_mask"] = self.masks[since:]
-            info["output_token_sampling_logprobs"] = self.logprobs[since:]
-            info["output_token_sampling_mask_length"] = len(self.masks) - since
-            if self.bounded:
-                info["output_token_sampling_mask_truncated"] = self.truncated[since:]
+            info.update(
+                mask_fields(
+                    self.masks[since:],
+                    self.logprobs[since:],
+                    self.truncated[since:],
+                    bounded=self.bounded,
+                    packed=self.packed,
+                )
+            )
         if self.lp is not None:
             info.update(self.logprob_info(since, tok))
         if self.top_p_ids:

@@ -18,13 +18,14 @@ request may return are bounded as mask payloads are (`max_mask_ids_per_request`)
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from maskgate.protocol.errors import PolicyError
 from maskgate.protocol.policy import PolicyConfig
+from maskgate.worker.batch import MaskIds
 from maskgate.worker.params import GenParams
 
 IDS_FIELD = "top_p_token_ids"
@@ -36,11 +37,12 @@ def b64_int32(values: Iterable[int] | np.ndarray) -> str:
     return base64.b64encode(np.asarray(values, dtype="<i4").tobytes()).decode("ascii")
 
 
-def top_p_info(masks: list[list[int]]) -> dict[str, str]:
-    """The two meta_info fields for the supports of a sequence's output tokens."""
+def top_p_info(masks: Sequence[MaskIds]) -> dict[str, str]:
+    """The two meta_info fields for the supports of a sequence's output tokens (each token's
+    ids in mask order, as slime's engine writes them)."""
     offsets = np.zeros(len(masks) + 1, dtype=np.int64)
     np.cumsum([len(m) for m in masks], out=offsets[1:])
-    ids = [i for m in masks for i in m]
+    ids = np.concatenate(masks) if len(masks) else np.empty(0, dtype=np.int32)
     return {IDS_FIELD: b64_int32(ids), OFFSETS_FIELD: b64_int32(offsets)}
 
 
@@ -63,7 +65,7 @@ def check_payload(params: list[GenParams], cfg: PolicyConfig) -> None:
         )
 
 
-def add_top_p_info(info: dict[str, Any], masks: list[list[int]], finished: bool) -> None:
+def add_top_p_info(info: dict[str, Any], masks: Sequence[MaskIds], finished: bool) -> None:
     """On a finished sequence's meta_info only (slime reads them from the final chunk)."""
     if finished:
         info.update(top_p_info(masks))

@@ -10,6 +10,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,6 +24,20 @@ CAP = 64  # max_mask_tokens: small enough that wide rows overflow
 CPU = torch.device("cpu")
 # The plain_sample fixture (tests/conftest.py): kernels.sample called the plain way.
 PlainSample = Callable[..., list[RowResult]]
+
+
+class ListedSampler(RowSampler):
+    """RowSampler with each mask as a list, to compare whole RowResults with the reference
+    (RowSampler's masks are int32 views of the step's host id array)."""
+
+    def sample(self, logits: torch.Tensor, rows: list[RowWork]) -> Any:
+        results, seconds, fallback = super().sample(logits, rows)
+        for r in results:
+            if r.mask is not None:
+                assert isinstance(r.mask, np.ndarray) and r.mask.dtype == np.int32
+                r.mask = r.mask.tolist()
+        return results, seconds, fallback
+
 
 # (params, want_mask, bounded): greedy, each filter alone and combined, wide rows that
 # overflow CAP in exact and in bounded mode.
@@ -96,12 +111,12 @@ def test_seeded_rows_match_the_reference_and_each_other_across_batches(
 ) -> None:
     rows = make_rows(batch, seeded=True)
     logits = make_logits(batch)
-    got, seconds, fallback = RowSampler(kernels.sample, CPU, CAP).sample(logits, rows)
+    got, seconds, fallback = ListedSampler(kernels.sample, CPU, CAP).sample(logits, rows)
     want = plain_sample(logits, rows, CAP, seeds_of(rows))
     assert got == want
     assert seconds >= 0 and fallback == 0
     # Batch invariance: each row alone draws exactly what it drew in the batch.
-    alone = RowSampler(kernels.sample, CPU, CAP)
+    alone = ListedSampler(kernels.sample, CPU, CAP)
     for i in range(batch):
         (one,), _, _ = alone.sample(logits[i : i + 1], [rows[i]])
         assert one == got[i], i
@@ -109,7 +124,7 @@ def test_seeded_rows_match_the_reference_and_each_other_across_batches(
 
 def test_statuses_and_sizes_cover_every_kind() -> None:
     rows = make_rows(len(KINDS), seeded=True)
-    got, _, _ = RowSampler(kernels.sample, CPU, CAP).sample(make_logits(len(KINDS)), rows)
+    got, _, _ = ListedSampler(kernels.sample, CPU, CAP).sample(make_logits(len(KINDS)), rows)
     greedy, topk, _, no_mask, _, exact_wide, bounded_wide, bounded_no_mask = got
     assert greedy.mask == [greedy.token] and greedy.logprob == 0.0 and greedy.support_size == 1
     assert topk.mask is not None and len(topk.mask) == topk.support_size == 20
@@ -129,7 +144,7 @@ def test_unseeded_batches_are_keyed_from_the_random_module(plain_sample: PlainSa
     logits = make_logits(9, seed=3)
     spy = Spy()
     random.seed(7)
-    got, _, _ = RowSampler(spy, CPU, CAP).sample(logits, rows)
+    got, _, _ = ListedSampler(spy, CPU, CAP).sample(logits, rows)
     keys = keys_of(spy)
     random.seed(7)
     assert keys == [random.getrandbits(63) for _ in rows]
@@ -143,7 +158,7 @@ def test_mixed_batches_keep_seeded_draws_and_give_unseeded_rows_fresh_keys(
     rows = make_rows(12, seeded=None)
     logits = make_logits(12, seed=5)
     spy = Spy()
-    sampler = RowSampler(spy, CPU, CAP)
+    sampler = ListedSampler(spy, CPU, CAP)
     got, _, _ = sampler.sample(logits, rows)
     first = keys_of(spy)
     sampler.sample(logits, rows)
@@ -161,7 +176,7 @@ def test_mixed_batches_keep_seeded_draws_and_give_unseeded_rows_fresh_keys(
     assert got == want
     alone = [r for r in rows if r.params.seed is not None]
     idx = [i for i, r in enumerate(rows) if r.params.seed is not None]
-    only, _, _ = RowSampler(kernels.sample, CPU, CAP).sample(logits[idx], alone)
+    only, _, _ = ListedSampler(kernels.sample, CPU, CAP).sample(logits[idx], alone)
     assert only == [got[i] for i in idx]
 
 
@@ -169,7 +184,7 @@ def test_unseeded_keys_come_from_the_random_module() -> None:
     rows = make_rows(4, seeded=None)
     spy = Spy()
     random.seed(99)
-    RowSampler(spy, CPU, CAP).sample(make_logits(4), rows)
+    ListedSampler(spy, CPU, CAP).sample(make_logits(4), rows)
     random.seed(99)
     fresh = [random.getrandbits(63) for r in rows if r.params.seed is None]
     keys = keys_of(spy)
@@ -185,7 +200,7 @@ def test_want_mask_mixes(plain_sample: PlainSample) -> None:
             RowWork(r.slot, r.token_ids, r.start_pos, True, r.params, want, r.bounded, r.step)
             for r, want in zip(base, pattern, strict=True)
         ]
-        got, _, _ = RowSampler(kernels.sample, CPU, CAP).sample(logits, rows)
+        got, _, _ = ListedSampler(kernels.sample, CPU, CAP).sample(logits, rows)
         assert got == plain_sample(logits, rows, CAP, seeds_of(rows))
         assert [r.mask is not None or r.mask_status != 0 for r in got] == pattern
 
@@ -193,7 +208,7 @@ def test_want_mask_mixes(plain_sample: PlainSample) -> None:
 def test_one_sampler_reused_over_changing_batches(plain_sample: PlainSample) -> None:
     """Buffers grow and are rewritten in place: no value of an earlier step leaks."""
     spy = Spy()
-    sampler = RowSampler(spy, CPU, CAP)
+    sampler = ListedSampler(spy, CPU, CAP)
     for step, (n, seeded) in enumerate([(3, True), (1, False), (40, True), (7, None), (2, True)]):
         rows = make_rows(n, seeded=seeded, salt=step)
         logits = make_logits(n, seed=step)
@@ -210,7 +225,7 @@ def test_one_sampler_reused_over_changing_batches(plain_sample: PlainSample) -> 
 @pytest.mark.parametrize("batch", [1, 3, 16, 33])
 def test_arguments_have_the_sampler_dtypes_and_aligned_pointers(batch: int) -> None:
     spy = Spy()
-    RowSampler(spy, CPU, CAP).sample(make_logits(batch), make_rows(batch, seeded=True))
+    ListedSampler(spy, CPU, CAP).sample(make_logits(batch), make_rows(batch, seeded=True))
     args = spy.last_args
     dtypes = {
         "temperature": torch.float32,
@@ -234,7 +249,7 @@ def test_nan_rows_are_flagged_alone(plain_sample: PlainSample) -> None:
     rows = make_rows(3, seeded=True)
     logits = make_logits(3)
     logits[1, 7] = float("nan")
-    got, _, _ = RowSampler(kernels.sample, CPU, CAP).sample(logits, rows)
+    got, _, _ = ListedSampler(kernels.sample, CPU, CAP).sample(logits, rows)
     assert [r.nan for r in got] == [False, True, False]
     want = plain_sample(logits, rows, CAP, seeds_of(rows))
     assert math.isnan(got[1].logprob) and math.isnan(want[1].logprob)
@@ -247,7 +262,7 @@ def test_a_top_k_past_int32_means_off() -> None:
     logits = make_logits(1)
     wide = SamplingParams(temperature=1.0, top_k=2**40 + 5, seed=4)
     off = SamplingParams(temperature=1.0, top_k=-1, seed=4)
-    sampler = RowSampler(kernels.sample, CPU, 4096)
+    sampler = ListedSampler(kernels.sample, CPU, 4096)
     (a,), _, _ = sampler.sample(logits, [RowWork(0, [1], 0, True, wide, want_mask=True)])
     (b,), _, _ = sampler.sample(logits, [RowWork(0, [1], 0, True, off, want_mask=True)])
     assert a == b and a.mask is not None and len(a.mask) == VOCAB - 10
@@ -262,5 +277,5 @@ def test_fallback_rows_are_counted() -> None:
         flags = torch.tensor([True, False, True, True, False])
         return type(res)(**{**res.__dict__, "fallback_rows": flags})
 
-    _, _, fallback = RowSampler(all_fallback, CPU, CAP).sample(logits, rows)
+    _, _, fallback = ListedSampler(all_fallback, CPU, CAP).sample(logits, rows)
     assert fallback == 3

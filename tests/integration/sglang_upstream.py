@@ -1,0 +1,181 @@
+"""A fake SGLang mask engine, written to follow SGLang's HTTP server for the routes and errors
+the gateway meets in front of an SGLang mask pool. It is not a real SGLang: no model runs,
+and the masks are seeded random supports.
+
+What it follows (python/sglang/srt/entrypoints/http_server.py and the OpenAI serving code):
+- `/generate` takes SGLang's request fields only (an unknown top-level field fails request
+  validation: 400 `{"object": "error", "message", "type": "Bad Request", "param": null,
+  "code": 400}`); a request SGLang refuses answers 400 `{"error": {"message"}}`; a stream
+  that fails after its 200 sends `data: {"error": {"message"}}` then `data: [DONE]`.
+- Mask requests need a positive, finite `top_k` no larger than `--sampling-mask-max-tokens`
+  (SGLang's messages); masks come back as lists (`output_token_sampling_mask`).
+- `/v1/chat/completions` refuses with `{"object": "error", "message", "type", "param",
+  "code"}`, and puts each choice's `meta_info` in the choice.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+_GENERATE_FIELDS = frozenset(
+    {
+        "text",
+        "input_ids",
+        "sampling_params",
+        "return_sampling_mask",
+        "stream",
+        "rid",
+        "return_logprob",
+        "return_text_in_logprobs",
+    }
+)
+
+
+@dataclass
+class SGLangUpstream:
+    vocab_size: int = 1000
+    max_mask_tokens: int = 4096  # --sampling-mask-max-tokens
+    tokens: int = 5  # generated tokens per answer
+    chat_error: str | None = None  # /v1/chat/completions answers this error (400)
+    stream_error_after: int | None = None  # /generate streams fail after this many events
+    received: list[Any] = field(default_factory=list)  # inference request bodies
+    url: str = ""
+    _runner: web.AppRunner | None = None
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/get_model_info", self._model_info)
+        app.router.add_post("/generate", self._generate)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response()
+
+    async def _model_info(self, _: web.Request) -> web.Response:
+        return web.json_response({"model_path": "fake-sglang", "vocab_size": self.vocab_size})
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.received.append(body)
+        unknown = sorted(set(body) - _GENERATE_FIELDS)
+        if unknown:  # FastAPI's request validation, answered as SGLang's ErrorResponse
+            return _openai_error(f"unexpected keyword argument '{unknown[0]}'", "Bad Request")
+        size = len(body["text"]) if isinstance(body.get("text"), list) else None
+        sps = body.get("sampling_params") or {}
+        items = sps if isinstance(sps, list) else [sps] * (size or 1)
+        flags = body.get("return_sampling_mask", False)
+        flags = flags if isinstance(flags, list) else [flags] * (size or 1)
+        for sp, flag in zip(items, flags, strict=True):
+            message = self._mask_error(sp) if flag else None
+            if message is not None:
+                return web.json_response({"error": {"message": message}}, status=400)
+        answers = [
+            self._answer(sp, i, flag) for i, (sp, flag) in enumerate(zip(items, flags, strict=True))
+        ]
+        if body.get("stream"):
+            return await self._stream(request, answers, many=size is not None)
+        return web.json_response(answers if size is not None else answers[0])
+
+    def _mask_error(self, sp: dict[str, Any]) -> str | None:
+        """SGLang's checks of a mask request's top_k (its messages)."""
+        top_k = sp.get("top_k", -1)
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k == -1:
+            return (
+                "return_sampling_mask requires finite top_k; top_p-only sampling is valid "
+                "but can return huge masks in the tail, blowing up metadata, so we need a "
+                "safety cap."
+            )
+        if top_k < 1:
+            return "return_sampling_mask requires top_k to be a positive integer."
+        if top_k > self.max_mask_tokens:
+            return (
+                f"return_sampling_mask requires top_k <= {self.max_mask_tokens} "
+                "(--sampling-mask-max-tokens); use top_k=1 for greedy sampling."
+            )
+        return None
+
+    def _answer(self, sp: dict[str, Any], i: int, mask: bool) -> dict[str, Any]:
+        rng = random.Random(sp.get("sampling_seed", 0) * 1000 + i)
+        k = min(sp.get("top_k", 1), self.vocab_size)
+        masks = [rng.sample(range(self.vocab_size), rng.randint(1, k)) for _ in range(self.tokens)]
+        ids = [m[rng.randrange(len(m))] for m in masks]
+        meta: dict[str, Any] = {"id": f"r{i}", "finish_reason": {"type": "length"}}
+        meta["completion_tokens"] = self.tokens
+        if mask:
+            meta["output_token_sampling_mask"] = masks
+            meta["output_token_sampling_logprobs"] = [-1.0] * self.tokens
+            meta["output_token_sampling_mask_length"] = self.tokens
+        return {"text": "x" * self.tokens, "output_ids": ids, "meta_info": meta}
+
+    async def _stream(
+        self, request: web.Request, answers: list[dict[str, Any]], many: bool
+    ) -> web.StreamResponse:
+        """One event per answer per token, each with that token only (incremental output)."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        sent = 0
+        for t in range(self.tokens):
+            for k, ans in enumerate(answers):
+                if self.stream_error_after is not None and sent == self.stream_error_after:
+                    error = {"error": {"message": "the scheduler aborted the request"}}
+                    await resp.write(b"data: " + orjson.dumps(error) + b"\n\n")
+                    await resp.write(b"data: [DONE]\n\n")
+                    return resp
+                meta = dict(ans["meta_info"])
+                if "output_token_sampling_mask" in meta:
+                    meta["output_token_sampling_mask"] = meta["output_token_sampling_mask"][
+                        t : t + 1
+                    ]
+                    meta["output_token_sampling_logprobs"] = [-1.0]
+                    meta["output_token_sampling_mask_length"] = 1
+                event: dict[str, Any] = {"text": "x", "output_ids": ans["output_ids"][t : t + 1]}
+                event["meta_info"] = meta
+                if many:
+                    event["index"] = k
+                await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
+                sent += 1
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.received.append(body)
+        if self.chat_error is not None:
+            return _openai_error(self.chat_error, "BadRequestError")
+        sp = {"top_k": body.get("top_k", -1), "sampling_seed": body.get("seed") or 0}
+        message = self._mask_error(sp) if body.get("return_sampling_mask") else None
+        if message is not None:
+            return _openai_error(message, "BadRequestError")
+        answer = self._answer(sp, 0, bool(body.get("return_sampling_mask")))
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": answer["text"]},
+            "finish_reason": "length",
+            "meta_info": answer["meta_info"],
+        }
+        if body.get("return_token_ids"):
+            choice["token_ids"] = answer["output_ids"]
+        return web.json_response(
+            {"id": "chatcmpl-1", "object": "chat.completion", "model": "fake", "choices": [choice]}
+        )
+
+
+def _openai_error(message: str, kind: str) -> web.Response:
+    body = {"object": "error", "message": message, "type": kind, "param": None, "code": 400}
+    return web.json_response(body, status=400)
