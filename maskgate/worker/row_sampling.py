@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from maskgate import kernels
-from maskgate.kernels.result import STATUS_OVERFLOW
+from maskgate.kernels import STATUS_OVERFLOW
 from maskgate.worker.batch import RowResult, RowWork
 from maskgate.worker.raw_logprobs import token_logprobs
 
@@ -97,7 +97,7 @@ def warm_up_batches(vocab_size: int, max_batch: int) -> list[int]:
     emit kernel, which only batches past one row an SM launch, compiles once. max_batch runs
     too, so the largest launch and its buffers are ready before traffic.
     """
-    from maskgate.kernels.band_config import default_config
+    from maskgate.kernels import default_config
 
     batches = {max_batch}
     seen = set()

@@ -14,6 +14,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from maskgate import kernels
+from maskgate.kernels import sample_sort_all_rows
 from maskgate.worker.batch import RowResult, RowWork, StepStats
 from maskgate.worker.cuda_graphs import DecodeGraphs
 from maskgate.worker.kv_cache import allocate_kv_cache, bytes_per_slot
@@ -21,7 +22,6 @@ from maskgate.worker.model import LoadedModel, load
 from maskgate.worker.model.attention import build_attn_batch
 from maskgate.worker.raw_logprobs import score_prompts
 from maskgate.worker.row_sampling import RowSampler, warm_up_sampler
-from maskgate.worker.sort_all import sample_sort_all_rows
 
 # Default KV budget when none is given: on CPU a fixed 2 GiB; on CUDA the free memory after
 # loading the weights, less headroom for activations, logits and CUDA graphs.

@@ -24,9 +24,9 @@ import torch
 from kernels_support.conformance import check_result
 from maskgate.kernels.inputs import check_inputs
 from maskgate.kernels.reference import reference
-from maskgate.kernels.torch_path import sample_torch
-from maskgate.kernels.band_config import band_config
-from maskgate.kernels.triton_path import sample_triton
+from maskgate.kernels.cpu.torch_path import sample_torch
+from maskgate.kernels.triton.config import band_config
+from maskgate.kernels.triton.launch import sample_triton
 from kernels_support.workloads import ADVERSARIAL_KINDS, adversarial_logits
 
 REREAD = False  # lanes with three tokens in the band read their column again
@@ -127,25 +127,25 @@ print(json.dumps({"ok": rep.ok, "errors": rep.errors, "fallback": tri.fallback_r
 """
 
 NO_BISECTION = """
-import maskgate.kernels.triton_resolve
+import maskgate.kernels.triton.resolve
 from maskgate import kernels
 def no_bisection(*args, **kwargs):  # the interpreter runs resolve_row as Python
     raise AssertionError("the bisection fallback ran")
 
-kernels.triton_resolve.fallback_support = no_bisection
+kernels.triton.resolve.fallback_support = no_bisection
 """
 
 COUNT_SORTS = """
-import maskgate.kernels.triton_resolve
+import maskgate.kernels.triton.resolve
 from maskgate import kernels
 SORTS = []  # one entry per best_sorted call: the tiers and the rescue's picks
-_best_sorted = kernels.triton_resolve.best_sorted
+_best_sorted = kernels.triton.resolve.best_sorted
 
 def counting_best_sorted(*args):  # the interpreter runs resolve_row as Python
     SORTS.append(1)
     return _best_sorted(*args)
 
-kernels.triton_resolve.best_sorted = counting_best_sorted
+kernels.triton.resolve.best_sorted = counting_best_sorted
 """
 
 # The rescue scripts' common end: the Triton path (segments of 64, KC candidates each)
@@ -225,7 +225,7 @@ KC = 4
 CONTRACT = """
 from maskgate.kernels.order import key_ids, key_z
 EMPTY_KEY = -(2**63)
-from maskgate.kernels.triton_path import launch_band
+from maskgate.kernels.triton.launch import launch_band
 vocab = 700
 g = torch.Generator().manual_seed(3)
 x = adversarial_logits(list(ADVERSARIAL_KINDS) * 2, vocab, g)
@@ -346,11 +346,11 @@ EARLY_STOP = """
 # about 10 nats above the rest. The first tier's threshold search stops as soon as its pick
 # holds the support: by mass (top-p alone), by count (top-k), by the min-p bound, at once for
 # a greedy row. The last row has no such bound in the first tier (top-k 1000, past it).
-import maskgate.kernels.triton_decide
+import maskgate.kernels.triton.decide
 from maskgate import kernels
 STEPS = []  # one entry per step of a threshold search, in any tier
-_counts = kernels.triton_decide.counts_below
-_counts_mass = kernels.triton_decide.counts_mass_below
+_counts = kernels.triton.decide.counts_below
+_counts_mass = kernels.triton.decide.counts_mass_below
 
 def counting(*args):  # the interpreter runs best_sorted as Python
     STEPS.append(1)
@@ -360,18 +360,18 @@ def counting_mass(*args):
     STEPS.append(1)
     return _counts_mass(*args)
 
-kernels.triton_decide.counts_below = counting
-kernels.triton_decide.counts_mass_below = counting_mass
-import maskgate.kernels.triton_resolve
+kernels.triton.decide.counts_below = counting
+kernels.triton.decide.counts_mass_below = counting_mass
+import maskgate.kernels.triton.resolve
 EARLY = [True]  # False: the first tier's search runs in full, as the second tier's does
-_best_sorted = kernels.triton_resolve.best_sorted
+_best_sorted = kernels.triton.resolve.best_sorted
 
 def full_or_early(*args):  # the interpreter runs resolve_row as Python
     if len(args) == 7 and not EARLY[0]:  # the first tier's call: (..., goal, EARLY)
         args = args[:6] + (False,)
     return _best_sorted(*args)
 
-kernels.triton_resolve.best_sorted = full_or_early
+kernels.triton.resolve.best_sorted = full_or_early
 g = torch.Generator().manual_seed(3)
 b, v = 6, 4096
 x = torch.randn(b, v, generator=g)
@@ -495,7 +495,7 @@ def test_lanes_pass_one_keeps_the_band_contract(interpreted: Interpreted) -> Non
 
 
 LOOK_AHEAD = """
-from maskgate.kernels.triton_path import launch_band
+from maskgate.kernels.triton.launch import launch_band
 vocab = 700
 g = torch.Generator().manual_seed(5)
 x = adversarial_logits(list(ADVERSARIAL_KINDS), vocab, g)
@@ -843,11 +843,11 @@ PAST_TIER = """
 # top-p alone, so no later round can decide them; and pass 1's lists and segment sums
 # already prove it (band_past_tier), so with it on they take no round at all. Row 0 with
 # top-k on (k = 150 may cut right after the tier) runs the rescue's rounds as before.
-import maskgate.kernels.triton_resolve
+import maskgate.kernels.triton.resolve
 from maskgate import kernels
 GATHERS = []
-_gather_above = kernels.triton_resolve.gather_above
-_band_past_tier = kernels.triton_resolve.band_past_tier
+_gather_above = kernels.triton.resolve.gather_above
+_band_past_tier = kernels.triton.resolve.band_past_tier
 
 def counting_gather_above(*args):  # the interpreter runs resolve_row as Python
     GATHERS.append(1)
@@ -856,7 +856,7 @@ def counting_gather_above(*args):  # the interpreter runs resolve_row as Python
 def no_band_past_tier(*args):  # pass 1's proof off: the rescue's rounds must stop the row
     return args[9] != args[9]  # False, as a Triton value (z_max is not NaN)
 
-kernels.triton_resolve.gather_above = counting_gather_above
+kernels.triton.resolve.gather_above = counting_gather_above
 vocab = 1000
 g = torch.Generator().manual_seed(23)
 x = torch.randn(2, vocab, generator=g) * 0.5
@@ -871,7 +871,7 @@ mp = torch.zeros(1)
 want = torch.ones(1, dtype=torch.bool)
 out = {"ok": True, "errors": [], "gathers": [], "fallback": [], "sizes": []}
 for r, k, proof in ((0, -1, True), (0, 150, True), (0, -1, False), (1, -1, True), (1, -1, False)):
-    kernels.triton_resolve.band_past_tier = _band_past_tier if proof else no_band_past_tier
+    kernels.triton.resolve.band_past_tier = _band_past_tier if proof else no_band_past_tier
     kk = torch.tensor([k], dtype=torch.int32)
     xr = x[r : r + 1]
     inp = check_inputs(xr, temp, kk, p, mp, want, max_mask_tokens=256, seed=torch.arange(1))
@@ -901,31 +901,31 @@ def test_rescue_stops_once_a_top_p_support_outgrows_the_tier(interpreted: Interp
 
 
 COUNT_READS = """
-import maskgate.kernels.triton_fallback
+import maskgate.kernels.triton.fallback
 from maskgate import kernels
 READS = []  # one entry per read of a row by the fallback's threshold searches
 for _name in ("_above3", "_level_ids3", "_cut_listed"):
-    def _counted(*args, _f=getattr(kernels.triton_fallback, _name), _n=_name):
+    def _counted(*args, _f=getattr(kernels.triton.fallback, _name), _n=_name):
         READS.append(_n)
         return _f(*args)
-    setattr(kernels.triton_fallback, _name, _counted)
+    setattr(kernels.triton.fallback, _name, _counted)
 """
 
 WHOLE_ROW = """
-import maskgate.kernels.triton_resolve
+import maskgate.kernels.triton.resolve
 from maskgate import kernels
 DRAWS = []  # draws that read the whole row (the other fallback rows draw from their list)
-_draw = kernels.triton_resolve.fallback_draw
+_draw = kernels.triton.resolve.fallback_draw
 def _drawn(*args):
     DRAWS.append(1)
     return _draw(*args)
-kernels.triton_resolve.fallback_draw = _drawn
+kernels.triton.resolve.fallback_draw = _drawn
 GATHERS = []  # reads that list S after the search (the search's last read lists it when it can)
-_gather = kernels.triton_resolve.fallback_gather
+_gather = kernels.triton.resolve.fallback_gather
 def _gathered(*args):
     GATHERS.append(1)
     return _gather(*args)
-kernels.triton_resolve.fallback_gather = _gathered
+kernels.triton.resolve.fallback_gather = _gathered
 
 # Rows that only the fallback decides (the band of 64-token chunks with 8 candidates each
 # lists too few), chosen so that its cut lands inside a run of tied z: top-k and top-p
@@ -1020,19 +1020,19 @@ def test_fallback_cuts_inside_ties_and_reads_the_row_a_few_times(
 
 HALF_SORT = """
 import triton.language as tl
-import maskgate.kernels.triton_resolve
+import maskgate.kernels.triton.resolve
 from maskgate import kernels
-kernels.triton_resolve.HALF_SORT_MIN = tl.constexpr(64)  # cap 128: halves of 64 keys
-import maskgate.kernels.triton_sort
+kernels.triton.resolve.HALF_SORT_MIN = tl.constexpr(64)  # cap 128: halves of 64 keys
+import maskgate.kernels.triton.sort
 from maskgate import kernels
-kernels.triton_sort.SORT_RUN = tl.constexpr(16)  # sorts in runs of 16, then merges
-kernels.triton_sort.MERGE_MIN = tl.constexpr(32)
+kernels.triton.sort.SORT_RUN = tl.constexpr(16)  # sorts in runs of 16, then merges
+kernels.triton.sort.MERGE_MIN = tl.constexpr(32)
 BLOCKS = []  # (|S|, the block its listed draw sorts in), one a call
-_sized_fn = kernels.triton_resolve.sort_and_store
+_sized_fn = kernels.triton.resolve.sort_and_store
 def _sized(*args):
     BLOCKS.append((int(args[2]), int(args[-1])))
     return _sized_fn(*args)
-kernels.triton_resolve.sort_and_store = _sized
+kernels.triton.resolve.sort_and_store = _sized
 """
 
 HALF_SORT_OUT = """
@@ -1057,7 +1057,7 @@ def test_fallback_sorts_a_short_support_in_half_the_block(interpreted: Interpret
 SORT_DESC = """
 import json
 import torch, triton, triton.language as tl
-from maskgate.kernels.triton_sort import sort_desc
+from maskgate.kernels.triton.sort import sort_desc
 
 @triton.jit
 def sort_rows(src, n_ptr, buf, out, T: tl.constexpr, RUN: tl.constexpr):
@@ -1094,8 +1094,8 @@ THRESHOLDS = """
 import json, math
 import numpy as np
 import torch, triton, triton.language as tl
-from maskgate.kernels.triton_common import ordered32
-from maskgate.kernels.triton_fallback import _thresholds
+from maskgate.kernels.triton.common import ordered32
+from maskgate.kernels.triton.fallback import _thresholds
 
 @triton.jit
 def thresholds(f_ptr, i_ptr, out, G: tl.constexpr):
@@ -1174,31 +1174,31 @@ def test_search_thresholds_first_open_aimed_and_quartered(interpreted: Interpret
 
 
 def _ordered32(v: float) -> int:
-    """kernels.triton_common.ordered32 of a float32, in Python."""
+    """kernels.triton.common.ordered32 of a float32, in Python."""
     bits = struct.unpack("<i", struct.pack("<f", v))[0]
     return bits ^ 0x7FFFFFFF if bits < 0 else bits
 
 
 RANDOM_ROWS = """
-import maskgate.kernels.triton_fallback
+import maskgate.kernels.triton.fallback
 from maskgate import kernels
-import maskgate.kernels.triton_resolve
+import maskgate.kernels.triton.resolve
 from maskgate import kernels
 from kernels_support.fuzz import run_batch
 
 S_OUT = []  # per bracket list of the whole-row search: whether that read listed S too
-_cut_listed = kernels.triton_fallback._cut_listed
+_cut_listed = kernels.triton.fallback._cut_listed
 def _listing(*args):
     out = _cut_listed(*args)
     S_OUT.append(bool(out[3]))
     return out
-kernels.triton_fallback._cut_listed = _listing
+kernels.triton.fallback._cut_listed = _listing
 GATHERS = []  # reads that list S after the search
-_gather = kernels.triton_resolve.fallback_gather
+_gather = kernels.triton.resolve.fallback_gather
 def _gathered(*args):
     GATHERS.append(1)
     return _gather(*args)
-kernels.triton_resolve.fallback_gather = _gathered
+kernels.triton.resolve.fallback_gather = _gathered
 
 # kernels_support.workloads.random_batch's seeds 112 and 115 cut ties of 0.0 and -0.0.
 runs = [run_batch(seed) for seed in (112, 115, 100)]
@@ -1224,14 +1224,14 @@ def test_random_rows_match_oracle_and_torch_path(interpreted: Interpreted) -> No
 
 
 PLAIN_ROWS = """
-import maskgate.kernels.triton_resolve
+import maskgate.kernels.triton.resolve
 from maskgate import kernels
 WHOLE_READS = []  # rows that drew by reading the whole row in resolve_kernel
-_draw = kernels.triton_resolve.fallback_draw
+_draw = kernels.triton.resolve.fallback_draw
 def _counted(*args):
     WHOLE_READS.append(1)
     return _draw(*args)
-kernels.triton_resolve.fallback_draw = _counted
+kernels.triton.resolve.fallback_draw = _counted
 
 # Rows nothing truncates (top-k off, at V or past it; top-p 1; min-p 0), most asking for no
 # mask, among rows that truncate, a greedy row and a NaN row; five 64-token segments a row.

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from maskgate.kernels.triton_common import (
+from maskgate.kernels.triton.common import (
     EMPTY_KEY,
     FLT_MAX,
     GREEDY_T,

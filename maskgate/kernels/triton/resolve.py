@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from maskgate.kernels.triton_common import (
+from maskgate.kernels.triton.common import (
     EMPTY_KEY,
     GREEDY_T,
     add2_max2,
@@ -40,7 +40,7 @@ from maskgate.kernels.triton_common import (
     unpack_z,
     untruncated,
 )
-from maskgate.kernels.triton_decide import (
+from maskgate.kernels.triton.decide import (
     band_past_tier,
     best_sorted,
     decide,
@@ -49,15 +49,15 @@ from maskgate.kernels.triton_decide import (
     store_mask,
     support_goal,
 )
-from maskgate.kernels.triton_emit import pack_row
-from maskgate.kernels.triton_fallback import (
+from maskgate.kernels.triton.emit import pack_row
+from maskgate.kernels.triton.fallback import (
     fallback_draw,
     fallback_gather,
     fallback_support,
     gather_above,
     position_of,
 )
-from maskgate.kernels.triton_sort import sort_block
+from maskgate.kernels.triton.sort import sort_block
 
 # Mask blocks (the cap rounded up to a power of two) from which a whole-row fallback row's S
 # that fits half the block is sorted in half a block.
@@ -541,7 +541,7 @@ def resolve_row(
     outs,  # (tok, lp, size, nan, fb, band [B]; offsets [R + 1], ids [>= N], mask_sizes [B])
     mask,  # (cnt [R] int64, status [R] int8, slot [R, cap] int32) pointers
     pack,  # 0: emit_kernel packs the slots; 1: R == 1, the slot is the CSR ids and the row
-    # also writes offsets[1]; 2: the row packs its own slot (triton_emit.pack_row)
+    # also writes offsets[1]; 2: the row packs its own slot (emit.pack_row)
     scratch_ptr,  # [B, T1 + T2 + max(CAP_BLOCK, RESCUE)] int64 compaction space
     vocab,
     n_chunks,
@@ -679,7 +679,7 @@ def resolve_kernel(
     slot_ptr,  # [R] int64, [R] int8, [R, cap] int32
     offsets_ptr,  # [R + 1] int64 CSR offsets: row 0 writes the leading 0
     pack,  # 0: emit_kernel packs the slots; 1: R == 1, the slot is the CSR ids and the row
-    # also writes offsets[1]; 2: the row packs its own slot (triton_emit.pack_row)
+    # also writes offsets[1]; 2: the row packs its own slot (emit.pack_row)
     ids_ptr,  # [>= N] int32 CSR ids (pack 2)
     mask_sizes_ptr,  # [B] int64, -1 before the launch (pack 2)
     scratch_ptr,  # [B, T1 + T2 + max(CAP_BLOCK, RESCUE)] int64 compaction space

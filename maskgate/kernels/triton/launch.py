@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from maskgate.kernels.band_config import (
+from maskgate.kernels.inputs import SampleInputs
+from maskgate.kernels.result import SampleResult
+from maskgate.kernels.triton.config import (
     BAND_WARPS,
     DELTA,
     FB_BLOCK,
@@ -31,11 +33,9 @@ from maskgate.kernels.band_config import (
     next_pow2,
     reread_constants,
 )
-from maskgate.kernels.inputs import SampleInputs
-from maskgate.kernels.result import SampleResult
-from maskgate.kernels.triton_band import band_lanes_kernel
-from maskgate.kernels.triton_emit import emit_kernel
-from maskgate.kernels.triton_resolve import resolve_kernel
+from maskgate.kernels.triton.emit import emit_kernel
+from maskgate.kernels.triton.pass1 import band_lanes_kernel
+from maskgate.kernels.triton.resolve import resolve_kernel
 
 
 def may_pack(cfg: BandConfig, batch: int, device: torch.device) -> bool:

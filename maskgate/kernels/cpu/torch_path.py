@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from maskgate.kernels.cpu.decide import exp64, prefix_mass, resolve_support
 from maskgate.kernels.inputs import SampleInputs
 from maskgate.kernels.noise import G_MAX, gumbel, row_keys
 from maskgate.kernels.order import GREEDY_T, key_ids, order_keys, pack_keys, scaled_logits
-from maskgate.kernels.resolve import exp64, prefix_mass, resolve_support
 from maskgate.kernels.result import STATUS_OK, STATUS_OVERFLOW, STATUS_TRUNCATED, SampleResult
 
 # Tokens listed per row, tier by tier: rows the first prefix cannot decide (long top-p tails,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from maskgate.kernels.triton_common import (
+from maskgate.kernels.triton.common import (
     EMPTY_KEY,
     INT32_MAX,
     MASK32,
@@ -34,7 +34,7 @@ from maskgate.kernels.triton_common import (
     scale_temp,
     unpack_z,
 )
-from maskgate.kernels.triton_sort import sort_block
+from maskgate.kernels.triton.sort import sort_block
 
 INT64_MAX = tl.constexpr(2**63 - 1)
 
