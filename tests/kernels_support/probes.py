@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from maskgate.kernels.triton.common import logit_floor
-from maskgate.kernels.triton.fallback import gather_above
+from maskgate.kernels.triton.reads import gather_above
 
 
 @triton.jit
