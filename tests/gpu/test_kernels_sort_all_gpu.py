@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from maskgate import kernels
-from maskgate.kernels.sort_all import sample_sort_all_rows
+from maskgate.kernels import sample_sort_all_rows
 
 pytestmark = [
     pytest.mark.gpu,

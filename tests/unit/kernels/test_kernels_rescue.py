@@ -4,8 +4,9 @@ whole-row fallback, in one round or two; the gather and its logit threshold alon
 rounds stopping once a top-p support outgrows the tier.
 
 Each check runs in a fork of a process that imported Triton under TRITON_INTERPRET=1
-(tests/unit/conftest.py) and reports JSON on stdout. The rescue scripts replace the
-whole-row fallback's search with an error, so a row that reaches it fails the check.
+(tests/unit/conftest.py) and reports JSON on stdout. The checks of rows the rescue must
+decide replace the whole-row fallback's search with an error (NO_BISECTION), so a row that
+reaches it fails the check.
 """
 
 from __future__ import annotations
