@@ -17,7 +17,8 @@ top-p 0.95, a mask on every row (C = 4096, exact mode). Per batch size B:
 --tree PATH times another source tree's kernels too (a checkout of an older commit), in a
 process of its own with PYTHONPATH=PATH, alternating with this tree round by round, so one
 GPU call compares before and after. A tree whose package is `kernels` (before the
-maskgate namespace) works as well as one with `maskgate/kernels`.
+maskgate namespace) works as well as one with `maskgate/kernels`, and one whose kernels are
+flat modules (triton_path.py) as well as one with triton/ and cpu/ folders.
 
 Prints a table and writes DIR/kernels_sample.json and DIR/kernels_sample.png (DIR:
 bench/results).
@@ -107,6 +108,13 @@ def kernels_package(tree: pathlib.Path) -> str:
     raise SystemExit(f"{tree}: neither maskgate/kernels nor kernels/ (not a maskgate tree)")
 
 
+def launch_module(tree: pathlib.Path) -> str:
+    """The module of a tree's kernels that holds sample_triton and mask_index: triton.launch,
+    or triton_path in trees from before the kernels' triton/ and cpu/ folders."""
+    kernels = tree / kernels_package(tree).replace(".", "/")
+    return "triton.launch" if (kernels / "triton" / "launch.py").is_file() else "triton_path"
+
+
 def tree_label(tree: pathlib.Path) -> str:
     """How results name a tree: `this tree`, or its path inside this one, or its folder name;
     never a machine's absolute path."""
@@ -141,7 +149,7 @@ def time_tree(tree: pathlib.Path, batches: list[int], rep_ms: int, sort: bool) -
     the caller runs it with PYTHONPATH=tree)."""
     package = kernels_package(tree)
     inputs = importlib.import_module(f"{package}.inputs")
-    path = importlib.import_module(f"{package}.triton_path")
+    path = importlib.import_module(f"{package}.{launch_module(tree)}")
     origin = pathlib.Path(path.__file__).resolve()
     if not origin.is_relative_to(tree.resolve()):
         raise SystemExit(f"imported {origin}, not {tree}'s kernels: is PYTHONPATH={tree}?")
@@ -149,7 +157,7 @@ def time_tree(tree: pathlib.Path, batches: list[int], rep_ms: int, sort: bool) -
 
 
 def time_batch(path, inputs, tree: pathlib.Path, batch: int, rep_ms: int, sort: bool) -> dict:
-    """One batch size's row of time_tree (path, inputs: the tree's triton_path and inputs)."""
+    """One batch size's row of time_tree (path, inputs: the tree's launch module and inputs)."""
     dev = "cuda"
     per_row = (
         torch.ones(batch, device=dev),  # temperature

@@ -6,7 +6,8 @@ through the maskgate gateway, against workers serving random weights shaped like
 (vocab 151936, bf16). Three layouts, one after the other:
 
   sort_all_rows  one `mixed` worker; whenever any row of a decode batch asks for a mask, every
-                 row is sorted over the full vocabulary (SGLang's reference; maskgate/worker/sort_all.py)
+                 row is sorted over the full vocabulary (SGLang's reference;
+                 maskgate/kernels/sort_all.py)
   kernel         one `mixed` worker with the row-filtered kernels (kernels.sample)
   isolated       the gateway routes mask requests to a `mask` worker and the rest to a
                  `general` worker: two processes on the same GPU, each with half the KV budget

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from maskgate.kernels.cpu.torch_path import sample_torch
 from maskgate.kernels.inputs import check_inputs
 from maskgate.kernels.result import SampleResult
-from maskgate.kernels.torch_path import sample_torch
 
 
 def sample(
@@ -43,7 +43,7 @@ def sample(
         bounded=bounded,
     )
     if inp.logits.is_cuda:
-        from maskgate.kernels.triton_path import sample_triton  # triton is only needed on CUDA
+        from maskgate.kernels.triton.launch import sample_triton  # triton is only needed on CUDA
 
         return sample_triton(inp)
     return sample_torch(inp)

@@ -61,7 +61,7 @@ class WorkerConfig(BaseModel):
     max_mask_ids_per_request: int = Field(64 * 1024 * 1024, ge=1)
     reject_logit_transforms: bool = True
     # kernel: the row-filtered kernels (kernels.sample). sort_all_rows: the benchmark baseline
-    # (maskgate/worker/sort_all.py), a full-vocabulary sort of every row whenever any row asks.
+    # (maskgate/kernels/sort_all.py), a full-vocabulary sort of every row whenever any row asks.
     mask_impl: Literal["kernel", "sort_all_rows"] = "kernel"
 
     # RL weight updates (docs/worker.md, "Weight updates"). The version reported in

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from maskgate.kernels.order import scaled_logits
+from maskgate.kernels import scaled_logits
 from maskgate.worker.batch import RowResult, RowWork
 
 FLOAT32_MIN = torch.finfo(torch.float32).min

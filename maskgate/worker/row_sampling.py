@@ -19,12 +19,12 @@ import numpy as np
 import torch
 
 from maskgate import kernels
-from maskgate.kernels.result import STATUS_OVERFLOW
+from maskgate.kernels import STATUS_OVERFLOW
 from maskgate.worker.batch import RowResult, RowWork
 from maskgate.worker.mask_copy import MaskIdsCopy
 from maskgate.worker.raw_logprobs import ids_logprobs, token_logprobs
 
-SampleFn = Callable[..., Any]  # kernels.sample or worker.sort_all.sample_sort_all_rows
+SampleFn = Callable[..., Any]  # kernels.sample or kernels.sample_sort_all_rows
 
 
 # Batch sizes whose every sampler variant (seeded, unseeded, with and without masks) is
@@ -98,7 +98,7 @@ def warm_up_batches(vocab_size: int, max_batch: int) -> list[int]:
     emit kernel, which only batches past one row an SM launch, compiles once. max_batch runs
     too, so the largest launch and its buffers are ready before traffic.
     """
-    from maskgate.kernels.band_config import default_config
+    from maskgate.kernels import default_config
 
     batches = {max_batch}
     seen = set()

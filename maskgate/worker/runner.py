@@ -20,6 +20,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from maskgate import kernels
+from maskgate.kernels import sample_sort_all_rows
 from maskgate.worker.batch import PENDING, RowResult, RowWork, StepStats
 from maskgate.worker.cuda_graphs import DecodeGraphs
 from maskgate.worker.kv_cache import allocate_kv_cache, bytes_per_slot
@@ -27,7 +28,6 @@ from maskgate.worker.model import LoadedModel, load
 from maskgate.worker.model.attention import build_attn_batch
 from maskgate.worker.raw_logprobs import score_prompts
 from maskgate.worker.row_sampling import RowSampler, SampledRows, warm_up_sampler
-from maskgate.worker.sort_all import sample_sort_all_rows
 
 # Default KV budget when none is given: on CPU a fixed 2 GiB; on CUDA the free memory after
 # loading the weights, less headroom for activations, logits and CUDA graphs.
@@ -56,7 +56,7 @@ class ModelRunner:
     ) -> None:
         if mask_impl not in ("kernel", "sort_all_rows"):
             raise ValueError(f"mask_impl must be 'kernel' or 'sort_all_rows', got {mask_impl!r}")
-        # sort_all_rows: the benchmark baseline (maskgate/worker/sort_all.py), same arguments and result.
+        # sort_all_rows: the benchmark baseline (maskgate/kernels/sort_all.py), same arguments and result.
         self.sample_fn = kernels.sample if mask_impl == "kernel" else sample_sort_all_rows
         if isinstance(model, str):
             model = load(model, device, dtype, progress)

@@ -21,10 +21,10 @@ from kernels_support.conformance import check_result
 from kernels_support.workloads import ADVERSARIAL_KINDS, adversarial_logits, peaked_logits
 
 from maskgate import kernels
-from maskgate.kernels.band_config import band_config
 from maskgate.kernels.inputs import check_inputs
 from maskgate.kernels.reference import reference
-from maskgate.kernels.triton_path import sample_triton
+from maskgate.kernels.triton.config import band_config
+from maskgate.kernels.triton.launch import sample_triton
 
 pytestmark = [
     pytest.mark.gpu,

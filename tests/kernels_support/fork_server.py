@@ -25,9 +25,9 @@ PRELOAD = (
     "triton",
     "triton.language",
     "maskgate.kernels.reference",
-    "maskgate.kernels.torch_path",
-    "maskgate.kernels.triton_path",
-    "maskgate.kernels.triton_sort",
+    "maskgate.kernels.cpu.torch_path",
+    "maskgate.kernels.triton.launch",
+    "maskgate.kernels.triton.sort",
 )
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from kernels_support.conformance import check_result
 from kernels_support.workloads import random_batch
-from maskgate.kernels.band_config import band_config
+from maskgate.kernels.cpu.torch_path import sample_torch
 from maskgate.kernels.inputs import check_inputs
 from maskgate.kernels.reference import reference
-from maskgate.kernels.torch_path import sample_torch
-from maskgate.kernels.triton_path import sample_triton
+from maskgate.kernels.triton.config import band_config
+from maskgate.kernels.triton.launch import sample_triton
 
 
 def run_batch(seed: int, vocab_range: tuple[int, int] = (200, 700)) -> dict:

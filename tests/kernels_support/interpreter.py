@@ -1,11 +1,12 @@
 """Faster runs of kernels under Triton's interpreter (TRITON_INTERPRET=1, on the CPU).
 
 The interpreter reduces with numpy when the combine function is one of Triton's own (sum, max,
-argmax), but any other combine function, such as our tuple reductions in triton_common.py, it
-applies one element at a time in Python: 96% of an interpreted resolve launch. `install()`
-replaces that element loop with a pairwise tree over whole blocks: each level combines the
-even and the odd positions along the axis with one call of the combine function on blocks, so
-a reduction of n elements costs about log2(n) vectorised calls instead of n scalar ones.
+argmax), but any other combine function, such as the tuple reductions of
+maskgate/kernels/triton/common.py, it applies one element at a time in Python: 96% of an
+interpreted resolve launch. `install()` replaces that element loop with a pairwise tree over
+whole blocks: each level combines the even and the odd positions along the axis with one call
+of the combine function on blocks, so a reduction of n elements costs about log2(n) vectorised
+calls instead of n scalar ones.
 
 Pairs are adjacent (2i, 2i + 1), so each partial result covers a contiguous run and operands
 keep their order: the result is exact for any associative combine function, commutative or not,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from maskgate.kernels.triton_common import logit_floor
-from maskgate.kernels.triton_fallback import gather_above
+from maskgate.kernels.triton.common import logit_floor
+from maskgate.kernels.triton.reads import gather_above
 
 
 @triton.jit

@@ -3,7 +3,8 @@
 Bare top-level names (`gateway`, `worker`, `kernels`) collide with other distributions in a
 user's environment (transformers 5 imports HuggingFace's `kernels`), so nothing may import
 them. Inside `maskgate`, the gateway and the protocol stay torch-free and never reach into the
-worker or the kernels.
+worker or the kernels, and the worker reaches the kernels only through their public API: the
+names `maskgate/kernels/__init__.py` exports, never a module beneath it.
 """
 
 from __future__ import annotations
@@ -64,6 +65,84 @@ def test_imports_point_one_way(package: str) -> None:
         if any(name == b or name.startswith(b + ".") for b in banned)
     ]
     assert not bad, "\n".join(bad)
+
+
+KERNELS_INIT = ROOT / "maskgate" / "kernels" / "__init__.py"
+
+
+def kernels_api() -> frozenset[str]:
+    """The names in maskgate.kernels' __all__ (read from its source: importing it loads torch)."""
+    tree = ast.parse(KERNELS_INIT.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]:
+            return frozenset(ast.literal_eval(node.value))
+    raise AssertionError(f"{KERNELS_INIT.relative_to(ROOT)} has no __all__")
+
+
+def kernels_uses(path: Path, api: frozenset[str]) -> list[str]:
+    """Where `path` reaches past maskgate.kernels' public API: an import of a module beneath
+    it, an imported name it does not export, or an attribute of `kernels` (bound by
+    `from maskgate import kernels`) that it does not export."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    bad: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bad += [
+                f"{node.lineno}: import {a.name}"
+                for a in node.names
+                if a.name.startswith("maskgate.kernels.")
+            ]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [a.name for a in node.names]
+            if node.module.startswith("maskgate.kernels."):
+                bad.append(f"{node.lineno}: from {node.module} import {', '.join(names)}")
+            elif node.module == "maskgate.kernels":
+                bad += [
+                    f"{node.lineno}: from maskgate.kernels import {n}"
+                    for n in names
+                    if n not in api
+                ]
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "kernels"
+            and node.attr not in api
+        ):
+            bad.append(f"{node.lineno}: kernels.{node.attr}")
+    return bad
+
+
+def test_the_worker_uses_only_the_kernels_public_api() -> None:
+    api = kernels_api()
+    bad = [
+        f"{path.relative_to(ROOT)}:{use}"
+        for path in sorted((ROOT / "maskgate" / "worker").rglob("*.py"))
+        for use in kernels_uses(path, api)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_kernels_public_api_check_sees_each_way_past_it(tmp_path: Path) -> None:
+    """kernels_uses flags a submodule import (plain or from), a name __all__ lacks and an
+    attribute of `kernels` past the API, and passes the public ways in."""
+    src = tmp_path / "user.py"
+    src.write_text(
+        "import maskgate.kernels.reference\n"
+        "from maskgate.kernels.triton.config import band_config\n"
+        "from maskgate.kernels import sample, torch_path\n"
+        "from maskgate import kernels\n"
+        "import maskgate.kernels\n"
+        "kernels.sample(1)\n"
+        "kernels.triton.launch\n"
+    )
+    api = frozenset({"sample"})
+    assert kernels_uses(src, api) == [
+        "1: import maskgate.kernels.reference",
+        "2: from maskgate.kernels.triton.config import band_config",
+        "3: from maskgate.kernels import torch_path",
+        "7: kernels.triton",
+    ]
+    assert "sample_sort_all_rows" in kernels_api()
 
 
 # What `maskgate gateway` and `python -m maskgate.gateway` load before serving.

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 import kernels_support.interpreter
-from maskgate.kernels.triton_common import add3_max3_add3, argmax_key_add
+from maskgate.kernels.triton.common import add3_max3_add3, argmax_key_add
 
 @triton.jit
 def first_nonzero(a, b):  # associative, not commutative: the leftmost non-zero value

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from maskgate.kernels.band_config import (
+from maskgate.kernels.triton.config import (
     CAND_TARGET,
     LOOK,
     MAX_TILES,

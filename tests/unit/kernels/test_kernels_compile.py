@@ -14,7 +14,8 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from maskgate.kernels.band_config import (  # noqa: E402
+from maskgate.kernels.triton.common import MUL_A  # noqa: E402
+from maskgate.kernels.triton.config import (  # noqa: E402
     DELTA,
     FB_BLOCK,
     NBISECT,
@@ -23,8 +24,7 @@ from maskgate.kernels.band_config import (  # noqa: E402
     band_config,
     reread_constants,
 )
-from maskgate.kernels.triton_common import MUL_A  # noqa: E402
-from maskgate.kernels.triton_path import resolve_meta  # noqa: E402
+from maskgate.kernels.triton.launch import resolve_meta  # noqa: E402
 
 POINTERS = {
     "x_ptr": "*fp32",
@@ -63,7 +63,7 @@ RACE_POINTERS = ("topk_ptr", "topp_ptr", "minp_ptr", "seed_ptr", "step_ptr", "g_
 def test_resolve_lowers_at_the_target_shape(sm90_compile: Any) -> None:
     """resolve_kernel at B = 1's shape for V = 151936 (2048 candidates, the 4096-token mask
     block): every phase of resolve_row (tiers, rescue, whole-row fallback, packing)."""
-    from maskgate.kernels.triton_resolve import resolve_kernel
+    from maskgate.kernels.triton.resolve import resolve_kernel
 
     vocab, cap = 151936, 4096
     cfg = band_config(vocab, batch=1)
@@ -86,7 +86,7 @@ def test_pass_one_lowers_for_sm90(race: bool, reread: int, look: int, sm90_compi
     (as sample_triton launches it when a row asks for no mask), that race's winner is the
     one 64-bit value reduced through shared memory, once a segment and only on those rows.
     look 1: the loop reads one tile ahead, at 40 registers."""
-    from maskgate.kernels.triton_band import band_lanes_kernel
+    from maskgate.kernels.triton.pass1 import band_lanes_kernel
 
     cfg = band_config(151936, batch=128, reread=reread, look=look)
     const = {
@@ -126,7 +126,7 @@ def test_resolve_lowers_for_small_vocabularies(vocab: int, batch: int, sm90_comp
     before a loop keeps its type inside it; the compiler does, and a rescue that reused the
     candidates' names for its read blocks failed to compile for every vocabulary below
     about 4096 tokens (the worker's small models) while passing every interpreted test."""
-    from maskgate.kernels.triton_resolve import resolve_kernel
+    from maskgate.kernels.triton.resolve import resolve_kernel
 
     cfg = band_config(vocab, batch=batch)
     cand_block = triton.next_power_of_2(cfg.ncand)
@@ -143,7 +143,7 @@ def test_resolve_lowers_for_small_vocabularies(vocab: int, batch: int, sm90_comp
 def test_emit_lowers_once_for_every_row_count(sm90_compile: Any) -> None:
     """emit_kernel takes no block over the mask rows (its sum runs in pieces), so one compile
     serves every R and a worker's warm-up meets it with any batch that packs there."""
-    from maskgate.kernels.triton_emit import emit_kernel
+    from maskgate.kernels.triton.emit import emit_kernel
 
     assert not [p for p in emit_kernel.arg_names if p.startswith("R")]
     types = {"slot_ptr": "*i32", "cnt_ptr": "*i64", "offsets_ptr": "*i64", "ids_ptr": "*i32"}

@@ -248,7 +248,7 @@ def test_row_blocks_do_not_change_results(rows_a_block: int, monkeypatch) -> Non
     """The pass over whole rows goes a block of rows at a time (torch_path.ROW_BLOCK): blocks
     of one or three rows give bit for bit what one block for the whole batch gives, on the
     grid's mixed batch with greedy, plain, bad (NaN, +inf, all -inf) and fallback rows."""
-    from maskgate.kernels import torch_path
+    from maskgate.kernels.cpu import torch_path
 
     vocab = 1000
     batch = grid_batch(vocab, seed=11)
@@ -290,7 +290,7 @@ def test_top_k_rows_take_a_shorter_first_prefix(monkeypatch) -> None:
     (torch_path._first_tier); ties at the cut (bf16 ties, flat rows) send rows on to the usual
     tiers. Every output equals what the usual first prefix of 512 gives, fallback flags
     included, and matches the oracle."""
-    from maskgate.kernels import torch_path
+    from maskgate.kernels.cpu import torch_path
 
     batch = grid_batch(5000, seed=21)
     rows = torch.isin(batch["top_k"], torch.tensor([1, 2, 50], dtype=torch.int32)).nonzero()
@@ -310,9 +310,9 @@ def test_top_k_rows_take_a_shorter_first_prefix(monkeypatch) -> None:
 def test_noise_keys_of_a_few_rows_hash_on_the_host_alike() -> None:
     """Up to HOST_KEY_ROWS rows the noise keys are hashed on Python ints: the same words as
     the tensor hash, for seeds and steps across the whole int64 range."""
+    from maskgate.kernels.cpu.torch_path import HOST_KEY_ROWS, noise_keys
     from maskgate.kernels.inputs import check_inputs
     from maskgate.kernels.noise import row_keys
-    from maskgate.kernels.torch_path import HOST_KEY_ROWS, noise_keys
 
     lo, hi = -(2**63), 2**63 - 1
     seed = torch.tensor([lo, hi, -1, 0, 1, 2**32, -(2**32) - 7, 123456789012345], dtype=torch.int64)

@@ -56,8 +56,8 @@ def test_token_logprobs_with_chunks_equals_the_full_read() -> None:
 SCRIPT = """
 import json, torch
 from maskgate.kernels.inputs import check_inputs
-from maskgate.kernels.band_config import band_config
-from maskgate.kernels.triton_path import sample_triton
+from maskgate.kernels.triton.config import band_config
+from maskgate.kernels.triton.launch import sample_triton
 from maskgate.worker.raw_logprobs import token_logprobs
 
 vocab = 320

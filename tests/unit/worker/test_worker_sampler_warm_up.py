@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from maskgate import kernels
-from maskgate.kernels.band_config import band_config
+from maskgate.kernels.triton.config import band_config
 from maskgate.worker.batch import RowWork
 from maskgate.worker.row_sampling import (
     LOGITS_DTYPE,

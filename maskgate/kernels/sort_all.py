@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from maskgate import kernels
+from maskgate.kernels.cpu.torch_path import noise_keys
 from maskgate.kernels.inputs import SampleInputs, check_inputs
 from maskgate.kernels.noise import gumbel
 from maskgate.kernels.order import GREEDY_T, scaled_logits
 from maskgate.kernels.result import STATUS_OK, STATUS_OVERFLOW, STATUS_TRUNCATED, SampleResult
-from maskgate.kernels.torch_path import noise_keys
 
 NEG_INF = float("-inf")
 

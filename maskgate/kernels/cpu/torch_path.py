@@ -11,12 +11,15 @@ a time (ROW_BLOCK); the rest works on the prefixes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
+from maskgate.kernels.cpu.decide import exp64, prefix_mass, resolve_support
 from maskgate.kernels.inputs import SampleInputs
 from maskgate.kernels.noise import G_MAX, gumbel, row_keys
 from maskgate.kernels.order import GREEDY_T, key_ids, order_keys, pack_keys, scaled_logits
-from maskgate.kernels.resolve import exp64, prefix_mass, resolve_support
 from maskgate.kernels.result import STATUS_OK, STATUS_OVERFLOW, STATUS_TRUNCATED, SampleResult
 
 # Tokens listed per row, tier by tier: rows the first prefix cannot decide (long top-p tails,
@@ -230,12 +233,55 @@ def sample_torch(inp: SampleInputs) -> SampleResult:
             listed.append(listed_prefix(z if bool(rest.all()) else z[rest], tiers[0]))
     whole &= ~nan_rows
     rows = (~greedy & ~nan_rows & ~whole).nonzero().squeeze(1)
-    for tier, length in enumerate(tiers):
+    out = _Rows(n, token, logprob, j, padded, fallback)
+    _resolve_tiers(inp, rows, (tiers, usual_first), listed, top_k, (z_max, z_sum), (k0, k1), out)
+
+    n = torch.where(nan_rows, 0, n)
+    token = torch.where(nan_rows, 0, token)
+    logprob = torch.where(nan_rows, float("nan"), logprob)
+    return emit_masks(inp, token, logprob, n, j, padded, nan_rows, fallback)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """sample_torch's per-row outputs, filled in place: n, token, logprob, j (the token's
+    position in design order), fallback [B]; padded [B, cap], each row's first cap ids."""
+
+    n: torch.Tensor
+    token: torch.Tensor
+    logprob: torch.Tensor
+    j: torch.Tensor
+    padded: torch.Tensor
+    fallback: torch.Tensor
+
+
+def _resolve_tiers(
+    inp: SampleInputs,
+    rows: torch.Tensor,
+    tiers: tuple[list[int], int],
+    listed: Sequence[tuple[torch.Tensor, ...]],
+    top_k: torch.Tensor,
+    sums: tuple[torch.Tensor, torch.Tensor],
+    keys: tuple[torch.Tensor, torch.Tensor],
+    out: _Rows,
+) -> None:
+    """The rows left to resolve (rows: [R] batch indices), tier by tier: each tier's prefix
+    decides |S| and draws, and the rows it cannot decide go on to the next, longer one.
+
+    tiers: (the prefix lengths, the usual first one: rows past it count as fallback rows);
+    listed: the first tier's prefixes, block by block; top_k [B] (0 = off); sums: (z_max,
+    z_sum) [B]; keys: the noise keys (k0, k1) [B]."""
+    x = inp.logits
+    lengths, usual_first = tiers
+    z_max, z_sum = sums
+    k0, k1 = keys
+    cap = out.padded.shape[1]
+    for tier, length in enumerate(lengths):
         if rows.numel() == 0:
             break
         if tier > 0:
             if length > usual_first:
-                fallback[rows] = True
+                out.fallback[rows] = True
             z, _, _ = _row_z(x[rows], inp.temperature[rows])  # only these rows: no bad one
             ids, zs, complete, z_beyond = listed_prefix(z, length)
         else:
@@ -248,20 +294,15 @@ def sample_torch(inp: SampleInputs) -> SampleResult:
         r_tok, r_lp, r_j = draw_from_prefix(zs, ids, mass, r_n, zm, k0[rows], k1[rows], no)
         done = ~more
         d_rows = rows[done]
-        n[d_rows], token[d_rows], logprob[d_rows], j[d_rows] = (
+        out.n[d_rows], out.token[d_rows], out.logprob[d_rows], out.j[d_rows] = (
             r_n[done],
             r_tok[done],
             r_lp[done],
             r_j[done],
         )
         width = min(cap, length)
-        padded[d_rows, :width] = ids[done, :width]
+        out.padded[d_rows, :width] = ids[done, :width]
         rows = rows[more]
-
-    n = torch.where(nan_rows, 0, n)
-    token = torch.where(nan_rows, 0, token)
-    logprob = torch.where(nan_rows, float("nan"), logprob)
-    return emit_masks(inp, token, logprob, n, j, padded, nan_rows, fallback)
 
 
 def emit_masks(

@@ -1,7 +1,7 @@
 """The CUDA sampler's launch shapes: pass 1's segment, lanes and candidate slots, and the
 register limits of both passes, for a vocabulary and a batch size.
 
-Host-side arithmetic only (no Triton): maskgate/kernels/triton_path.py launches with the
+Host-side arithmetic only (no Triton): triton/launch.py launches with the
 config these functions choose. Every number below was timed on the H200 (V = 151936 fp32
 unless named, top-p 0.95 Zipf rows, steady launches); docs/kernels.md has the tables.
 """
@@ -19,7 +19,7 @@ BAND_WARPS = 8
 # Pass 1: 512 lanes (2 per thread) a program. B=128 fp32 32.9 us (a plain read of the
 # logits: 21.4), B=1 5.0 us with 2048-token segments (floor 2.7).
 LANES = 512
-# Segments of at most this many tiles are read unrolled (triton_band.SHORT_TILES).
+# Segments of at most this many tiles are read unrolled (pass1.SHORT_TILES).
 SHORT_TILES = 8
 # Segments double (up to MAX_TILES tiles) while the launch keeps LANE_PROGRAMS programs or the
 # row keeps ROW_SEGMENTS segments: large batches amortise each program's end-of-segment cut
@@ -58,7 +58,7 @@ PASS1_REGS = 40
 LOOK = 2
 PASS1_REGS_LOOK = 48
 # From REREAD_BATCH rows pass 1 reads a lane's column again when it let a band token go
-# below fewer than REREAD_BELOW of the segment's tops (triton_band.lanes_pass): three of a
+# below fewer than REREAD_BELOW of the segment's tops (pass1.lanes_pass): three of a
 # row's support in one lane otherwise send 0.24-0.29% of rows to the rescue, which holds the
 # whole launch. B = 128 54.9 -> 45.1 us, 192 78.8 -> 68.7, 256 105.2 -> 80.8, 512 165.5 ->
 # 145.9. Below 32 rows the branch costs about 1 us (B = 1 12.9 -> 13.8). 32 tops cost more
@@ -76,7 +76,7 @@ RESOLVE_REGS = 128
 RESOLVE_BISECT = 8  # halvings of the threshold search picking a tier's best (in quarters)
 TIERS = (256, 1024)  # candidates sorted per row: most rows decide on the first tier
 # The rescue gathers up to this many second tiers of keys above its floor, then picks the
-# best second tier of them (maskgate/kernels/triton_resolve.py).
+# best second tier of them (triton/rescue.py).
 RESCUE_TIERS = 4
 # Rounds of the rescue at most: round r reads the r segments with the highest floors again
 # (two bad segments in one row were one rescued row in five at B = 256).

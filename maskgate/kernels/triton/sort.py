@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from maskgate.kernels.triton_common import EMPTY_KEY
+from maskgate.kernels.triton.common import EMPTY_KEY
 
 # sort_block's runs, and the smallest block it sorts in runs (smaller blocks: one tl.sort).
 SORT_RUN = tl.constexpr(128)

@@ -1,6 +1,6 @@
 """The sort-all-rows baseline on CUDA answers what the Triton kernels answer.
 
-Run with `pytest -m gpu tests/gpu/test_worker_sort_all_gpu.py`.
+Run with `pytest -m gpu tests/gpu/test_kernels_sort_all_gpu.py`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from maskgate import kernels
-from maskgate.worker.sort_all import sample_sort_all_rows
+from maskgate.kernels import sample_sort_all_rows
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,5 +1,5 @@
 """Device helpers of resolve_kernel: pick and sort the best candidates, decide |S|, draw, and
-write a row's mask slot. The decision rules mirror maskgate/kernels/resolve.py (the CPU path).
+write a row's mask slot. The decision rules mirror cpu/decide.py (the torch path).
 """
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from maskgate.kernels.triton_common import (
+from maskgate.kernels.triton.common import (
     EMPTY_KEY,
     add2,
     add3,
@@ -22,7 +22,7 @@ from maskgate.kernels.triton_common import (
     unpack_id,
     unpack_z,
 )
-from maskgate.kernels.triton_sort import sort_block
+from maskgate.kernels.triton.sort import sort_block
 
 
 @triton.jit

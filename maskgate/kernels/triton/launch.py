@@ -1,21 +1,25 @@
 """The CUDA sampler: Triton launches, no host synchronisation, no full vocabulary sort.
 
   band_lanes_kernel (B, n_chunks)  the one full read of the logits: per-segment stats and
-                                   candidates (maskgate/kernels/triton_band.py)
-  resolve_kernel    (B,)           sort candidates, decide S (or bisect: fallback), draw, slots;
-                                   up to one row an SM, each row also packs its slot as CSR
-                                   (maskgate/kernels/triton_resolve.py)
-  emit_kernel       (R,)           pack the slots as CSR (R >= 2, more rows than SMs)
+                                   candidates (pass1.py)
+  resolve_kernel    (B,)           sort candidates, decide S (or the whole-row fallback),
+                                   draw, slots; up to one row an SM, each row also packs its
+                                   slot as CSR (resolve.py)
+  emit_kernel       (R,)           pack the slots as CSR (R >= 2, more rows than SMs; emit.py)
 
-The shapes come from maskgate/kernels/band_config.py. The only host-side inputs are shapes and
+The shapes come from config.py. The only host-side inputs are shapes and
 want_mask (a CPU tensor: it sizes the outputs).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from maskgate.kernels.band_config import (
+from maskgate.kernels.inputs import SampleInputs
+from maskgate.kernels.result import SampleResult
+from maskgate.kernels.triton.config import (
     BAND_WARPS,
     DELTA,
     FB_BLOCK,
@@ -31,11 +35,9 @@ from maskgate.kernels.band_config import (
     next_pow2,
     reread_constants,
 )
-from maskgate.kernels.inputs import SampleInputs
-from maskgate.kernels.result import SampleResult
-from maskgate.kernels.triton_band import band_lanes_kernel
-from maskgate.kernels.triton_emit import emit_kernel
-from maskgate.kernels.triton_resolve import resolve_kernel
+from maskgate.kernels.triton.emit import emit_kernel
+from maskgate.kernels.triton.pass1 import band_lanes_kernel
+from maskgate.kernels.triton.resolve import resolve_kernel
 
 
 def may_pack(cfg: BandConfig, batch: int, device: torch.device) -> bool:
@@ -189,6 +191,65 @@ def resolve_meta(cfg: BandConfig, vocab: int, cap: int, has_step: bool) -> dict[
     }
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One sample_triton call's buffers on the device: pass 1's outputs, resolve_kernel's
+    per-row arguments and outputs, and the mask slots and CSR."""
+
+    cand_key: torch.Tensor  # [B, ncand] int64, pass 1's candidates as (z, id) keys
+    m_c: torch.Tensor  # [B, n_chunks] float32 segment max, sum exp(z - max), floor
+    s_c: torch.Tensor
+    d_c: torch.Tensor
+    seed: torch.Tensor  # [B] int64 (host-random for unseeded launches)
+    step: torch.Tensor  # [B] int64 (seed again when the call has none: never read then)
+    midx: torch.Tensor  # [B] int64 each row's mask index, -1 for none
+    tokens: torch.Tensor  # [B] outputs
+    logprobs: torch.Tensor
+    sizes: torch.Tensor
+    nan_rows: torch.Tensor
+    fallback: torch.Tensor
+    band_sizes: torch.Tensor
+    counts: torch.Tensor  # [max(R, 1)] int64 ids each mask slot holds
+    status: torch.Tensor  # [R] int8
+    slots: torch.Tensor  # [max(R, 1) * cap] int32 mask slots
+    offsets: torch.Tensor  # [R + 1] int64 CSR offsets
+    pack: int  # pack_mode
+    mask_ids: torch.Tensor  # [R * cap] int32 CSR ids (the slots themselves when R == 1)
+    mask_sizes: torch.Tensor  # [B] int64, set to -1 by pass 1
+    scratch: torch.Tensor  # [B, T1 + T2 + max(CAP_BLOCK, RESCUE)] int64
+    meta: dict[str, int]  # resolve_meta's compile-time sizes
+    n_rows: int  # R, the rows that ask for a mask
+
+    def stats(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.cand_key, self.m_c, self.s_c, self.d_c
+
+    def row_args(self, inp: SampleInputs) -> tuple:
+        """resolve_kernel's arguments from top_k to scratch, in its order."""
+        return (
+            inp.top_k,
+            inp.top_p,
+            inp.min_p,
+            inp.bounded,
+            self.seed,
+            self.step,
+            self.midx,
+            self.tokens,
+            self.logprobs,
+            self.sizes,
+            self.nan_rows,
+            self.fallback,
+            self.band_sizes,
+            self.counts,
+            self.status,
+            self.slots,
+            self.offsets,
+            self.pack,
+            self.mask_ids,
+            self.mask_sizes,
+            self.scratch,
+        )
+
+
 def sample_triton(
     inp: SampleInputs,
     config: BandConfig | None = None,
@@ -217,94 +278,26 @@ def sample_triton(
                 "device), built before the capture (its host-to-device copy cannot be captured)"
             )
         index = mask_index(inp.want_mask, dev)
-    n_rows = index.shape[0] - batch
-    midx, mask_rows = index[:batch], index[batch:]
     if band_sizes is None:
         band_sizes = torch.empty(batch, dtype=torch.int64, device=dev)
-
-    meta = resolve_meta(cfg, vocab, cap, has_step=inp.step is not None)
-    cand_key = torch.empty(batch, cfg.ncand, dtype=torch.int64, device=dev)
-    m_c, s_c, d_c = (torch.empty(batch, cfg.n_chunks, device=dev) for _ in range(3))
-    tokens = torch.empty(batch, dtype=torch.int64, device=dev)
-    logprobs = torch.empty(batch, dtype=torch.float32, device=dev)
-    sizes = torch.empty(batch, dtype=torch.int64, device=dev)
-    nan_rows = torch.empty(batch, dtype=torch.int8, device=dev)
-    fallback = torch.empty(batch, dtype=torch.int8, device=dev)
-    counts = torch.empty(max(n_rows, 1), dtype=torch.int64, device=dev)
-    status = torch.empty(n_rows, dtype=torch.int8, device=dev)
-    slots = torch.empty(max(n_rows, 1) * cap, dtype=torch.int32, device=dev)
-    scratch_len = meta["T1"] + meta["T2"] + max(meta["CAP_BLOCK"], meta["RESCUE"])
-    scratch = torch.empty(batch, scratch_len, dtype=torch.int64, device=dev)
-    if inp.seed is None:
-        seed = torch.randint(-(2**63), 2**63 - 1, (batch,), dtype=torch.int64, device=dev)
-    else:
-        seed = inp.seed
-    step = inp.step if inp.step is not None else seed
-    offsets = torch.empty(n_rows + 1, dtype=torch.int64, device=dev)
-    pack = pack_mode(n_rows, may_pack(cfg, batch, dev))
-    mask_ids = slots if n_rows == 1 else torch.empty(n_rows * cap, dtype=torch.int32, device=dev)
-    # Pass 1 clears mask_sizes whether or not resolve packs: one pass-1 compile per config.
-    mask_sizes = torch.empty(batch, dtype=torch.int64, device=dev)
-    row_args = (
-        inp.top_k,
-        inp.top_p,
-        inp.min_p,
-        inp.bounded,
-        seed,
-        step,
-        midx,
-        tokens,
-        logprobs,
-        sizes,
-        nan_rows,
-        fallback,
-        band_sizes,
-        counts,
-        status,
-        slots,
-        offsets,
-        pack,
-        mask_ids,
-        mask_sizes,
-        scratch,
-    )
-    stats = (cand_key, m_c, s_c, d_c)
-    raced = n_rows < batch
-    race, race_g, race_w = race_buffers(inp, cfg, seed, step, raced)
-    if race is None:  # stand-ins resolve_kernel never reads
-        race_g, race_w = m_c, cand_key
+    run = allocate(inp, cfg, cap, index, band_sizes)
+    raced = run.n_rows < batch
+    race, race_g, race_w = race_buffers(inp, cfg, run.seed, run.step, raced)
+    if race_g is None or race_w is None:  # no race: stand-ins resolve_kernel never reads
+        race_g, race_w = run.m_c, run.cand_key
     # Programmatic dependent launch (sm_90+): resolve and emit launch while the kernel before
     # them finishes and wait for it on the device, so no launch gap separates the passes.
     pdl = pdl_capable(dev)
-    launch_band(x, inp.temperature, *stats, cfg, pdl=pdl, mask_sizes=mask_sizes, race=race)
-    resolve_kernel[(batch,)](
-        *stats,
-        x,
-        x.stride(0),
-        inp.temperature,
-        *row_args,
-        vocab,
-        cfg.n_chunks,
-        inp.max_mask_tokens,
-        cap,
-        cfg.ncand,
-        cfg.chunk,
-        **meta,
-        PDL=pdl,
-        g_ptr=race_g,
-        w_ptr=race_w,
-        raced=int(raced),
-        num_warps=8 if meta["CAND_BLOCK"] >= 2048 else 4,
-        **({"maxnreg": cfg.resolve_regs} if cfg.resolve_regs else {}),
-        **({"launch_pdl": True} if pdl else {}),
+    launch_band(
+        x, inp.temperature, *run.stats(), cfg, pdl=pdl, mask_sizes=run.mask_sizes, race=race
     )
-
-    if pack == 0 and n_rows > 1:
-        emit_kernel[(n_rows,)](
-            slots,
-            counts,
-            offsets,
-            mask_ids,
+    launch_resolve(inp, cfg, cap, run, (race_g, race_w, raced), pdl)
+    if run.pack == 0 and run.n_rows > 1:
+        emit_kernel[(run.n_rows,)](
+            run.slots,
+            run.counts,
+            run.offsets,
+            run.mask_ids,
             cap,
             BLOCK=1024,
             PDL=pdl,
@@ -312,15 +305,98 @@ def sample_triton(
             **({"launch_pdl": True} if pdl else {}),
         )
     return SampleResult(
-        tokens=tokens,
-        logprobs=logprobs,
-        mask_rows=mask_rows,
-        mask_offsets=offsets,
-        mask_ids=mask_ids,
-        mask_status=status,
-        nan_rows=nan_rows.view(torch.bool),
-        fallback_rows=fallback.view(torch.bool),
-        support_sizes=sizes,
-        chunk_max=m_c,
-        chunk_sumexp=s_c,
+        tokens=run.tokens,
+        logprobs=run.logprobs,
+        mask_rows=index[batch:],
+        mask_offsets=run.offsets,
+        mask_ids=run.mask_ids,
+        mask_status=run.status,
+        nan_rows=run.nan_rows.view(torch.bool),
+        fallback_rows=run.fallback.view(torch.bool),
+        support_sizes=run.sizes,
+        chunk_max=run.m_c,
+        chunk_sumexp=run.s_c,
+    )
+
+
+def allocate(
+    inp: SampleInputs, cfg: BandConfig, cap: int, index: torch.Tensor, band_sizes: torch.Tensor
+) -> Launch:
+    """The launches' buffers for inp under cfg (mask cap `cap`, mask_index `index`)."""
+    x = inp.logits
+    batch, vocab = x.shape
+    dev = x.device
+    n_rows = index.shape[0] - batch
+    meta = resolve_meta(cfg, vocab, cap, has_step=inp.step is not None)
+    cand_key = torch.empty(batch, cfg.ncand, dtype=torch.int64, device=dev)
+    m_c, s_c, d_c = (torch.empty(batch, cfg.n_chunks, device=dev) for _ in range(3))
+    slots = torch.empty(max(n_rows, 1) * cap, dtype=torch.int32, device=dev)
+    scratch_len = meta["T1"] + meta["T2"] + max(meta["CAP_BLOCK"], meta["RESCUE"])
+    if inp.seed is None:
+        seed = torch.randint(-(2**63), 2**63 - 1, (batch,), dtype=torch.int64, device=dev)
+    else:
+        seed = inp.seed
+    return Launch(
+        cand_key=cand_key,
+        m_c=m_c,
+        s_c=s_c,
+        d_c=d_c,
+        seed=seed,
+        step=inp.step if inp.step is not None else seed,
+        midx=index[:batch],
+        tokens=torch.empty(batch, dtype=torch.int64, device=dev),
+        logprobs=torch.empty(batch, dtype=torch.float32, device=dev),
+        sizes=torch.empty(batch, dtype=torch.int64, device=dev),
+        nan_rows=torch.empty(batch, dtype=torch.int8, device=dev),
+        fallback=torch.empty(batch, dtype=torch.int8, device=dev),
+        band_sizes=band_sizes,
+        counts=torch.empty(max(n_rows, 1), dtype=torch.int64, device=dev),
+        status=torch.empty(n_rows, dtype=torch.int8, device=dev),
+        slots=slots,
+        offsets=torch.empty(n_rows + 1, dtype=torch.int64, device=dev),
+        pack=pack_mode(n_rows, may_pack(cfg, batch, dev)),
+        mask_ids=(
+            slots if n_rows == 1 else torch.empty(n_rows * cap, dtype=torch.int32, device=dev)
+        ),
+        # Pass 1 clears mask_sizes whether or not resolve packs: one pass-1 compile per config.
+        mask_sizes=torch.empty(batch, dtype=torch.int64, device=dev),
+        scratch=torch.empty(batch, scratch_len, dtype=torch.int64, device=dev),
+        meta=meta,
+        n_rows=n_rows,
+    )
+
+
+def launch_resolve(
+    inp: SampleInputs,
+    cfg: BandConfig,
+    cap: int,
+    run: Launch,
+    race: tuple[torch.Tensor, torch.Tensor, bool],
+    pdl: bool,
+) -> None:
+    """Pass 2: one program per row, over pass 1's outputs. race: pass 1's race outputs (g, w)
+    and whether pass 1 raced (stand-ins that resolve never reads when it did not)."""
+    x = inp.logits
+    batch, vocab = x.shape
+    race_g, race_w, raced = race
+    resolve_kernel[(batch,)](
+        *run.stats(),
+        x,
+        x.stride(0),
+        inp.temperature,
+        *run.row_args(inp),
+        vocab,
+        cfg.n_chunks,
+        inp.max_mask_tokens,
+        cap,
+        cfg.ncand,
+        cfg.chunk,
+        **run.meta,
+        PDL=pdl,
+        g_ptr=race_g,
+        w_ptr=race_w,
+        raced=int(raced),
+        num_warps=8 if run.meta["CAND_BLOCK"] >= 2048 else 4,
+        **({"maxnreg": cfg.resolve_regs} if cfg.resolve_regs else {}),
+        **({"launch_pdl": True} if pdl else {}),
     )

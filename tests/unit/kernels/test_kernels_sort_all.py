@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from maskgate import kernels
-from maskgate.worker.sort_all import sample_sort_all_rows
+from maskgate.kernels import sample_sort_all_rows
 
 
 def _case(bounded_row: int | None = None) -> tuple[tuple[torch.Tensor, ...], dict]:
