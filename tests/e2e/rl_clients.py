@@ -147,6 +147,19 @@ def until(check: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
         time.sleep(POLL_S)
 
 
+def started(call: tuple[Any, list[Any]], running: Callable[[], bool]) -> None:
+    """Until `running()`, while the call's thread is alive (one that ended or raised fails
+    at once, not after the timeout)."""
+    thread, box = call
+
+    def check() -> bool:
+        if not thread.is_alive():
+            raise ClientError(f"the request ended before it was seen running: {box}")
+        return running()
+
+    until(check, "the request running")
+
+
 def _status_is_200(method: str, url: str, headers: dict[str, str] | None = None) -> bool:
     try:
         return http(method, url, headers=headers, timeout=10)[0] == 200

@@ -37,7 +37,7 @@ from rl_clients import (
     slime_discover,
     slime_generate,
     slime_sampling_params,
-    until,
+    started,
     verl_generate,
     wait_server_healthy,
 )
@@ -110,7 +110,7 @@ def in_flight(engine: Engine) -> tuple[Any, list[Any]]:
     """A slime request of LONG tokens, running on the engine when this returns."""
     params = {**slime_sampling_params(0.0, max_new_tokens=LONG), "ignore_eos": True}
     call = in_thread(lambda: slime_generate(engine.url, PROMPT, params))
-    until(lambda: running(engine.url) > 0, "the request running")
+    started(call, lambda: running(engine.url) > 0)
     return call
 
 
