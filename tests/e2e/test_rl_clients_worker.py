@@ -220,6 +220,23 @@ def test_miles_distributed_sync(engine: Engine) -> None:
         rank0.disconnect()
 
 
+def test_miles_in_place_sync_keeps_running_requests(engine: Engine) -> None:
+    """Miles with pause_generation_mode in_place (no flush): the request in flight holds
+    through the update and runs to its length, its version the new one at the end."""
+    rank0 = RankZero([engine.url], "miles-in-place", free_port())
+    try:
+        rank0.connect()
+        call = in_flight(engine)
+        miles_sync_distributed(rank0, perturbed_weights(8), 8, BUCKET, mode="in_place")
+        engine.synced(8, "8")
+        kept = finished(call)
+        assert kept.status == "truncated" and len(kept.tokens) == LONG
+        assert kept.weight_versions == ["8"]
+        check_serving(engine, greedy(engine))
+    finally:
+        rank0.disconnect()
+
+
 def test_slime_flattened_bucket_sync(engine: Engine) -> None:
     answers = slime_sync_flattened(engine.url, perturbed_weights(3), 3, BUCKET)
     assert len(answers) >= 3 and all(a["success"] for a in answers), answers
