@@ -91,6 +91,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -277,10 +278,11 @@ def slime_abort(router: str) -> list[str]:
 def abort_until_idle(urls: list[str]) -> None:
     for url in urls:
         ok("POST", url + "/abort_request", {"abort_all": True})
-        until(
-            lambda url=url: requests_in_load(ok("GET", url + "/v1/loads?include=core")) <= 0,
-            f"{url} idle after abort",
-        )
+        until(partial(_idle, url), f"{url} idle after abort")
+
+
+def _idle(url: str) -> bool:
+    return requests_in_load(ok("GET", url + "/v1/loads?include=core")) <= 0
 
 
 # ---- generation -----------------------------------------------------------------------

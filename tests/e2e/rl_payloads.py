@@ -58,7 +58,7 @@ _CLASSES = {BUCKET_MODULE: FlattenedTensorMetadata, RUNNER_MODULE: LocalSerializ
 def _sglang_names() -> Iterator[None]:
     """Our two classes importable under SGLang's module names (pickle checks that a class
     is found where it says it lives), removed again afterwards."""
-    added = []
+    added, replaced = [], []
     for module, cls in _CLASSES.items():
         parts = module.split(".")
         for i in range(1, len(parts) + 1):
@@ -68,10 +68,15 @@ def _sglang_names() -> Iterator[None]:
                 mod.__path__ = []  # a package, so that its children import
                 sys.modules[name] = mod
                 added.append(name)
-        setattr(sys.modules[module], cls.__name__, cls)
+        target = sys.modules[module]
+        replaced.append((target, cls.__name__, getattr(target, cls.__name__, None)))
+        setattr(target, cls.__name__, cls)
     try:
         yield
     finally:
+        for target, attr, before in replaced:
+            if before is not None:  # an installed SGLang's own class
+                setattr(target, attr, before)
         for name in reversed(added):
             del sys.modules[name]
 
