@@ -231,6 +231,10 @@ def miles_register(router: str, engine: str) -> Any:
     return ok("POST", f"{router}/add_worker?url={engine}")
 
 
+def miles_unregister(router: str, engine: str) -> Any:
+    return ok("POST", f"{router}/remove_worker?url={engine}")
+
+
 def router_workers(router: str) -> list[dict[str, Any]]:
     workers = ok("GET", router + "/workers")["workers"]
     if not all(isinstance(w.get("url"), str) and "id" in w for w in workers):

@@ -28,6 +28,7 @@ from rl_clients import (
     miles_generate,
     miles_list_workers,
     miles_register,
+    miles_unregister,
     ok,
     requests_in_load,
     router_workers,
@@ -210,10 +211,18 @@ def test_sync_through_the_router_without_pause(router: Router) -> None:
         check(router, greedy(router))
 
 
-def test_slime_shutdown_unregisters(router: Router) -> None:
-    gone = router.engines[0]
-    slime_unregister(router.url, gone)
-    assert [w["url"] for w in router_workers(router.url)] == router.engines[1:]
-    check(router, greedy(router))  # the other engine serves
-    slime_register(router.url, gone)
-    assert sorted(w["url"] for w in router_workers(router.url)) == sorted(router.engines)
+def test_shutdown_unregisters(router: Router) -> None:
+    """slime: DELETE /workers/{id} of its engine; Miles: POST /remove_worker?url=."""
+    for gone, unregister, register in (
+        (router.engines[0], slime_unregister, slime_register),
+        (router.engines[1], miles_unregister, miles_register),
+    ):
+        unregister(router.url, gone)
+        assert [w["url"] for w in router_workers(router.url)] == [
+            e for e in router.engines if e != gone
+        ]
+        assert miles_list_workers(router.url) == [e for e in router.engines if e != gone]
+        check(router, greedy(router))  # the other engine serves
+        register(router.url, gone)
+        listed = router_workers(router.url)
+        assert sorted(w["url"] for w in listed) == sorted(router.engines)
