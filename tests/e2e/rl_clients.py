@@ -81,24 +81,16 @@ from __future__ import annotations
 
 import base64
 import json
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from child_env import REPO, child_env, free_port
 
 HEALTH_HEADERS = {"Content-Type": "application/json; charset=utf-8"}
 POLL_S = 0.2  # the clients poll every 1-2 s; shorter here, same loop
@@ -161,7 +153,7 @@ def started(call: tuple[Any, list[Any]], running: Callable[[], bool]) -> None:
     until(check, "the request running")
 
 
-def _status_is_200(method: str, url: str, headers: dict[str, str] | None = None) -> bool:
+def status_is_200(method: str, url: str, headers: dict[str, str] | None = None) -> bool:
     try:
         return http(method, url, headers=headers, timeout=10)[0] == 200
     except (urllib.error.URLError, OSError):
@@ -175,9 +167,9 @@ def wait_server_healthy(url: str, api_key: str | None = None, flush: bool = Fals
     """slime / Miles / verl launch wait: /health_generate until 200 (with `Bearer None` when
     there is no key); Miles and verl then poll GET /flush_cache until 200."""
     headers = {**HEALTH_HEADERS, "Authorization": f"Bearer {api_key}"}
-    until(lambda: _status_is_200("GET", url + "/health_generate", headers), "health_generate")
+    until(lambda: status_is_200("GET", url + "/health_generate", headers), "health_generate")
     if flush:
-        until(lambda: _status_is_200("GET", url + "/flush_cache", headers), "flush_cache")
+        until(lambda: status_is_200("GET", url + "/flush_cache", headers), "flush_cache")
 
 
 def slime_server_info(url: str) -> dict[str, Any]:
@@ -446,49 +438,3 @@ def check_success(answers: Sequence[Any]) -> None:
     for answer in answers:
         if isinstance(answer, dict) and answer.get("success") is False:
             raise ClientError(f"weight sync failed on rollout engine: {answer}")
-
-
-# ---- processes --------------------------------------------------------------------------
-
-WORKER_ARGS = ["--model", "tiny-random", "--device", "cpu", "--max-model-len", "2048",
-               "--max-num-seqs", "4", "--cpu-threads", "1", "--weight-version", "0"]  # fmt: skip
-
-
-class Processes:
-    """`python -m maskgate.cli ...` children on loopback, logged under `log_dir`, stopped
-    together (SIGTERM, then SIGKILL after 15 s)."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
-
-    def start(self, name: str, args: list[str]) -> None:
-        log = self.log_dir / f"{name}.log"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "maskgate.cli", *args],
-            cwd=REPO, env=child_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        self.procs.append((proc, log))
-
-    def worker(self, name: str) -> str:
-        port = free_port()
-        self.start(name, ["worker", *WORKER_ARGS, "--host", "127.0.0.1", "--port", str(port)])
-        return f"http://127.0.0.1:{port}"
-
-    def wait(self, url: str, path: str, timeout_s: float = 180) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not _status_is_200("GET", url + path):
-            for proc, log in self.procs:
-                assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, f"{url}{path} not 200 after {timeout_s} s"
-            time.sleep(POLL_S)
-
-    def stop(self) -> None:
-        for proc, _ in reversed(self.procs):
-            proc.send_signal(signal.SIGTERM)
-        for proc, _ in reversed(self.procs):
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()

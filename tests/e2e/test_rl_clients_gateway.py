@@ -22,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from child_env import free_port
 from rl_client_sync import RankZero, slime_sync_distributed
 from rl_clients import (
-    Processes,
     Sample,
     http,
     miles_generate,
@@ -42,6 +41,7 @@ from rl_clients import (
     verl_generate,
     wait_server_healthy,
 )
+from rl_procs import Processes
 from rl_trainer import (
     distributed_body,
     form_group,

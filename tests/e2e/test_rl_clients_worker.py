@@ -27,7 +27,6 @@ from rl_client_sync import (
     verl_sync,
 )
 from rl_clients import (
-    Processes,
     Sample,
     abort_until_idle,
     http,
@@ -42,6 +41,7 @@ from rl_clients import (
     wait_server_healthy,
 )
 from rl_payloads import safetensors_entry
+from rl_procs import Processes
 from rl_trainer import in_thread, offline_greedy, perturbed_weights, save_checkpoint
 
 pytestmark = pytest.mark.e2e
