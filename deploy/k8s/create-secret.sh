@@ -22,7 +22,8 @@ namespace="${1:-maskgate}"
 key() { od -An -tx1 -N32 /dev/urandom | tr -d ' \n'; }
 
 dir="$(mktemp -d)"
-trap 'rm -rf "$dir"' EXIT INT TERM
+trap 'rm -rf "$dir"' EXIT
+trap 'exit 130' INT TERM
 umask 077
 {
     printf 'api-keys=["%s"]\n' "$(key)"
