@@ -55,5 +55,9 @@ EXPOSE 30000
 # Model loading takes a while (minutes for large checkpoints): a long start period.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ['HEALTHCHECK_URL'], timeout=4)"]
+# Listens on 0.0.0.0 so that other containers and pods can reach it: give it its keys
+# (docker run -e MASKGATE_WORKER_API_KEY=... -e MASKGATE_WORKER_ADMIN_API_KEY=..., or the
+# Kubernetes Secret; docs/deploy.md, "Keys"). Without them every route is open to whoever
+# reaches the port.
 ENTRYPOINT ["maskgate"]
 CMD ["worker", "--model", "smollm2", "--role", "mask", "--host", "0.0.0.0", "--port", "30000", "--device", "cuda"]

@@ -10,6 +10,7 @@ them through the `kit` fixture.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -26,7 +27,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "k8s"
-OVERLAYS = ("cpu-demo", "gpu", "external-upstreams")
+OVERLAYS = ("cpu-demo", "gpu", "external-upstreams", "rl")
+# Prints the Secret every overlay reads its keys from, with fresh random keys.
+CREATE_SECRET = K8S / "create-secret.sh"
 RULE_FILE = K8S / "base" / "monitoring" / "prometheusrule.yaml"
 RULE_TESTS = DEPLOY / "prometheus" / "rules-test.yaml"
 DASHBOARD = DEPLOY / "grafana" / "maskgate-dashboard.json"
@@ -93,6 +96,67 @@ def render(kubectl: str) -> Callable[[str], list[Doc]]:
     return _render
 
 
+@pytest.fixture(scope="session")
+def make_secret(kubectl: str) -> Callable[[], dict[str, str]]:
+    """Runs `create-secret.sh` as an operator would; each call returns the printed Secret's
+    keys, decoded."""
+
+    def _make() -> dict[str, str]:
+        proc = subprocess.run(
+            ["sh", str(CREATE_SECRET)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": f"{Path(kubectl).parent}:/usr/bin:/bin"},
+        )
+        assert proc.returncode == 0, f"create-secret.sh failed:\n{proc.stderr}"
+        doc = yaml.safe_load(proc.stdout)
+        assert doc["kind"] == "Secret" and doc["metadata"]["name"] == "maskgate-api-keys"
+        assert doc["metadata"]["namespace"] == "maskgate"
+        return {k: base64.b64decode(v).decode() for k, v in doc["data"].items()}
+
+    return _make
+
+
+@pytest.fixture(scope="session")
+def secret(make_secret: Callable[[], dict[str, str]]) -> dict[str, str]:
+    """The Secret `maskgate-api-keys` as create-secret.sh makes it (decoded keys)."""
+    return make_secret()
+
+
+def secret_env(container: Doc, secret: dict[str, str]) -> dict[str, str]:
+    """The variables a container gets from the Secret `maskgate-api-keys` holding `secret`;
+    an optional key missing from it is left out, as the kubelet does."""
+    env = {}
+    for var in container.get("env", []):
+        ref = var.get("valueFrom", {}).get("secretKeyRef")
+        if ref is None:
+            continue
+        assert ref["name"] == "maskgate-api-keys", var["name"]
+        if ref["key"] in secret:
+            env[var["name"]] = secret[ref["key"]]
+        else:
+            assert ref.get("optional") is True, f"{var['name']}: the Secret has no {ref['key']}"
+    return env
+
+
+def selects(selector: Doc, labels: dict[str, str]) -> bool:
+    """Kubernetes label-selector semantics (matchLabels and matchExpressions)."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
 def find(docs: list[Doc], kind: str, name: str | None = None) -> list[Doc]:
     return [
         d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
@@ -156,6 +220,8 @@ def kit() -> SimpleNamespace:
         find=find,
         one=one,
         find_tool=find_tool,
+        secret_env=secret_env,
+        selects=selects,
         dashboard_exprs=dashboard_exprs,
         rule_exprs=rule_exprs,
         metric_names=metric_names,

@@ -4,7 +4,6 @@ the shutdown timeline). The ConfigMap's config parses with the gateway's own con
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
@@ -47,18 +46,10 @@ def gateway_config(docs: list[Doc], kit) -> tuple[str, Doc]:
     return cm["data"][mount["subPath"]], gw
 
 
-def secret_env(docs: list[Doc], gw: Doc) -> dict[str, str]:
-    """The MASKGATE_* variables the gateway gets from Secrets rendered in the same overlay."""
-    env = {}
-    secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
-    for var in container(gw).get("env", []):
-        ref = var.get("valueFrom", {}).get("secretKeyRef")
-        if ref and ref["name"] in secrets and ref["key"] in secrets[ref["name"]]["data"]:
-            env[var["name"]] = base64.b64decode(secrets[ref["name"]]["data"][ref["key"]]).decode()
-    return env
+OVERLAYS = ["cpu-demo", "gpu", "external-upstreams", "rl"]
 
 
-@pytest.mark.parametrize("overlay", ["cpu-demo", "gpu", "external-upstreams"])
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_with_what_it_promises(overlay: str, render, kit) -> None:
     docs = render(f"overlays/{overlay}")
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
@@ -66,24 +57,31 @@ def test_overlay_renders_with_what_it_promises(overlay: str, render, kit) -> Non
         ("Deployment", "maskgate-gateway"),
         ("Service", "maskgate-gateway"),
         ("PodDisruptionBudget", "maskgate-gateway"),
-        ("HorizontalPodAutoscaler", "maskgate-gateway"),
+        ("NetworkPolicy", "maskgate-gateway-ingress"),
     ]:
         assert expected in kinds, f"{overlay} lacks {expected}"
+    # The rl overlay runs exactly one gateway (its control state has one home); the others scale.
+    assert (("HorizontalPodAutoscaler", "maskgate-gateway") in kinds) == (overlay != "rl")
+    # Keys live only in the Secret the operator creates: no overlay ships one.
+    assert not kit.find(docs, "Secret"), f"{overlay} renders a Secret"
     assert all(
         d["metadata"].get("namespace") == "maskgate" for d in docs if d["kind"] != "Namespace"
     )
     if overlay != "external-upstreams":
-        for pool in ("mask", "general"):
+        pools = ("mask",) if overlay == "rl" else ("mask", "general")
+        for pool in pools:
             assert ("Service", f"maskgate-{pool}-workers") in kinds
         assert ("Deployment", "maskgate-mask-workers") in kinds
+        assert ("NetworkPolicy", "maskgate-workers") in kinds
     if overlay == "cpu-demo":
         # Runs on any cluster: nothing that needs an operator's CRDs, no GPU.
         assert not [d for d in docs if d["apiVersion"].startswith(OPERATOR_GROUP)]
         assert "nvidia.com/gpu" not in yaml.safe_dump(docs)
-        assert ("Secret", next(n for k, n in kinds if k == "Secret")) in kinds
     else:
         monitors = {d["kind"] for d in docs if d["apiVersion"].startswith(OPERATOR_GROUP)}
         assert monitors == {"ServiceMonitor", "PrometheusRule"}
+    if overlay in ("gpu", "rl"):
+        assert ("PersistentVolumeClaim", "maskgate-models") in kinds
     if overlay == "gpu":
         assert ("Deployment", "sglang-general") in kinds
         assert ("PersistentVolumeClaim", "maskgate-models") in kinds
@@ -97,6 +95,7 @@ def test_overlay_renders_with_what_it_promises(overlay: str, render, kit) -> Non
         "overlays/cpu-demo",
         "overlays/gpu",
         "overlays/external-upstreams",
+        "overlays/rl",
         "grafana",
     ],
 )
@@ -117,7 +116,7 @@ def test_manifests_pass_schema_validation(target: str, render) -> None:
                 pytest.fail(f"{where}: {e.message} at {list(e.path)}")
 
 
-@pytest.mark.parametrize("overlay", ["gpu", "external-upstreams"])
+@pytest.mark.parametrize("overlay", ["gpu", "external-upstreams", "rl"])
 def test_service_monitors_select_services_with_their_port(overlay: str, render, kit) -> None:
     docs = render(f"overlays/{overlay}")
     services = kit.find(docs, "Service")
@@ -142,9 +141,9 @@ def test_service_monitors_select_services_with_their_port(overlay: str, render, 
                 )
 
 
-@pytest.mark.parametrize("overlay", ["cpu-demo", "gpu", "external-upstreams"])
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_gateway_config_parses_with_the_gateways_model(
-    overlay: str, render, kit, tmp_path: Path
+    overlay: str, render, kit, secret, tmp_path: Path
 ) -> None:
     from maskgate.gateway.config import GatewayConfig
     from maskgate.protocol.settings import load_settings
@@ -153,11 +152,12 @@ def test_gateway_config_parses_with_the_gateways_model(
     text, gw = gateway_config(docs, kit)
     path = tmp_path / "gateway.yaml"
     path.write_text(text)
-    # The same path the container takes: the file, then MASKGATE_* variables from the Secret.
-    env = secret_env(docs, gw)
+    # The same path the container takes: the file, then MASKGATE_* variables from the Secret
+    # that create-secret.sh makes.
+    env = kit.secret_env(container(gw), secret)
     config = load_settings(GatewayConfig, file=path, env=env)
-    if overlay == "cpu-demo":
-        assert config.api_keys == ["maskgate-demo-key"]
+    assert config.api_keys == yaml.safe_load(secret["api-keys"]) and config.api_keys
+    assert config.admin_key == secret["admin-key"]
     # Every variable the Deployment sets names a real config field.
     fields = set(GatewayConfig.model_fields)
     for var in container(gw).get("env", []):
@@ -184,7 +184,7 @@ def test_gateway_config_parses_with_the_gateways_model(
         ), f"no pods behind {svc['metadata']['name']}"
 
 
-@pytest.mark.parametrize("overlay", ["cpu-demo", "gpu", "external-upstreams"])
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_shutdown_timeline_adds_up(overlay: str, render, kit, tmp_path: Path) -> None:
     from maskgate.gateway.config import GatewayConfig
     from maskgate.protocol.settings import load_settings
@@ -209,7 +209,7 @@ def test_shutdown_timeline_adds_up(overlay: str, render, kit, tmp_path: Path) ->
         assert pod["terminationGracePeriodSeconds"] >= worker_pre_stop + 60, name
 
 
-@pytest.mark.parametrize("overlay", ["cpu-demo", "gpu", "external-upstreams"])
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_pods_are_locked_down(overlay: str, render) -> None:
     for name, pod in pod_specs(render(f"overlays/{overlay}")):
         # Service links would inject MASKGATE_<SERVICE>_* variables that the gateway reads as

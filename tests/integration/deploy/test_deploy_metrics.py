@@ -24,6 +24,8 @@ pytestmark = pytest.mark.integration
 WORKER_START_S = 180  # torch import + tiny model + first Triton/CPU warm-up on 2 slow cores
 READY_LINE = re.compile(r"worker ready on http://[^:]+:(\d+)")
 API_KEY = "deploy-test-key"
+# The Secret gives every shipped gateway an admin key (it listens on 0.0.0.0).
+ADMIN_KEY = "deploy-test-admin-key"
 
 
 def exported_names(text: str) -> set[str]:
@@ -62,7 +64,7 @@ def gateway_config(kit, endpoint: str | None) -> Any:
     return load_settings(
         GatewayConfig,
         file=kit.K8S / "overlays" / "cpu-demo" / "gateway.yaml",
-        env={"MASKGATE_API_KEYS": f'["{API_KEY}"]'},
+        env={"MASKGATE_API_KEYS": f'["{API_KEY}"]', "MASKGATE_ADMIN_KEY": ADMIN_KEY},
         overrides={
             "port": 0,
             "metrics_port": None,

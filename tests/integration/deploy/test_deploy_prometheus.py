@@ -26,6 +26,8 @@ from aiohttp.test_utils import TestServer
 pytestmark = pytest.mark.integration
 
 API_KEY = "deploy-test-key"
+# The Secret gives every shipped gateway an admin key (it listens on 0.0.0.0).
+ADMIN_KEY = "deploy-test-admin-key"
 DEADLINE_S = 60  # Prometheus start + a few 1 s scrape/evaluation rounds; passes in ~5 s
 JOB = "maskgate-gateway"
 
@@ -66,7 +68,7 @@ async def gateway(kit) -> AsyncIterator[tuple[TestServer, TestServer]]:
     config = load_settings(
         GatewayConfig,
         file=kit.K8S / "overlays" / "cpu-demo" / "gateway.yaml",
-        env={"MASKGATE_API_KEYS": f'["{API_KEY}"]'},
+        env={"MASKGATE_API_KEYS": f'["{API_KEY}"]', "MASKGATE_ADMIN_KEY": ADMIN_KEY},
         # Only the ports move: test servers listen on port 0, the fake upstream on its own.
         overrides={
             "port": 0,
