@@ -202,9 +202,14 @@ def test_gateway_and_workers_start_with_the_created_secret(
         assert c["args"][0] == "worker"
         worker = load_config(overrides=worker_overrides(args), env=kit.secret_env(c, secret))
         assert worker.host == "0.0.0.0"  # Service traffic reaches the pod IP; keys guard it
-        assert worker.api_key == config.upstream_api_key
-        assert worker.admin_api_key == config.upstream_admin_api_key
-        assert worker.api_key != worker.admin_api_key
+        assert worker.api_key is not None and worker.admin_api_key is not None
+        api_key, admin_key = (
+            worker.api_key.get_secret_value(),
+            worker.admin_api_key.get_secret_value(),
+        )
+        assert api_key == config.upstream_api_key
+        assert admin_key == config.upstream_admin_api_key
+        assert api_key != admin_key
 
 
 def test_created_secret_has_fresh_distinct_keys(secret, make_secret) -> None:
