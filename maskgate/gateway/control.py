@@ -180,12 +180,14 @@ async def flush_cache(request: web.Request) -> web.Response:
     return answer("flush_cache", "flush_cache_failed", results, {"message": "Cache flushed."})
 
 
-async def abort_request(request: web.Request) -> web.Response:
-    """Every endpoint gets it: an unknown rid is a no-op there, and abort_all reaches all."""
+async def to_every_endpoint(request: web.Request) -> web.Response:
+    """The call, as sent, to every endpoint: `/abort_request` (an unknown rid is a no-op
+    there, and abort_all reaches all), and Miles' `/begin_weight_update` /
+    `/end_weight_update` around a sync (each worker keeps its own session)."""
     state, ctl = _admin(request)
     raw, _ = await _object(request)
-    results = await _broadcast(state, ctl.pool, "POST", "/abort_request", raw)
-    return answer("abort_request", "control_failed", results)
+    results = await _broadcast(state, ctl.pool, "POST", request.path, raw)
+    return answer(request.path.removeprefix("/"), "control_failed", results)
 
 
 async def update_weight_version(request: web.Request) -> web.Response:
@@ -324,7 +326,9 @@ POST_HANDLERS: dict[str, Handler] = {
     **dict.fromkeys(UPDATE_PATHS, update_weights),
     "/pause_generation": pause_generation,
     "/continue_generation": continue_generation,
-    "/abort_request": abort_request,
+    "/abort_request": to_every_endpoint,
+    "/begin_weight_update": to_every_endpoint,
+    "/end_weight_update": to_every_endpoint,
     "/update_weight_version": update_weight_version,
     "/init_weights_update_group": init_group,
     "/destroy_weights_update_group": destroy_group,

@@ -80,6 +80,8 @@ _FAN_OUT = {
     "/pause_generation": "Pause every endpoint; the pool's new requests wait at the gateway",
     "/continue_generation": "Continue every endpoint; lifts every hold; held requests go on",
     "/abort_request": "Abort a rid, or all (abort_all), on every endpoint",
+    "/begin_weight_update": "Open a weight-update session on every endpoint (Miles)",
+    "/end_weight_update": "Close the weight-update session on every endpoint (Miles)",
     "/update_weight_version": "Set the weight version on every endpoint and the pool",
 }
 _GET_OR_POST = {

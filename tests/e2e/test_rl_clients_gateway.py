@@ -4,7 +4,8 @@ register the way they register SGLang engines (slime: POST /workers; Miles: POST
 /add_worker?url=), with no auth header, on the port they send traffic to. Then their generate
 steps through it, slime's weight sync on the engines it lists and slime's abort of a
 rollout, a broadcast sync sent to the gateway itself with no pause before it (SGLang's
-default update: requests in flight keep running), and slime's shutdown (DELETE
+default update: requests in flight keep running), Miles' weight-update session through it,
+and slime's shutdown (DELETE
 /workers/{id})."""
 
 from __future__ import annotations
@@ -209,6 +210,25 @@ def test_sync_through_the_router_without_pause(router: Router) -> None:
     assert ok("GET", router.url + "/get_weight_version")["weight_version"] == "2"
     for _ in range(4):
         check(router, greedy(router))
+
+
+def test_miles_weight_session_through_the_router(router: Router) -> None:
+    """Miles' /begin_weight_update and /end_weight_update sent to the gateway: every engine
+    opens (then closes) its own session, and a second begin is refused by each, so the
+    gateway's answer names them all."""
+
+    def post(path: str, body: Any) -> tuple[int, Any]:
+        return http("POST", router.url + path, body)
+
+    status, begun = post("/begin_weight_update", {"selector": "all"})
+    assert status == 200 and begun["success"], begun
+    assert sorted(e["url"] for e in begun["endpoints"]) == sorted(router.engines)
+    status, again = post("/begin_weight_update", {"selector": "all"})
+    assert status == 400 and again["error"]["code"] == "control_failed", again
+    status, ended = post("/end_weight_update", {})
+    assert status == 200 and ended["success"], ended
+    status, again = post("/end_weight_update", {})
+    assert status == 400 and again["error"]["code"] == "control_failed", again
 
 
 def test_shutdown_unregisters(router: Router) -> None:
