@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from fault_upstream import Knobs, Upstream
+from fakes.fault_upstream import Knobs, Upstream
 
 from maskgate.gateway.state import GatewayState
 

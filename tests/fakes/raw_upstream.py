@@ -1,6 +1,5 @@
 """A fake upstream on raw sockets for the gateway's HTTP client tests: it writes exactly the
-bytes a test gives, which no HTTP server library would. Imported by name (tests/conftest.py
-puts tests/ on the path)."""
+bytes a test gives, which no HTTP server library would (smuggling and strictness tests)."""
 
 from __future__ import annotations
 
