@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from fakes.serve import start_site
 from fakes.upstream import FakeUpstream
 
 from maskgate.gateway import GatewayConfig, create_app
@@ -81,14 +82,10 @@ async def wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> None:
 @contextlib.asynccontextmanager
 async def run_gateway(config: GatewayConfig, **kw: Any) -> AsyncIterator[Gateway]:
     app = create_app(config, **kw)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    runner, url = await start_site(app, handler_cancellation=True, shutdown_timeout=2)
     try:
         async with aiohttp.ClientSession() as client:
-            gw = Gateway(f"http://127.0.0.1:{port}", app, client)
+            gw = Gateway(url, app, client)
             await wait_for(lambda: gw.state.ready)
             yield gw
     finally:
