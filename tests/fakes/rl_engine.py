@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -40,6 +40,15 @@ class RLEngine:
     _resumed: asyncio.Event = field(default_factory=asyncio.Event)
     _aborted: asyncio.Event = field(default_factory=asyncio.Event)
 
+    if TYPE_CHECKING:  # the FakeUpstream's, read here
+
+        @property
+        def name(self) -> str: ...
+        @property
+        def model_path(self) -> str | None: ...
+        @property
+        def calls(self) -> list[tuple[str, Any]]: ...
+
     def rl_route(self, path: str) -> RLHandler | None:
         """The handler of `path` (it takes the parsed JSON body), None when there is none."""
         routes: dict[str, RLHandler] = {
@@ -66,7 +75,7 @@ class RLEngine:
     async def _rl_model_info(self, body: Any) -> web.Response:
         return web.json_response(
             {
-                "model_path": self.model_path,  # type: ignore[attr-defined]
+                "model_path": self.model_path,
                 "is_generation": True,
                 "weight_version": self.version,
             }
@@ -76,7 +85,7 @@ class RLEngine:
         return web.json_response({"weight_version": self.version})
 
     async def _v1_loads(self, body: Any) -> web.Response:
-        running = sum(1 for p, _ in self.calls if p == "/generate")  # type: ignore[attr-defined]
+        running = sum(1 for p, _ in self.calls if p == "/generate")
         load = {"dp_rank": 0, "num_running_reqs": 0 if self.paused else running % 3}
         return web.json_response({"loads": [{**load, "num_waiting_reqs": 0}]})
 
@@ -93,8 +102,7 @@ class RLEngine:
             meta = {**meta, "weight_version": self.version, "finish_reason": finish}
         if isinstance(body, dict) and "weight_versions_span" in body:
             meta["weight_versions"] = body["weight_versions_span"]
-        name = self.name  # type: ignore[attr-defined]
-        return web.json_response({"text": "hi", "meta_info": meta, "worker": name})
+        return web.json_response({"text": "hi", "meta_info": meta, "worker": self.name})
 
     # --- control ---
     def _result(self, ok: bool, message: str, **extra: Any) -> web.Response:

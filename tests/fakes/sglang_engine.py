@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -47,6 +47,11 @@ class SGLangEngine:
     tokens: int = 5  # generated tokens per answer
     chat_error: str | None = None  # /v1/chat/completions answers this error (400)
     stream_error_after: int | None = None  # /generate streams fail after this many events
+
+    if TYPE_CHECKING:  # the FakeUpstream's, read here
+
+        @property
+        def vocab_size(self) -> int | None: ...
 
     def sglang_route(self, path: str) -> SGLangHandler | None:
         """The POST handler of `path` (it takes the request and its parsed JSON body)."""
@@ -96,7 +101,8 @@ class SGLangEngine:
         return None
 
     def _sglang_answer(self, sp: dict[str, Any], i: int, mask: bool) -> dict[str, Any]:
-        vocab: int = self.vocab_size  # type: ignore[attr-defined]
+        vocab = self.vocab_size
+        assert vocab is not None, "the sglang engine answers with a vocabulary"
         rng = random.Random(sp.get("sampling_seed", 0) * 1000 + i)
         k = min(sp.get("top_k", 1), vocab)
         masks = [rng.sample(range(vocab), rng.randint(1, k)) for _ in range(self.tokens)]
