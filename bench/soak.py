@@ -1,7 +1,7 @@
 """Soak: mixed traffic at 80% of the measured maximum, with 1% of upstream answers faulted.
 
 Set-up: the real gateway (`python -m maskgate.gateway --config FILE`) in front of two general and two
-mask upstreams, each a `tests/integration/faults/fault_upstream.py` process. Traffic: general
+mask upstreams, each a `tests/fakes/fault_upstream.py` process. Traffic: general
 chat (JSON and SSE) and mask requests (/generate JSON and SSE, chat JSON), all valid.
 
 1. Maximum: a closed loop at --concurrency for --measure-s seconds gives a ceiling; open-loop
@@ -41,7 +41,7 @@ import aiohttp
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-UPSTREAM_PATH = "tests/integration/faults/fault_upstream.py"
+UPSTREAM_PATH = "tests/fakes/fault_upstream.py"
 GATEWAY_PATHS = ("maskgate/__init__.py", "maskgate/gateway", "maskgate/protocol")
 RESULTS = REPO / "bench" / "results"
 RETRYABLE, NON_RETRYABLE = ("503", "reset"), ("500", "abort")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from mask_bodies import MASK_CHAT
+from fakes.bodies import MASK_CHAT
 
 from maskgate.gateway import create_app
 from maskgate.gateway.routes import main_table

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from local_site import serve_app
-from mask_bodies import MASK_CHAT
+from fakes.bodies import MASK_CHAT
+from fakes.serve import serve_app
 
 from maskgate.gateway.app import create_admin_app
 from maskgate.protocol.settings import ConfigError

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from mask_bodies import MASK_GEN
+from fakes.bodies import MASK_GEN
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import orjson
 from aiohttp import web
-from local_site import serve_app
+from fakes.serve import serve_app
 
 from maskgate.gateway import GatewayConfig, create_app
 from maskgate.gateway.connections import GuardedRunner

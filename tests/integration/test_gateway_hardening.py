@@ -8,8 +8,8 @@ import asyncio
 
 import orjson
 import pytest
-from mask_bodies import BAD_GEN, MASK_CHAT, MASK_GEN_CAPPED
-from raw_http import raw
+from fakes.bodies import BAD_GEN, MASK_CHAT, MASK_GEN_CAPPED
+from fakes.raw_http import raw
 
 pytestmark = pytest.mark.integration
 

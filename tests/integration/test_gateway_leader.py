@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
-from mask_bodies import MASK_GEN
+from fakes.bodies import MASK_GEN
 
 from maskgate.gateway import leader
 from maskgate.gateway.app import LEADER, create_app

@@ -19,7 +19,7 @@ import orjson
 import psutil
 import pytest
 import yaml
-from mask_bodies import MASK_GEN
+from fakes.bodies import MASK_GEN
 from test_gateway_process import ROOT, clean_env, free_port
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from mask_bodies import MASK_CHAT as CHAT
+from fakes.bodies import MASK_CHAT as CHAT
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from mask_bodies import MASK_GEN
+from fakes.bodies import MASK_GEN
 
 pytestmark = pytest.mark.integration
 

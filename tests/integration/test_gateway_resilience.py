@@ -7,7 +7,7 @@ import socket
 from collections import deque
 
 import pytest
-from mask_bodies import MASK_GEN
+from fakes.bodies import MASK_GEN
 
 pytestmark = pytest.mark.integration
 

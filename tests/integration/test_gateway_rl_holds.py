@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from mask_bodies import MASK_GEN
+from fakes.bodies import MASK_GEN
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from mask_bodies import MASK_CHAT
+from fakes.bodies import MASK_CHAT
 
 pytestmark = pytest.mark.integration
 

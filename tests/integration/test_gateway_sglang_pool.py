@@ -1,7 +1,7 @@
 """A mask pool of SGLang engines (`pools.mask.engine: sglang`), against the fake SGLang engine
-of sglang_upstream.py (written to follow SGLang's source; not a real SGLang): what the policy
-refuses before the pool, what reaches it, masks converted to packed, and SGLang's error
-bodies answered in the gateway's error format."""
+`FakeUpstream(engine="sglang")` (tests/fakes/sglang_engine.py, written to follow SGLang's
+source; not a real SGLang): what the policy refuses before the pool, what reaches it, masks
+converted to packed, and SGLang's error bodies answered in the gateway's error format."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from sglang_upstream import SGLangUpstream  # tests/integration, on the path (conftest.py)
+from fakes.upstream import FakeUpstream
 
 from maskgate.gateway import GatewayConfig
 from tests.mask_formats import masks_of, sse_events
@@ -19,15 +19,15 @@ CODE = "sampling_mask_engine_unsupported"
 
 
 @pytest.fixture
-async def sglang() -> AsyncIterator[SGLangUpstream]:
-    up = SGLangUpstream(max_mask_tokens=64)
+async def sglang() -> AsyncIterator[FakeUpstream]:
+    up = FakeUpstream(engine="sglang", max_mask_tokens=64)
     await up.start()
     yield up
     await up.stop()
 
 
 @pytest.fixture
-def config(sglang: SGLangUpstream, make_config: Callable[..., GatewayConfig]) -> GatewayConfig:
+def config(sglang: FakeUpstream, make_config: Callable[..., GatewayConfig]) -> GatewayConfig:
     pool = {"engine": "sglang", "sampling_mask_max_tokens": 64}
     return make_config(mask=[sglang.url], pools={"mask": pool})
 
@@ -70,7 +70,7 @@ async def test_requests_sglang_cannot_serve_are_refused(sglang, gateway, config,
     err = answer["error"]
     assert (err["code"], err["param"]) == (CODE, param)
     assert "engine: maskgate" in err["message"] and "SGLang" in err["message"]
-    assert sglang.received == []
+    assert sglang.bodies() == []
     assert f'maskgate_rejections_total{{code="{CODE}"}} 1.0' in metrics
 
 
@@ -79,7 +79,7 @@ async def test_chat_stream_with_masks_is_refused(sglang, gateway, config):
         status, answer, _ = await gw.post("/v1/chat/completions", chat(top_k=5, stream=True))
     assert status == 400
     assert answer["error"]["code"] == "sampling_mask_stream_unsupported"
-    assert sglang.received == []
+    assert sglang.bodies() == []
 
 
 async def test_maskgate_pool_serves_top_p_only(upstreams, gateway, make_config):
@@ -100,7 +100,7 @@ async def test_packed_masks_from_sglang_lists(sglang, gateway, config):
         )
     assert (s1, s2, s3, s4) == (200, 200, 200, 200), (lists, packed)
     # SGLang knows no sampling_mask_format: the gateway keeps it and converts the answer.
-    assert all("sampling_mask_format" not in b for b in sglang.received)
+    assert all("sampling_mask_format" not in b for b in sglang.bodies())
     assert "output_token_sampling_mask_ids" in packed["meta_info"]
     assert masks_of(packed["meta_info"]) == masks_of(lists["meta_info"])
     got = masks_of(chat_packed["choices"][0]["meta_info"])

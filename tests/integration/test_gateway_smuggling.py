@@ -19,10 +19,10 @@ from urllib.parse import quote
 
 import orjson
 from aiohttp.test_utils import TestServer
+from fakes.raw_http import raw
+from fakes.raw_upstream import RecordingUpstream
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from raw_http import raw
-from raw_upstream import RecordingUpstream
 
 from maskgate.gateway import GatewayConfig, create_app
 from maskgate.gateway.state import STATE

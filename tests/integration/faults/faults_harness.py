@@ -1,6 +1,6 @@
 """Harness for the fault tests: the real gateway (`python -m maskgate.gateway --config FILE`) as a
-subprocess, in front of `fault_upstream.py` processes that the tests disrupt with signals
-and run-time knobs.
+subprocess, in front of `tests/fakes/fault_upstream.py` processes that the tests disrupt with
+signals and run-time knobs.
 
 `procs` starts both kinds and reaps everything at the end of a test (stopped processes are
 continued first, so nothing is left frozen). The gateway's port comes from its JSON
@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
-UPSTREAM_SCRIPT = HERE / "fault_upstream.py"
+UPSTREAM_SCRIPT = HERE.parents[1] / "fakes" / "fault_upstream.py"
 START_TIMEOUT_S = 30.0  # generous: CI machines are small and busy
 
 # Short timeouts keep every case within a few seconds (seconds).

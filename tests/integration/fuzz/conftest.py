@@ -13,7 +13,6 @@ import pytest
 HERE = Path(__file__).resolve().parent
 # Test modules import helpers by name (pytest runs with --import-mode=importlib).
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "faults"))
 
 from fuzz_bodies import CAP, DEFAULT_MAX_TOKENS, MAX_BODY_BYTES, MAX_MASK_IDS  # noqa: E402
 from fuzz_rig import Rig, report, start_recorder  # noqa: E402

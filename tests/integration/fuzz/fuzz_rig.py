@@ -11,7 +11,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from fault_upstream import Knobs, Upstream
+from fakes.fault_upstream import Knobs, Upstream
+from fakes.serve import start_site
 
 from maskgate.gateway.state import GatewayState
 
@@ -51,12 +52,8 @@ class Rig:
 
 async def start_recorder() -> Recorder:
     up = Upstream(Knobs(chunks=2, keep_bodies=64))
-    runner = web.AppRunner(up.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    return Recorder(up, runner, f"http://127.0.0.1:{port}")
+    runner, url = await start_site(up.app())
+    return Recorder(up, runner, url)
 
 
 def report(test: str, outcomes: collections.Counter[str]) -> None:

@@ -18,9 +18,9 @@ import re
 
 import orjson
 from aiohttp.test_utils import TestClient, TestServer
+from fakes.raw_upstream import RawUpstream
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from raw_upstream import RawUpstream
 
 from maskgate.gateway import GatewayConfig, create_app
 from maskgate.gateway.relay import HOP_BY_HOP

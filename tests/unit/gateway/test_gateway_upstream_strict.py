@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from raw_upstream import RawUpstream
+from fakes.raw_upstream import RawUpstream
 
 from maskgate.gateway import GatewayConfig, create_app
 from maskgate.gateway.http1 import _MAX_HEAD

@@ -1,5 +1,5 @@
 """One HTTP/1.1 request on a raw socket, the request line exactly as given (an HTTP client
-would tidy `//x`, `/./x` or absolute-form targets). Imported by name (see conftest.py)."""
+would tidy `//x`, `/./x` or absolute-form targets)."""
 
 from __future__ import annotations
 

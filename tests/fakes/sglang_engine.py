@@ -1,6 +1,6 @@
-"""A fake SGLang mask engine, written to follow SGLang's HTTP server for the routes and errors
-the gateway meets in front of an SGLang mask pool. It is not a real SGLang: no model runs,
-and the masks are seeded random supports.
+"""The SGLang mask engine of `FakeUpstream(engine="sglang")`, written to follow SGLang's HTTP
+server for the routes and errors the gateway meets in front of an SGLang mask pool. It is not
+a real SGLang: no model runs, and the masks are seeded random supports.
 
 What it follows (python/sglang/srt/entrypoints/http_server.py and the OpenAI serving code):
 - `/generate` takes SGLang's request fields only (an unknown top-level field fails request
@@ -16,11 +16,14 @@ What it follows (python/sglang/srt/entrypoints/http_server.py and the OpenAI ser
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
+
+SGLangHandler = Callable[[web.Request, Any], Awaitable[web.StreamResponse]]
 
 _GENERATE_FIELDS = frozenset(
     {
@@ -37,45 +40,31 @@ _GENERATE_FIELDS = frozenset(
 
 
 @dataclass
-class SGLangUpstream:
-    vocab_size: int = 1000
+class SGLangEngine:
+    """The SGLang knobs of a FakeUpstream. Its methods read the FakeUpstream's `vocab_size`."""
+
     max_mask_tokens: int = 4096  # --sampling-mask-max-tokens
     tokens: int = 5  # generated tokens per answer
     chat_error: str | None = None  # /v1/chat/completions answers this error (400)
     stream_error_after: int | None = None  # /generate streams fail after this many events
-    received: list[Any] = field(default_factory=list)  # inference request bodies
-    url: str = ""
-    _runner: web.AppRunner | None = None
 
-    async def start(self) -> str:
-        app = web.Application()
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/get_model_info", self._model_info)
-        app.router.add_post("/generate", self._generate)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        return self.url
+    if TYPE_CHECKING:  # the FakeUpstream's, read here
 
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        @property
+        def vocab_size(self) -> int | None: ...
 
-    async def _health(self, _: web.Request) -> web.Response:
-        return web.Response()
+    def sglang_route(self, path: str) -> SGLangHandler | None:
+        """The POST handler of `path` (it takes the request and its parsed JSON body)."""
+        routes: dict[str, SGLangHandler] = {
+            "/generate": self._sglang_generate,
+            "/v1/chat/completions": self._sglang_chat,
+        }
+        return routes.get(path)
 
-    async def _model_info(self, _: web.Request) -> web.Response:
-        return web.json_response({"model_path": "fake-sglang", "vocab_size": self.vocab_size})
-
-    async def _generate(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.received.append(body)
+    async def _sglang_generate(self, request: web.Request, body: Any) -> web.StreamResponse:
         unknown = sorted(set(body) - _GENERATE_FIELDS)
         if unknown:  # FastAPI's request validation, answered as SGLang's ErrorResponse
-            return _openai_error(f"unexpected keyword argument '{unknown[0]}'", "Bad Request")
+            return openai_error(f"unexpected keyword argument '{unknown[0]}'", "Bad Request")
         size = len(body["text"]) if isinstance(body.get("text"), list) else None
         sps = body.get("sampling_params") or {}
         items = sps if isinstance(sps, list) else [sps] * (size or 1)
@@ -86,10 +75,11 @@ class SGLangUpstream:
             if message is not None:
                 return web.json_response({"error": {"message": message}}, status=400)
         answers = [
-            self._answer(sp, i, flag) for i, (sp, flag) in enumerate(zip(items, flags, strict=True))
+            self._sglang_answer(sp, i, flag)
+            for i, (sp, flag) in enumerate(zip(items, flags, strict=True))
         ]
         if body.get("stream"):
-            return await self._stream(request, answers, many=size is not None)
+            return await self._sglang_stream(request, answers, many=size is not None)
         return web.json_response(answers if size is not None else answers[0])
 
     def _mask_error(self, sp: dict[str, Any]) -> str | None:
@@ -110,10 +100,12 @@ class SGLangUpstream:
             )
         return None
 
-    def _answer(self, sp: dict[str, Any], i: int, mask: bool) -> dict[str, Any]:
+    def _sglang_answer(self, sp: dict[str, Any], i: int, mask: bool) -> dict[str, Any]:
+        vocab = self.vocab_size
+        assert vocab is not None, "the sglang engine answers with a vocabulary"
         rng = random.Random(sp.get("sampling_seed", 0) * 1000 + i)
-        k = min(sp.get("top_k", 1), self.vocab_size)
-        masks = [rng.sample(range(self.vocab_size), rng.randint(1, k)) for _ in range(self.tokens)]
+        k = min(sp.get("top_k", 1), vocab)
+        masks = [rng.sample(range(vocab), rng.randint(1, k)) for _ in range(self.tokens)]
         ids = [m[rng.randrange(len(m))] for m in masks]
         meta: dict[str, Any] = {"id": f"r{i}", "finish_reason": {"type": "length"}}
         meta["completion_tokens"] = self.tokens
@@ -123,7 +115,7 @@ class SGLangUpstream:
             meta["output_token_sampling_mask_length"] = self.tokens
         return {"text": "x" * self.tokens, "output_ids": ids, "meta_info": meta}
 
-    async def _stream(
+    async def _sglang_stream(
         self, request: web.Request, answers: list[dict[str, Any]], many: bool
     ) -> web.StreamResponse:
         """One event per answer per token, each with that token only (incremental output)."""
@@ -153,16 +145,14 @@ class SGLangUpstream:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    async def _chat(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.received.append(body)
+    async def _sglang_chat(self, request: web.Request, body: Any) -> web.Response:
         if self.chat_error is not None:
-            return _openai_error(self.chat_error, "BadRequestError")
+            return openai_error(self.chat_error, "BadRequestError")
         sp = {"top_k": body.get("top_k", -1), "sampling_seed": body.get("seed") or 0}
         message = self._mask_error(sp) if body.get("return_sampling_mask") else None
         if message is not None:
-            return _openai_error(message, "BadRequestError")
-        answer = self._answer(sp, 0, bool(body.get("return_sampling_mask")))
+            return openai_error(message, "BadRequestError")
+        answer = self._sglang_answer(sp, 0, bool(body.get("return_sampling_mask")))
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": answer["text"]},
@@ -176,6 +166,7 @@ class SGLangUpstream:
         )
 
 
-def _openai_error(message: str, kind: str) -> web.Response:
+def openai_error(message: str, kind: str) -> web.Response:
+    """SGLang's OpenAI-style ErrorResponse, status 400."""
     body = {"object": "error", "message": message, "type": kind, "param": None, "code": 400}
     return web.json_response(body, status=400)

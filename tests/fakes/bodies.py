@@ -1,4 +1,4 @@
-"""Request bodies the gateway's integration tests share (imported by name: see conftest.py)."""
+"""Request bodies the gateway's integration tests share."""
 
 from __future__ import annotations
 

@@ -1,99 +1,96 @@
-"""A fake SGLang engine with the RL control endpoints, for the gateway's control-plane tests.
+"""The RL control surface of `FakeUpstream(engine="rl")`: a fake SGLang engine as RL trainers
+drive it through the gateway.
 
 It keeps the state a real engine keeps for these calls (weight version, paused, process
-groups, memory released) with SGLang's shapes and statuses, records every call in order, and
-has knobs for failures and delays. `/generate` waits while paused, as SGLang's does, and
-stamps `meta_info.weight_version`.
+groups, memory released) with SGLang's shapes and statuses. `/generate` waits while paused,
+as SGLang's does, and stamps `meta_info.weight_version`. Routes it does not know answer 404.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import orjson
 from aiohttp import web
 
-_PROBES = frozenset({"/health", "/model_info", "/get_weight_version", "/get_model_info"})
+RLHandler = Callable[[Any], Awaitable[web.StreamResponse]]
 
 
 @dataclass
-class RLWorker:
-    name: str = "worker"
+class RLEngine:
+    """The RL knobs and state of a FakeUpstream (plain attributes; change them at any time).
+    Its methods read the FakeUpstream's `name`, `model_path` and `calls`."""
+
     version: str | None = "0"
     fail_update: bool = False  # weight updates answer `fail_status` success=false
     fail_status: int = 400  # 400: refused (old weights kept); 500: failed after accepting
     fail_pause: bool = False
     fail_release: bool = False  # /release_memory_occupation answers 400
     generate_s: float = 0.0  # how long a /generate runs (a pause with mode abort ends it)
-    model_path: str = "fake-rl"  # in /model_info
     update_delay_s: float = 0.0
     flush_busy: int = 0  # /flush_cache answers 400 this many times first
     refuse_version: bool = False  # updates ignore weight_version; /update_weight_version 400
-    healthy: bool = True
     init_gate: asyncio.Event | None = None  # set: inits return (the trainer "joined")
     paused: bool = False
     released: bool = False
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
-    calls: list[tuple[str, Any]] = field(default_factory=list)  # (path, body), probes left out
-    url: str = ""
     _resumed: asyncio.Event = field(default_factory=asyncio.Event)
     _aborted: asyncio.Event = field(default_factory=asyncio.Event)
-    _runner: web.AppRunner | None = None
 
-    def paths(self) -> list[str]:
-        return [p for p, _ in self.calls]
+    if TYPE_CHECKING:  # the FakeUpstream's, read here
 
-    def bodies(self, path: str) -> list[Any]:
-        return [b for p, b in self.calls if p == path]
+        @property
+        def name(self) -> str: ...
+        @property
+        def model_path(self) -> str | None: ...
+        @property
+        def calls(self) -> list[tuple[str, Any]]: ...
 
-    async def start(self) -> str:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        self._resumed.set()
-        return self.url
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
-        body = orjson.loads(raw) if raw.strip() else {}
-        path = request.path
-        if path not in _PROBES:
-            self.calls.append((path, body))
-        handler = getattr(self, "_" + path.strip("/").replace("/", "_"), None)
-        if handler is None:
-            return web.json_response({"error": {"message": f"no route {path}"}}, status=404)
-        return await handler(request, body)
+    def rl_route(self, path: str) -> RLHandler | None:
+        """The handler of `path` (it takes the parsed JSON body), None when there is none."""
+        routes: dict[str, RLHandler] = {
+            "/model_info": self._rl_model_info,
+            "/get_weight_version": self._rl_weight_version,
+            "/v1/loads": self._v1_loads,
+            "/generate": self._rl_generate,
+            "/pause_generation": self._pause_generation,
+            "/continue_generation": self._continue_generation,
+            "/flush_cache": self._flush_cache,
+            "/update_weights_from_disk": lambda body: self._update(body, "disk"),
+            "/update_weights_from_tensor": lambda body: self._update(body, "tensor"),
+            "/update_weights_from_distributed": self._update_weights_from_distributed,
+            "/init_weights_update_group": self._init_weights_update_group,
+            "/destroy_weights_update_group": self._destroy_weights_update_group,
+            "/update_weight_version": self._update_weight_version,
+            "/abort_request": self._abort_request,
+            "/release_memory_occupation": self._release_memory_occupation,
+            "/resume_memory_occupation": self._resume_memory_occupation,
+        }
+        return routes.get(path)
 
     # --- probes ---
-    async def _health(self, request: web.Request, body: Any) -> web.Response:
-        return web.Response(status=200 if self.healthy else 503)
-
-    async def _model_info(self, request: web.Request, body: Any) -> web.Response:
+    async def _rl_model_info(self, body: Any) -> web.Response:
         return web.json_response(
-            {"model_path": self.model_path, "is_generation": True, "weight_version": self.version}
+            {
+                "model_path": self.model_path,
+                "is_generation": True,
+                "weight_version": self.version,
+            }
         )
 
-    async def _get_weight_version(self, request: web.Request, body: Any) -> web.Response:
+    async def _rl_weight_version(self, body: Any) -> web.Response:
         return web.json_response({"weight_version": self.version})
 
-    async def _v1_loads(self, request: web.Request, body: Any) -> web.Response:
+    async def _v1_loads(self, body: Any) -> web.Response:
         running = sum(1 for p, _ in self.calls if p == "/generate")
         load = {"dp_rank": 0, "num_running_reqs": 0 if self.paused else running % 3}
         return web.json_response({"loads": [{**load, "num_waiting_reqs": 0}]})
 
     # --- inference ---
-    async def _generate(self, request: web.Request, body: Any) -> web.Response:
+    async def _rl_generate(self, body: Any) -> web.Response:
         await self._resumed.wait()  # SGLang: new requests wait while generation is paused
         assert not self.released, "a request reached a worker whose memory is released"
         meta = {"id": body.get("rid"), "weight_version": self.version, "finish_reason": None}
@@ -112,7 +109,7 @@ class RLWorker:
         data = {"success": ok, "message": message, **extra}
         return web.json_response(data, status=200 if ok else 400)
 
-    async def _pause_generation(self, request: web.Request, body: Any) -> web.Response:
+    async def _pause_generation(self, body: Any) -> web.Response:
         if self.fail_pause:
             return web.json_response({"error": {"message": "pause failed"}}, status=500)
         self.paused = True
@@ -122,12 +119,12 @@ class RLWorker:
             self._aborted = asyncio.Event()
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
-    async def _continue_generation(self, request: web.Request, body: Any) -> web.Response:
+    async def _continue_generation(self, body: Any) -> web.Response:
         self.paused = False
         self._resumed.set()
         return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
-    async def _flush_cache(self, request: web.Request, body: Any) -> web.Response:
+    async def _flush_cache(self, body: Any) -> web.Response:
         if self.flush_busy > 0:
             self.flush_busy -= 1
             return web.Response(status=400, text="Flush cache failed.\n")
@@ -147,31 +144,23 @@ class RLWorker:
             message += f" Weight version updated to {self.version}."
         return self._result(True, message, num_paused_requests=0)
 
-    async def _update_weights_from_disk(self, request: web.Request, body: Any) -> web.Response:
-        return await self._update(body, "disk")
-
-    async def _update_weights_from_tensor(self, request: web.Request, body: Any) -> web.Response:
-        return await self._update(body, "tensor")
-
-    async def _update_weights_from_distributed(
-        self, request: web.Request, body: Any
-    ) -> web.Response:
+    async def _update_weights_from_distributed(self, body: Any) -> web.Response:
         if body.get("group_name", "weight_update_group") not in self.groups:
             return self._result(False, "Failed to receive weights: no such group")
         return await self._update(body, "distributed")
 
-    async def _init_weights_update_group(self, request: web.Request, body: Any) -> web.Response:
+    async def _init_weights_update_group(self, body: Any) -> web.Response:
         if self.init_gate is not None:
             await self.init_gate.wait()  # rendezvous: blocks until the trainer joins
         self.groups[body.get("group_name", "weight_update_group")] = body
         return self._result(True, "Succeeded to initialize custom process group.")
 
-    async def _destroy_weights_update_group(self, request: web.Request, body: Any) -> web.Response:
+    async def _destroy_weights_update_group(self, body: Any) -> web.Response:
         if self.groups.pop(body.get("group_name", "weight_update_group"), None) is None:
             return self._result(False, "The group to be destroyed does not exist.")
         return self._result(True, "Succeeded to destroy custom process group.")
 
-    async def _update_weight_version(self, request: web.Request, body: Any) -> web.Response:
+    async def _update_weight_version(self, body: Any) -> web.Response:
         if self.refuse_version:
             return self._result(False, "Failed to update weight version: refused")
         self.version = body["new_version"]
@@ -179,15 +168,15 @@ class RLWorker:
             True, f"Weight version updated to {self.version}", new_version=self.version
         )
 
-    async def _abort_request(self, request: web.Request, body: Any) -> web.Response:
+    async def _abort_request(self, body: Any) -> web.Response:
         return web.Response(status=200)
 
-    async def _release_memory_occupation(self, request: web.Request, body: Any) -> web.Response:
+    async def _release_memory_occupation(self, body: Any) -> web.Response:
         if self.fail_release:
             return web.json_response({"error": {"message": "already released"}}, status=400)
         self.released = True
         return web.json_response(None)
 
-    async def _resume_memory_occupation(self, request: web.Request, body: Any) -> web.Response:
+    async def _resume_memory_occupation(self, body: Any) -> web.Response:
         self.released = False
         return web.json_response(None)

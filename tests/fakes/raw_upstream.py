@@ -1,6 +1,5 @@
 """A fake upstream on raw sockets for the gateway's HTTP client tests: it writes exactly the
-bytes a test gives, which no HTTP server library would. Imported by name (tests/conftest.py
-puts tests/ on the path)."""
+bytes a test gives, which no HTTP server library would (smuggling and strictness tests)."""
 
 from __future__ import annotations
 
@@ -9,6 +8,19 @@ import re
 from typing import cast
 
 _LENGTH = re.compile(rb"\r\ncontent-length: *([0-9]+)", re.IGNORECASE)
+
+
+def _take_request(buf: bytes) -> tuple[bytes, bytes] | None:
+    """The first whole request in `buf`, framed by Content-Length as an upstream server
+    frames it: (its head, the bytes after its body); None while it is not all there."""
+    if b"\r\n\r\n" not in buf:
+        return None
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    length = _LENGTH.search(head)
+    size = int(length[1]) if length else 0
+    if len(rest) < size:
+        return None
+    return head, rest[size:]
 
 
 class RawUpstream(asyncio.Protocol):
@@ -30,13 +42,8 @@ class RawUpstream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        while b"\r\n\r\n" in self.buf:
-            head, _, rest = self.buf.partition(b"\r\n\r\n")
-            length = _LENGTH.search(head)
-            size = int(length[1]) if length else 0
-            if len(rest) < size:
-                return
-            self.buf = rest[size:]
+        while (taken := _take_request(self.buf)) is not None:
+            _, self.buf = taken
             self.server["on"].append(self.index)
             if len(self.server["on"]) == 1:
                 asyncio.get_running_loop().create_task(self.first())
@@ -65,13 +72,8 @@ class RecordingUpstream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        while b"\r\n\r\n" in self.buf:
-            head, _, rest = self.buf.partition(b"\r\n\r\n")
-            length = _LENGTH.search(head + b"\r\n")
-            size = int(length[1]) if length else 0
-            if len(rest) < size:
-                break
+        while (taken := _take_request(self.buf)) is not None:
+            head, self.buf = taken
             self.heads.append(head)
-            self.buf = rest[size:]
             self.transport.write(self.answer)
         self.leftover[id(self)] = self.buf
