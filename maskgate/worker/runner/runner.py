@@ -37,7 +37,7 @@ CUDA_HEADROOM_BYTES = 4 * 2**30
 
 
 class ModelRunner:
-    """Implements worker.batch.Runner."""
+    """Implements worker.engine.batch.Runner."""
 
     def __init__(
         self,
