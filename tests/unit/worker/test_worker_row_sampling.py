@@ -1,7 +1,7 @@
-"""RowSampler (maskgate/worker/runner/row_sampling.py): per-row parameters to kernels.sample and its outputs
-back to RowResults, held to a plain reference call of kernels.sample (one tensor per argument,
-built from the rows) that the buffer reuse, the single parameter copy and the packed copy back
-must not change."""
+"""RowSampler (maskgate/worker/runner/row_sampling.py): per-row parameters to kernels.sample
+and its outputs back to RowResults, held to a plain reference call of kernels.sample (one
+tensor per argument, built from the rows) that the buffer reuse, the single parameter copy and
+the packed copy back must not change."""
 
 from __future__ import annotations
 
