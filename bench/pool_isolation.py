@@ -91,7 +91,7 @@ def model_setup(args: argparse.Namespace) -> tuple[str, int, dict[str, Any]]:
     import torch
 
     from bench.isolation.checkpoint import QWEN25_15B, write_checkpoint
-    from maskgate.worker.kv_cache import bytes_per_slot
+    from maskgate.worker.engine.kv_cache import bytes_per_slot
     from maskgate.worker.model.config import ModelConfig
     from maskgate.worker.model.tiny_random import CONFIG as TINY
 

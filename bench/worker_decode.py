@@ -65,11 +65,11 @@ from typing import Any
 import torch
 
 from bench.shapes import LLAMA32_1B, LOGIT_STD, QWEN25_15B
-from maskgate.worker.batch import RowWork, SamplingParams
+from maskgate.worker.engine.batch import RowWork, SamplingParams
 from maskgate.worker.model import ModelConfig, load
 from maskgate.worker.model.loader import build
 from maskgate.worker.model.random_weights import random_hf_weights
-from maskgate.worker.runner import ModelRunner
+from maskgate.worker.runner.runner import ModelRunner
 
 SHAPES: dict[str, dict[str, Any]] = {"qwen2.5-1.5b": QWEN25_15B, "llama-3.2-1b": LLAMA32_1B}
 # Not a real shape: for `--device cpu --models smoke`, a check that the script runs.
@@ -220,10 +220,10 @@ def decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespa
 def engine_decode(runner: ModelRunner, batch: int, setting: str, args: argparse.Namespace) -> dict:
     """`batch` sequences through Scheduler + Engine.step: prefill, args.warmup steps, then
     args.steps timed steps; the rate is the tokens committed while timed."""
-    from maskgate.worker.engine import Engine
+    from maskgate.worker.engine.engine import Engine
+    from maskgate.worker.engine.scheduler import Scheduler
+    from maskgate.worker.engine.sequence import Sequence, StopRule
     from maskgate.worker.metrics import WorkerMetrics
-    from maskgate.worker.scheduler import Scheduler
-    from maskgate.worker.sequence import Sequence, StopRule
 
     overlap, top_k, top_p, want = ENGINE_SETTINGS[setting]
     sched = Scheduler(

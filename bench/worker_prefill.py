@@ -30,10 +30,10 @@ from typing import Any
 import torch
 
 from bench.worker_decode import make_model, sync
-from maskgate.worker.batch import SamplingParams
-from maskgate.worker.runner import ModelRunner
-from maskgate.worker.scheduler import Scheduler
-from maskgate.worker.sequence import Sequence, StopRule
+from maskgate.worker.engine.batch import SamplingParams
+from maskgate.worker.engine.scheduler import Scheduler
+from maskgate.worker.engine.sequence import Sequence, StopRule
+from maskgate.worker.runner.runner import ModelRunner
 
 SETTINGS = {"cache_off": False, "cache_on": True}
 

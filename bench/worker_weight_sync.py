@@ -138,7 +138,7 @@ class Broadcaster:
     """The trainer's side of update_weights_from_distributed: rank 0 of a two-rank group."""
 
     def __init__(self, url: str, backend: str) -> None:
-        from maskgate.worker.weight_group import create_group
+        from maskgate.worker.rl.weight_group import create_group
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

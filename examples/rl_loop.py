@@ -152,7 +152,7 @@ class Sync:
     """The trainer's end of the gloo group every worker of the gateway's pool joins."""
 
     def __init__(self, args: argparse.Namespace, model: torch.nn.Module) -> None:
-        from maskgate.worker.weight_group import create_group
+        from maskgate.worker.rl.weight_group import create_group
 
         self.args, self.model = args, model
         ranks = http(args, "/get_world_size")["world_size"]

@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return worker_main(rest)
     if command == "up":
-        from maskgate.worker.up import main as up_main
+        from maskgate.demo import main as up_main
 
         return up_main(rest)
     print(f"maskgate: unknown command {command!r}\n\n{USAGE}", end="", file=sys.stderr)

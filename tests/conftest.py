@@ -72,7 +72,7 @@ def plain_sample() -> PlainSample:
 
     from maskgate import kernels
     from maskgate.kernels.result import STATUS_OVERFLOW
-    from maskgate.worker.batch import RowResult, RowWork
+    from maskgate.worker.engine.batch import RowResult, RowWork
 
     def run(
         logits: torch.Tensor, rows: list[RowWork], cap: int, keys: list[int] | None

@@ -33,7 +33,7 @@ class SampleResult:
     support_sizes: torch.Tensor  # [B] int64: |S| (0 for flagged rows)
     # Pass 1's per-segment statistics of z (CUDA path only; None on the torch path): the
     # segment max and sum exp(z - max), [B, n_segments] float32. They give a row's full
-    # log-normaliser without another read of the logits (worker/raw_logprobs.py).
+    # log-normaliser without another read of the logits (worker/runner/raw_logprobs.py).
     chunk_max: torch.Tensor | None = None
     chunk_sumexp: torch.Tensor | None = None
 

@@ -29,7 +29,7 @@ class RankZero:
     def connect(self, timeout_s: float = 60) -> list[Any]:
         """slime's connect_rollout_engines_from_distributed: every engine's init call runs
         while this process joins; returns their answers."""
-        from maskgate.worker.weight_group import create_group
+        from maskgate.worker.rl.weight_group import create_group
 
         world = 1 + len(self.engines)
         calls = [

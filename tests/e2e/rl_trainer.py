@@ -55,8 +55,8 @@ def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
 def offline_greedy(spec: str, prompt: list[int], n: int, device: str = "cpu") -> list[int]:
     """The worker's model run in-process over `spec`'s weights: argmax decoding (float32 on
     the CPU, bfloat16 on CUDA, the worker's defaults)."""
-    from maskgate.worker.batch import RowWork
-    from maskgate.worker.runner import ModelRunner
+    from maskgate.worker.engine.batch import RowWork
+    from maskgate.worker.runner.runner import ModelRunner
 
     runner = ModelRunner(spec, device=device, max_num_slots=1, max_model_len=len(prompt) + n + 1)
     out: list[int] = []
@@ -105,7 +105,7 @@ def form_group(
     """Rank 0 of a gloo group with `ranks` engine ranks (1..ranks): `call(path, body)` sends
     /init_weights_update_group, which blocks in the rendezvous until rank 0 joins, so it runs
     on a thread while this process joins. Returns (the group, that call's answer)."""
-    from maskgate.worker.weight_group import create_group
+    from maskgate.worker.rl.weight_group import create_group
 
     body = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
             "world_size": 1 + ranks, "group_name": group_name, "backend": "gloo"}  # fmt: skip

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from maskgate.worker.engine import Engine
+from maskgate.worker.engine.engine import Engine
+from maskgate.worker.engine.scheduler import Scheduler
+from maskgate.worker.engine.sequence import Sequence
 from maskgate.worker.metrics import WorkerMetrics
 from maskgate.worker.model import load
-from maskgate.worker.runner import ModelRunner
-from maskgate.worker.scheduler import Scheduler
-from maskgate.worker.sequence import Sequence
+from maskgate.worker.runner.runner import ModelRunner
 from tests.unit.worker.test_worker_engine_overlap import drive, workload
 
 pytestmark = [

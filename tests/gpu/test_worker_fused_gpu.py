@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from maskgate.worker.batch import RowWork
+from maskgate.worker.engine.batch import RowWork
 from maskgate.worker.model.attention import AttnGroup, attend, key_mask
 from maskgate.worker.model.config import ModelConfig, RopeConfig
 from maskgate.worker.model.layers import RMSNorm, RotaryEmbedding, rope_and_store
@@ -157,7 +157,7 @@ def _runner_logits(
     from maskgate.worker.model.loader import build
     from maskgate.worker.model.random_weights import random_hf_weights
     from maskgate.worker.model.tiny_random import tiny_tokenizer
-    from maskgate.worker.runner import ModelRunner
+    from maskgate.worker.runner.runner import ModelRunner
 
     hidden, inter, heads, kv_heads, dim, rope, qk_norm = SHAPES[name]
     raw = {

@@ -1,5 +1,5 @@
-"""MaskIdsCopy on CUDA (maskgate/worker/mask_copy.py): a step's ids through the pinned staging
-buffer, right at every size as the buffer is reused and regrown."""
+"""MaskIdsCopy on CUDA (maskgate/worker/runner/mask_copy.py): a step's ids through the pinned
+staging buffer, right at every size as the buffer is reused and regrown."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from maskgate.worker.mask_copy import MaskIdsCopy
+from maskgate.worker.runner.mask_copy import MaskIdsCopy
 
 pytestmark = [
     pytest.mark.gpu,

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from maskgate import kernels
-from maskgate.worker.batch import RowResult, RowWork, SamplingParams
+from maskgate.worker.engine.batch import RowResult, RowWork, SamplingParams
 from maskgate.worker.model import load
-from maskgate.worker.row_sampling import RowSampler
-from maskgate.worker.runner import ModelRunner
+from maskgate.worker.runner.row_sampling import RowSampler
+from maskgate.worker.runner.runner import ModelRunner
 
 # The plain_sample fixture (tests/conftest.py): kernels.sample called the plain way.
 PlainSample = Callable[..., list[RowResult]]

@@ -4,7 +4,9 @@ Bare top-level names (`gateway`, `worker`, `kernels`) collide with other distrib
 user's environment (transformers 5 imports HuggingFace's `kernels`), so nothing may import
 them. Inside `maskgate`, the gateway and the protocol stay torch-free and never reach into the
 worker or the kernels, and the worker reaches the kernels only through their public API: the
-names `maskgate/kernels/__init__.py` exports, never a module beneath it.
+names `maskgate/kernels/__init__.py` exports, never a module beneath it. Above the runner, the
+worker's engine (all of `maskgate/worker/engine` but the KV cache's allocation) is plain
+Python: no torch, no Triton, no kernels, nothing of the runner, the model or the server.
 """
 
 from __future__ import annotations
@@ -65,6 +67,49 @@ def test_imports_point_one_way(package: str) -> None:
         if any(name == b or name.startswith(b + ".") for b in banned)
     ]
     assert not bad, "\n".join(bad)
+
+
+ENGINE = ROOT / "maskgate" / "worker" / "engine"
+ENGINE_DEVICE = frozenset({"kv_cache.py"})  # allocates the KV tensors the runner writes
+ENGINE_BANNED = (
+    "torch",
+    "triton",
+    "maskgate.kernels",
+    "maskgate.worker.runner",
+    "maskgate.worker.model",
+    "maskgate.worker.server",
+    "maskgate.worker.rl",
+)
+
+
+def engine_modules() -> list[Path]:
+    return [p for p in sorted(ENGINE.glob("*.py")) if p.name not in ENGINE_DEVICE]
+
+
+def test_the_engine_imports_nothing_below_it() -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: import {name}"
+        for path in engine_modules()
+        for line, name in imported_modules(path)
+        if any(name == b or name.startswith(b + ".") for b in ENGINE_BANNED)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_importing_the_engine_loads_no_torch() -> None:
+    """(`maskgate.worker` itself loads the server, which loads no torch either.)"""
+    heavy = ("torch", "triton", "maskgate.kernels")
+    modules = [f"maskgate.worker.engine.{p.stem}" for p in engine_modules() if p.stem != "__init__"]
+    code = (
+        f"import sys, {', '.join(modules)}\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({heavy!r})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "maskgate.worker.engine.scheduler" in modules
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 KERNELS_INIT = ROOT / "maskgate" / "kernels" / "__init__.py"

@@ -19,9 +19,9 @@ from aiohttp import web
 from maskgate.protocol.errors import ApiError
 from maskgate.protocol.responses import error_response
 from maskgate.worker.config import WorkerConfig
-from maskgate.worker.engine import Engine
+from maskgate.worker.engine.engine import Engine
+from maskgate.worker.engine.scheduler import Scheduler
 from maskgate.worker.metrics import WorkerMetrics
-from maskgate.worker.scheduler import Scheduler
 from maskgate.worker.server import routes
 from maskgate.worker.server.auth import Keys
 from maskgate.worker.server.backend import Backend, load_backend
@@ -88,7 +88,7 @@ def _engine_ctx(
 
 
 def _weight_sync(loaded: Backend, engine: Engine, config: WorkerConfig) -> object:
-    from maskgate.worker.weight_sync import WeightSync  # torch: only once a model runs
+    from maskgate.worker.rl.weight_sync import WeightSync  # torch: only once a model runs
 
     return WeightSync(loaded.runner, engine, config.weight_update_timeout_s)  # type: ignore[arg-type]
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from maskgate.worker.batch import Runner
 from maskgate.worker.config import WorkerConfig
+from maskgate.worker.engine.batch import Runner
 
 log = logging.getLogger("maskgate.worker")
 
@@ -28,7 +28,7 @@ def load_backend(config: WorkerConfig) -> Backend:
     import torch
 
     from maskgate.worker.model import load
-    from maskgate.worker.runner import ModelRunner
+    from maskgate.worker.runner.runner import ModelRunner
 
     device = config.device
     if device == "auto":

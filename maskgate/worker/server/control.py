@@ -15,9 +15,9 @@ from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
 from maskgate.protocol.responses import json_response
-from maskgate.worker.params import invalid
-from maskgate.worker.sequence import Sequence
+from maskgate.worker.engine.sequence import Sequence
 from maskgate.worker.server.control_body import Body
+from maskgate.worker.server.params import invalid
 from maskgate.worker.server.state import STATE, WorkerState
 from maskgate.worker.server.weight_routes import abort_all, on_engine
 

@@ -14,7 +14,7 @@ import orjson
 from aiohttp import web
 
 from maskgate.protocol.fields import is_int, json_type
-from maskgate.worker.params import invalid, unsupported
+from maskgate.worker.server.params import invalid, unsupported
 
 
 class Body:

@@ -17,23 +17,15 @@ from aiohttp import web
 from maskgate.protocol.fields import json_type
 from maskgate.protocol.mask_format import mask_formats
 from maskgate.protocol.policy import Route
-from maskgate.worker.engine import RequestHandle
-from maskgate.worker.logprob_params import LogprobOptions, parse_generate_logprobs
-from maskgate.worker.params import (
-    GenParams,
-    invalid,
-    opt_bool,
-    parse_generate_params,
-    per_item,
-    unsupported,
-)
-from maskgate.worker.sequence import Sequence
+from maskgate.worker.engine.engine import RequestHandle
+from maskgate.worker.engine.sequence import Sequence
 from maskgate.worker.server.bounds import (
     check_prompt_logprob_rows,
     check_sequences,
     encode_texts,
 )
 from maskgate.worker.server.inflight import duplicate
+from maskgate.worker.server.logprob_params import LogprobOptions, parse_generate_logprobs
 from maskgate.worker.server.output import (
     SSE_DONE,
     SeqOutput,
@@ -42,6 +34,14 @@ from maskgate.worker.server.output import (
     holdback,
     open_stream,
     sse,
+)
+from maskgate.worker.server.params import (
+    GenParams,
+    invalid,
+    opt_bool,
+    parse_generate_params,
+    per_item,
+    unsupported,
 )
 from maskgate.worker.server.state import WorkerState, admit, check_prompt, request_id
 from maskgate.worker.server.top_p_ids import check_payload

@@ -21,8 +21,8 @@ import time
 from aiohttp import web
 
 from maskgate.protocol.responses import json_response
-from maskgate.worker.batch import SamplingParams
-from maskgate.worker.sequence import Sequence, StopRule
+from maskgate.worker.engine.batch import SamplingParams
+from maskgate.worker.engine.sequence import Sequence, StopRule
 from maskgate.worker.server.state import STATE, WorkerState
 
 log = logging.getLogger("maskgate.worker")

@@ -21,8 +21,8 @@ from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
 from maskgate.protocol.responses import json_response
-from maskgate.worker.engine import Engine
-from maskgate.worker.params import invalid
+from maskgate.worker.engine.engine import Engine
+from maskgate.worker.server.params import invalid
 from maskgate.worker.server.state import STATE, WorkerState
 from maskgate.worker.server.weight_routes import on_engine
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from maskgate.protocol.mask_format import IDS, MASK, OFFSETS
-from maskgate.worker.batch import MaskIds
+from maskgate.worker.engine.batch import MaskIds
 
 _LE_INT32 = np.dtype("<i4")
 

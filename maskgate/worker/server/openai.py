@@ -19,10 +19,8 @@ from aiohttp import web
 from maskgate.protocol.errors import ApiError
 from maskgate.protocol.mask_format import mask_formats
 from maskgate.protocol.policy import Route
-from maskgate.worker.engine import RequestHandle
-from maskgate.worker.logprob_params import parse_openai_logprobs
-from maskgate.worker.params import GenParams, invalid, opt_bool, parse_openai_params
-from maskgate.worker.sequence import Sequence
+from maskgate.worker.engine.engine import RequestHandle
+from maskgate.worker.engine.sequence import Sequence
 from maskgate.worker.server.bounds import (
     check_prompt_bytes,
     check_sequences,
@@ -30,6 +28,7 @@ from maskgate.worker.server.bounds import (
     off_loop,
 )
 from maskgate.worker.server.logprob_format import chat_logprobs, completion_logprobs
+from maskgate.worker.server.logprob_params import parse_openai_logprobs
 from maskgate.worker.server.output import (
     SSE_DONE,
     SeqOutput,
@@ -39,6 +38,7 @@ from maskgate.worker.server.output import (
     open_stream,
     sse,
 )
+from maskgate.worker.server.params import GenParams, invalid, opt_bool, parse_openai_params
 from maskgate.worker.server.state import WorkerState, admit, check_prompt, request_id
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions

@@ -15,10 +15,10 @@ import orjson
 from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
-from maskgate.worker.batch import MaskIds
-from maskgate.worker.engine import Event, RequestHandle
-from maskgate.worker.logprob_params import LogprobOptions
+from maskgate.worker.engine.batch import MaskIds
+from maskgate.worker.engine.engine import Event, RequestHandle
 from maskgate.worker.server.logprob_format import Top, token_texts, top_triples, triples
+from maskgate.worker.server.logprob_params import LogprobOptions
 from maskgate.worker.server.mask_fields import mask_fields
 from maskgate.worker.server.top_p_ids import add_top_p_info
 

@@ -18,9 +18,9 @@ from maskgate.protocol.policy import (
     is_mask_request,
     parse_body,
 )
-from maskgate.worker.batch import Runner
 from maskgate.worker.config import WorkerConfig
-from maskgate.worker.engine import Engine
+from maskgate.worker.engine.batch import Runner
+from maskgate.worker.engine.engine import Engine
 from maskgate.worker.metrics import WorkerMetrics
 from maskgate.worker.server.inflight import InFlight
 from maskgate.worker.server.output import Tokenizer
@@ -35,7 +35,7 @@ class WorkerState:
     model_name: str
     metrics: WorkerMetrics
     policy: PolicyConfig
-    sync: Any = None  # maskgate.worker.weight_sync.WeightSync (torch; built at startup)
+    sync: Any = None  # maskgate.worker.rl.weight_sync.WeightSync (torch; built at startup)
     runner_config: dict[str, Any] = field(default_factory=dict)  # model_type, architectures
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight change at once
     rids: InFlight = field(default_factory=InFlight)  # request ids in flight

@@ -18,8 +18,8 @@ from aiohttp import web
 from maskgate.protocol.fields import is_int, json_type
 from maskgate.protocol.policy import parse_body
 from maskgate.protocol.responses import json_response
-from maskgate.worker.params import invalid
 from maskgate.worker.server.bounds import check_sequences, encode_texts, off_loop
+from maskgate.worker.server.params import invalid
 from maskgate.worker.server.state import STATE, WorkerState
 
 

@@ -25,8 +25,8 @@ import numpy as np
 
 from maskgate.protocol.errors import PolicyError
 from maskgate.protocol.policy import PolicyConfig
-from maskgate.worker.batch import MaskIds
-from maskgate.worker.params import GenParams
+from maskgate.worker.engine.batch import MaskIds
+from maskgate.worker.server.params import GenParams
 
 IDS_FIELD = "top_p_token_ids"
 OFFSETS_FIELD = "top_p_token_offsets"

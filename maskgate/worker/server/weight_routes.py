@@ -18,8 +18,8 @@ from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
 from maskgate.protocol.responses import json_response
-from maskgate.worker.params import invalid
 from maskgate.worker.server.control_body import Body
+from maskgate.worker.server.params import invalid
 from maskgate.worker.server.state import STATE, WorkerState
 
 LOAD_FORMATS = (None, "direct", "flattened_bucket", "safetensors")  # tensor_decode's
@@ -53,8 +53,8 @@ async def _update(
     ok: str,
     extra: dict[str, Any],
 ) -> web.Response:
-    from maskgate.worker.weight_group import GroupError
-    from maskgate.worker.weights import WeightUpdateError
+    from maskgate.worker.rl.weight_group import GroupError
+    from maskgate.worker.rl.weights import WeightUpdateError
 
     sync = state.sync
     async with state.update_lock:
@@ -108,7 +108,7 @@ async def handle_update_from_disk(request: web.Request) -> web.Response:
 
 
 async def handle_init_group(request: web.Request) -> web.Response:
-    from maskgate.worker.weight_group import GroupError
+    from maskgate.worker.rl.weight_group import GroupError
 
     state, body = _state(request), await Body.read(request)
     address = body.string("master_address", required=True)
@@ -148,7 +148,7 @@ async def handle_destroy_group(request: web.Request) -> web.Response:
 
 
 async def handle_update_from_distributed(request: web.Request) -> web.Response:
-    from maskgate.worker.weights import parse_dtype
+    from maskgate.worker.rl.weights import parse_dtype
 
     state, body = _state(request), await Body.read(request)
     name = body.data.get("group_name") or DEFAULT_GROUP

@@ -10,8 +10,8 @@ from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
 from maskgate.protocol.responses import json_response
-from maskgate.worker.params import invalid
 from maskgate.worker.server.control_body import Body
+from maskgate.worker.server.params import invalid
 from maskgate.worker.server.state import STATE
 from maskgate.worker.server.weight_routes import SELECTORS, on_engine
 
@@ -47,7 +47,7 @@ async def handle_end(request: web.Request) -> web.Response:
 async def handle_get_weights_by_name(request: web.Request) -> web.Response:
     """The parameter's first `truncate_size` rows as nested float lists; a Hugging Face part
     of a fused parameter (q_proj, up_proj, ...) gives its own rows."""
-    from maskgate.worker.weights import WeightUpdateError
+    from maskgate.worker.rl.weights import WeightUpdateError
 
     state, body = request.app[STATE].get(), await Body.read(request)
     name = body.string("name", required=True)

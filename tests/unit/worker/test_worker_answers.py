@@ -15,7 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from maskgate.worker.config import WorkerConfig
-from maskgate.worker.engine import Event
+from maskgate.worker.engine.engine import Event
 from maskgate.worker.server.backend import Backend
 from maskgate.worker.server.output import SeqOutput
 

@@ -80,17 +80,17 @@ def test_fused_kernels_switch_from_file_env_and_flag(
 def runner_arguments(monkeypatch: pytest.MonkeyPatch, setting: str, argument: str) -> list[object]:
     """The ModelRunner keyword `argument` that load_backend passes for the worker setting
     `setting` set to False, then True (a CPU runner of the tiny model each time)."""
-    from maskgate import worker
+    from maskgate.worker.runner import runner
     from maskgate.worker.server.backend import load_backend
 
     seen: list[object] = []
-    real = worker.runner.ModelRunner
+    real = runner.ModelRunner
 
     def recording_runner(*args: object, **kw: object) -> object:
         seen.append(kw.get(argument))
         return real(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(worker.runner, "ModelRunner", recording_runner)
+    monkeypatch.setattr(runner, "ModelRunner", recording_runner)
     for flag in (False, True):
         config = load_config(
             overrides={"device": "cpu", setting: flag, "max_model_len": 64}, env={}

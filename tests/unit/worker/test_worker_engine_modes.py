@@ -17,11 +17,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from maskgate.worker.batch import PENDING, RowWork, SamplingParams
-from maskgate.worker.engine import Engine
+from maskgate.worker.engine.batch import PENDING, RowWork, SamplingParams
+from maskgate.worker.engine.engine import Engine
+from maskgate.worker.engine.scheduler import Scheduler
+from maskgate.worker.engine.sequence import Sequence, StopRule
 from maskgate.worker.metrics import WorkerMetrics
-from maskgate.worker.scheduler import Scheduler
-from maskgate.worker.sequence import Sequence, StopRule
 from tests.unit.worker.test_worker_scheduler import Done
 from tests.unit.worker.test_worker_scheduler_prefix import KVRunner
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from maskgate.worker.batch import PENDING, RowWork, SamplingParams
-from maskgate.worker.engine import Engine
+from maskgate.worker.engine.batch import PENDING, RowWork, SamplingParams
+from maskgate.worker.engine.engine import Engine
+from maskgate.worker.engine.scheduler import Scheduler
+from maskgate.worker.engine.sequence import Sequence, StopRule
 from maskgate.worker.metrics import WorkerMetrics
 from maskgate.worker.model import LoadedModel, load
-from maskgate.worker.runner import ModelRunner
-from maskgate.worker.scheduler import Scheduler
-from maskgate.worker.sequence import Sequence, StopRule
+from maskgate.worker.runner.runner import ModelRunner
 from tests.unit.worker.test_worker_scheduler import Done, FakeRunner, make_sched, make_seq
 
 

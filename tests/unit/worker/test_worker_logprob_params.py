@@ -7,16 +7,16 @@ from typing import Any
 import pytest
 
 from maskgate.protocol.errors import ApiError
-from maskgate.worker.logprob_params import (
-    LogprobOptions,
-    parse_generate_logprobs,
-    parse_openai_logprobs,
-)
 from maskgate.worker.server.logprob_format import (
     chat_logprobs,
     completion_logprobs,
     top_triples,
     triples,
+)
+from maskgate.worker.server.logprob_params import (
+    LogprobOptions,
+    parse_generate_logprobs,
+    parse_openai_logprobs,
 )
 
 

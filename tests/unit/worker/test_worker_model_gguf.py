@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from maskgate.worker.batch import RowWork
+from maskgate.worker.engine.batch import RowWork
 from maskgate.worker.model import ensure_smollm2, load
-from maskgate.worker.runner import ModelRunner
+from maskgate.worker.runner.runner import ModelRunner
 
 pytestmark = [
     pytest.mark.slow,

@@ -16,11 +16,11 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from maskgate.worker.batch import RowWork
+from maskgate.worker.engine.batch import RowWork
 from maskgate.worker.model import ModelConfig, load
 from maskgate.worker.model.random_weights import random_hf_weights
 from maskgate.worker.model.tiny_random import tiny_tokenizer
-from maskgate.worker.runner import ModelRunner
+from maskgate.worker.runner.runner import ModelRunner
 
 _COMMON = {
     "vocab_size": 512,

@@ -7,10 +7,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from maskgate.worker.batch import RowWork
+from maskgate.worker.engine.batch import RowWork
 from maskgate.worker.model import load, save_tiny_random
 from maskgate.worker.model.tiny_random import tiny_weights
-from maskgate.worker.runner import ModelRunner
+from maskgate.worker.runner.runner import ModelRunner
 
 
 def test_weights_and_tokenizer_are_deterministic() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from maskgate.protocol.errors import ApiError
-from maskgate.worker.params import (
+from maskgate.worker.server.params import (
     DEFAULT_MAX_NEW_TOKENS,
     MAX_SEED,
     parse_generate_params,

@@ -3,7 +3,7 @@ tokens, splitting and trimming paths, LRU eviction and flushes."""
 
 from __future__ import annotations
 
-from maskgate.worker.prefix_cache import PrefixCache
+from maskgate.worker.engine.prefix_cache import PrefixCache
 
 
 def hold(cache: PrefixCache, tokens: list[int]) -> int:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pytest
 
-from maskgate.worker.batch import SamplingParams
+from maskgate.worker.engine.batch import SamplingParams
+from maskgate.worker.engine.scheduler import Scheduler
+from maskgate.worker.engine.sequence import Sequence, StopRule
 from maskgate.worker.model import LoadedModel, load
-from maskgate.worker.runner import ModelRunner
-from maskgate.worker.scheduler import Scheduler
-from maskgate.worker.sequence import Sequence, StopRule
+from maskgate.worker.runner.runner import ModelRunner
 
 SLOTS = 3
 ROUNDING = 2e-5  # float32 log-probs of order 1, summed over a few hundred terms

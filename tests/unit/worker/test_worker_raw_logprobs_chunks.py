@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from maskgate.worker.raw_logprobs import chunk_lse, token_logprobs
+from maskgate.worker.runner.raw_logprobs import chunk_lse, token_logprobs
 
 Interpreted = Callable[[str], dict]  # the `interpreted` fixture (tests/unit/conftest.py)
 
@@ -58,7 +58,7 @@ import json, torch
 from maskgate.kernels.inputs import check_inputs
 from maskgate.kernels.triton.config import band_config
 from maskgate.kernels.triton.launch import sample_triton
-from maskgate.worker.raw_logprobs import token_logprobs
+from maskgate.worker.runner.raw_logprobs import token_logprobs
 
 vocab = 320
 g = torch.Generator().manual_seed(3)

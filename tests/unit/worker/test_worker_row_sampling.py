@@ -1,7 +1,7 @@
-"""RowSampler (maskgate/worker/row_sampling.py): per-row parameters to kernels.sample and its outputs
-back to RowResults, held to a plain reference call of kernels.sample (one tensor per argument,
-built from the rows) that the buffer reuse, the single parameter copy and the packed copy back
-must not change."""
+"""RowSampler (maskgate/worker/runner/row_sampling.py): per-row parameters to kernels.sample
+and its outputs back to RowResults, held to a plain reference call of kernels.sample (one
+tensor per argument, built from the rows) that the buffer reuse, the single parameter copy and
+the packed copy back must not change."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 
 from maskgate import kernels
 from maskgate.kernels.result import STATUS_OVERFLOW
-from maskgate.worker.batch import RowResult, RowWork, SamplingParams
-from maskgate.worker.row_sampling import RowSampler
+from maskgate.worker.engine.batch import RowResult, RowWork, SamplingParams
+from maskgate.worker.runner.row_sampling import RowSampler
 
 VOCAB = 300
 CAP = 64  # max_mask_tokens: small enough that wide rows overflow

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from maskgate.worker.batch import RowWork
+from maskgate.worker.engine.batch import RowWork
 from maskgate.worker.model import LoadedModel, load
-from maskgate.worker.runner import ModelRunner
+from maskgate.worker.runner.runner import ModelRunner
 
 ATOL = 1e-4
 

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from maskgate.worker.batch import RowWork, SamplingParams
+from maskgate.worker.engine.batch import RowWork, SamplingParams
 from maskgate.worker.model import LoadedModel, load
-from maskgate.worker.runner import ModelRunner
+from maskgate.worker.runner.runner import ModelRunner
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from maskgate.worker.batch import RowWork, SamplingParams
+from maskgate.worker.engine.batch import RowWork, SamplingParams
 from maskgate.worker.model import LoadedModel, load
-from maskgate.worker.runner import ModelRunner
+from maskgate.worker.runner.runner import ModelRunner
 
 PROMPT = [17, 250, 33, 401, 92, 5, 64, 300, 12]
 

@@ -13,14 +13,14 @@ import torch
 
 from maskgate import kernels
 from maskgate.kernels.triton.config import band_config
-from maskgate.worker.batch import RowWork
-from maskgate.worker.row_sampling import (
+from maskgate.worker.engine.batch import RowWork
+from maskgate.worker.runner.row_sampling import (
     LOGITS_DTYPE,
     SMALL_BATCHES,
     warm_up_batches,
     warm_up_sampler,
 )
-from maskgate.worker.runner import ModelRunner
+from maskgate.worker.runner.runner import ModelRunner
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
-from maskgate.worker.batch import PENDING, RowResult, RowWork, SamplingParams, StepStats
-from maskgate.worker.scheduler import Scheduler
-from maskgate.worker.sequence import SeqStatus, Sequence, StopRule
+from maskgate.worker.engine.batch import PENDING, RowResult, RowWork, SamplingParams, StepStats
+from maskgate.worker.engine.scheduler import Scheduler
+from maskgate.worker.engine.sequence import SeqStatus, Sequence, StopRule
 
 EOS = 0
 
@@ -334,7 +334,7 @@ def test_stop_string_late_in_a_long_output_is_found() -> None:
 def test_engine_counts_the_samplers_fallback_rows() -> None:
     """The engine exports the sampler's fallback rows (wide supports that hold a GPU step)
     as maskgate_worker_sampler_fallback_rows_total, step by step."""
-    from maskgate.worker.engine import Engine
+    from maskgate.worker.engine.engine import Engine
     from maskgate.worker.metrics import WorkerMetrics
 
     class FallbackRunner(FakeRunner):

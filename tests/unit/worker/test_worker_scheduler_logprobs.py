@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from maskgate.worker.batch import RowResult, RowWork, SamplingParams, StepStats
-from maskgate.worker.scheduler import Scheduler
-from maskgate.worker.sequence import Sequence, StopRule
+from maskgate.worker.engine.batch import RowResult, RowWork, SamplingParams, StepStats
+from maskgate.worker.engine.scheduler import Scheduler
+from maskgate.worker.engine.sequence import Sequence, StopRule
 
 
 class ScoringRunner:

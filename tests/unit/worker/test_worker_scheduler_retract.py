@@ -6,9 +6,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from maskgate.worker.batch import SamplingParams
-from maskgate.worker.scheduler import Scheduler
-from maskgate.worker.sequence import SeqStatus, Sequence, StopRule
+from maskgate.worker.engine.batch import SamplingParams
+from maskgate.worker.engine.scheduler import Scheduler
+from maskgate.worker.engine.sequence import SeqStatus, Sequence, StopRule
 
 _spec = importlib.util.spec_from_file_location(
     "scheduler_fakes", Path(__file__).with_name("test_worker_scheduler.py")

@@ -1,4 +1,4 @@
-"""The tensor-payload decoder (maskgate/worker/tensor_decode.py): the formats trainers send
+"""The tensor-payload decoder (maskgate/worker/rl/tensor_decode.py): the formats trainers send
 decode to the right tensors, and a corpus of pickle gadget shapes is refused before anything
 runs, with no side effect (no file written, no class attribute set)."""
 
@@ -15,8 +15,8 @@ import torch
 import torch.multiprocessing.reductions as reductions
 from safetensors.torch import save
 
-from maskgate.worker.tensor_decode import decode, scan
-from maskgate.worker.tensor_rebuild import PayloadError
+from maskgate.worker.rl.tensor_decode import decode, scan
+from maskgate.worker.rl.tensor_rebuild import PayloadError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trainer_payloads import (

@@ -20,8 +20,8 @@ from safetensors.torch import save_file
 from maskgate.worker.config import WorkerConfig
 from maskgate.worker.model import save_tiny_random
 from maskgate.worker.model.tiny_random import tiny_weights
+from maskgate.worker.rl.weights import WeightMap, WeightUpdateError, apply, parse_dtype
 from maskgate.worker.server.backend import Backend
-from maskgate.worker.weights import WeightMap, WeightUpdateError, apply, parse_dtype
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trainer_payloads import b64, forking, shared

@@ -1,4 +1,4 @@
-"""The weight-update group (maskgate/worker/weight_group.py) against a trainer that forms its
+"""The weight-update group (maskgate/worker/rl/weight_group.py) against a trainer that forms its
 side the way SGLang's `init_custom_process_group` and slime's `init_process_group` do
 (rendezvous, a group-name prefix, torch's own group helper), so the store keys must agree;
 and the bounds on joining."""
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from maskgate.worker.weight_group import GroupError, create_group
+from maskgate.worker.rl.weight_group import GroupError, create_group
 
 
 def _port() -> int:

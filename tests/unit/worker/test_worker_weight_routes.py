@@ -274,7 +274,7 @@ async def test_group_init_is_bounded_by_its_timeout(client: TestClient) -> None:
 async def test_a_broadcast_with_nan_is_refused(client: TestClient) -> None:
     """The trainer (rank 0 of a gloo group, here in-process) broadcasts a NaN weight: the
     update answers 400 after the broadcast, and the old weights keep serving."""
-    from maskgate.worker.weight_group import create_group
+    from maskgate.worker.rl.weight_group import create_group
 
     before = await greedy(client)
     port = _port()

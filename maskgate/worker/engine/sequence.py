@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 
 from maskgate.protocol.errors import ApiError
-from maskgate.worker.batch import MaskIds, RowWork, SamplingParams
+from maskgate.worker.engine.batch import MaskIds, RowWork, SamplingParams
 
 
 class SeqStatus(Enum):

@@ -6,7 +6,7 @@ and `LocalSerializedTensor`).
 Every callable checks the type and range of every argument before anything else runs, and
 builds its result itself; a payload never gets hold of a real torch class or function, so it
 cannot set attributes on them (the unpickler refuses BUILD on anything but a fresh record).
-See `maskgate/worker/tensor_decode.py` for the unpickler and docs/worker.md for the formats.
+See `maskgate/worker/rl/tensor_decode.py` for the unpickler and docs/worker.md for the formats.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.multiprocessing.reductions as _reductions
 
-from maskgate.worker.weights import WeightUpdateError
+from maskgate.worker.rl.weights import WeightUpdateError
 
 MAX_NDIM = 8
 MAX_HANDLE_BYTES = 4096  # CUDA IPC (expandable segments: longer), ref-counter, event handles

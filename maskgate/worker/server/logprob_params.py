@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from maskgate.protocol.fields import is_int, json_type
-from maskgate.worker.params import invalid, per_item
+from maskgate.worker.server.params import invalid, per_item
 
 # The most top log-probs a position may ask for: each costs a topk over the vocabulary and a
 # decoded string per position in the response. OpenAI allows 20 (chat and completions).

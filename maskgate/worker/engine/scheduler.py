@@ -8,7 +8,7 @@ recently used cached one is evicted); otherwise it waits in FIFO order. A slot h
 sequence (prompt + output <= max_model_len), so admission is the only capacity decision:
 nothing is preempted for capacity. `retract_all` (pause mode `retract`) is the one way back
 to the queue. With `prefix_cache`, a prompt's longest cached prefix is copied into its slot
-instead of computed (maskgate/worker/prefix_cache.py).
+instead of computed (maskgate/worker/engine/prefix_cache.py).
 
 `schedule` may run before the previous step's results are back (the engine's overlap
 schedule): prompt progress counts when a chunk is scheduled, and a sequence whose newest
@@ -26,11 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from maskgate.protocol.errors import ApiError
-from maskgate.worker.batch import PENDING, RowResult, RowWork, Runner
-from maskgate.worker.prefix_cache import PrefixCache
-from maskgate.worker.sequence import SeqStatus, Sequence
+from maskgate.worker.engine.batch import PENDING, RowResult, RowWork, Runner
+from maskgate.worker.engine.prefix_cache import PrefixCache
+from maskgate.worker.engine.sequence import SeqStatus, Sequence
 
-OVERFLOW = 1  # RowResult.mask_status values (maskgate/worker/batch.py)
+OVERFLOW = 1  # RowResult.mask_status values (maskgate/worker/engine/batch.py)
 TRUNCATED = 2
 # A prefilling sequence waits a step for an earlier one that is about to write a prefix they
 # share (n > 1, a group of one prompt) when the wait saves at least this many tokens, or half

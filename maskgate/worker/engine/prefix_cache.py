@@ -1,6 +1,6 @@
 """The prefix cache: a radix tree over token ids that records which KV slot holds which prefix.
 
-A KV slot holds one token sequence at positions 0..n-1 (maskgate/worker/kv_cache.py), and the
+A KV slot holds one token sequence at positions 0..n-1 (maskgate/worker/engine/kv_cache.py), and the
 K/V at position p depends only on tokens 0..p. So every slot is a path from the root of a
 radix tree: each node is a run of tokens, and `node.slots` are the slots whose content runs
 through the whole node. Two slots holding a common prefix share its nodes. A new sequence

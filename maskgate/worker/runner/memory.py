@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from maskgate.worker.cuda_graphs import DecodeGraphs
-from maskgate.worker.runner import ModelRunner
+from maskgate.worker.runner.cuda_graphs import DecodeGraphs
+from maskgate.worker.runner.runner import ModelRunner
 
 TAGS = ("weights", "kv_cache")
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from maskgate.worker.engine import Engine
-from maskgate.worker.memory import MemorySaver
-from maskgate.worker.runner import ModelRunner
-from maskgate.worker.tensor_decode import decode
-from maskgate.worker.weight_group import GroupError, WeightGroup, create_group
-from maskgate.worker.weights import Target, WeightMap, WeightUpdateError, apply, read_checkpoint
+from maskgate.worker.engine.engine import Engine
+from maskgate.worker.rl.tensor_decode import decode
+from maskgate.worker.rl.weight_group import GroupError, WeightGroup, create_group
+from maskgate.worker.rl.weights import Target, WeightMap, WeightUpdateError, apply, read_checkpoint
+from maskgate.worker.runner.memory import MemorySaver
+from maskgate.worker.runner.runner import ModelRunner
 
 Staged = list[tuple[Target, torch.Tensor]]
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 import torch
 
-from maskgate.worker.batch import RowWork
-from maskgate.worker.kv_cache import KVCache
+from maskgate.worker.engine.batch import RowWork
+from maskgate.worker.engine.kv_cache import KVCache
 from maskgate.worker.model.attention import AttnBatch, AttnGroup, key_mask
 from maskgate.worker.model.llama import LlamaForCausalLM
 

@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from maskgate.protocol.errors import ApiError
-from maskgate.worker.batch import Launch, MaskIds, RowWork, Runner, StepStats
+from maskgate.worker.engine.batch import Launch, MaskIds, RowWork, Runner, StepStats
+from maskgate.worker.engine.scheduler import Scheduler, StepOutcome
+from maskgate.worker.engine.sequence import Sequence
 from maskgate.worker.metrics import WorkerMetrics
-from maskgate.worker.scheduler import Scheduler, StepOutcome
-from maskgate.worker.sequence import Sequence
 
-log = logging.getLogger("maskgate.worker.engine")
+log = logging.getLogger("maskgate.worker.engine.engine")
 
 PauseMode = Literal["abort", "retract", "in_place"]
 
@@ -126,7 +126,7 @@ class Engine:
         # Engine-thread state, changed only by callables run through `between_steps`.
         self.weight_version = "default"
         self.paused: PauseMode | None = None
-        self.held: set[str] = set()  # released memory tags (maskgate/worker/memory.py)
+        self.held: set[str] = set()  # released memory tags (maskgate/worker/runner/memory.py)
         # The latest step that sampled had a row with non-finite logits: /health answers 503
         # until a later step samples finite rows only (read on the event loop; a bool).
         self.nonfinite_logits = False

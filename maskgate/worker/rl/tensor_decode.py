@@ -27,8 +27,8 @@ from typing import Any, ClassVar, cast
 
 import torch
 
-from maskgate.worker import tensor_rebuild as rb
-from maskgate.worker.tensor_rebuild import Budget, PayloadError, Record
+from maskgate.worker.rl import tensor_rebuild as rb
+from maskgate.worker.rl.tensor_rebuild import Budget, PayloadError, Record
 
 MAX_ENTRIES = 100_000
 WHERE = "serialized_named_tensors[0]"

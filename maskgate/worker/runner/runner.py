@@ -21,13 +21,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from maskgate import kernels
 from maskgate.kernels import sample_sort_all_rows
-from maskgate.worker.batch import PENDING, RowResult, RowWork, StepStats
-from maskgate.worker.cuda_graphs import DecodeGraphs
-from maskgate.worker.kv_cache import allocate_kv_cache, bytes_per_slot
+from maskgate.worker.engine.batch import PENDING, RowResult, RowWork, StepStats
+from maskgate.worker.engine.kv_cache import allocate_kv_cache, bytes_per_slot
 from maskgate.worker.model import LoadedModel, load
 from maskgate.worker.model.attention import build_attn_batch
-from maskgate.worker.raw_logprobs import score_prompts
-from maskgate.worker.row_sampling import RowSampler, SampledRows, warm_up_sampler
+from maskgate.worker.runner.cuda_graphs import DecodeGraphs
+from maskgate.worker.runner.raw_logprobs import score_prompts
+from maskgate.worker.runner.row_sampling import RowSampler, SampledRows, warm_up_sampler
 
 # Default KV budget when none is given: on CPU a fixed 2 GiB; on CUDA the free memory after
 # loading the weights, less headroom for activations, logits and CUDA graphs.
@@ -37,7 +37,7 @@ CUDA_HEADROOM_BYTES = 4 * 2**30
 
 
 class ModelRunner:
-    """Implements worker.batch.Runner."""
+    """Implements worker.engine.batch.Runner."""
 
     def __init__(
         self,

@@ -20,9 +20,9 @@ import torch
 
 from maskgate import kernels
 from maskgate.kernels import STATUS_OVERFLOW
-from maskgate.worker.batch import RowResult, RowWork
-from maskgate.worker.mask_copy import MaskIdsCopy
-from maskgate.worker.raw_logprobs import ids_logprobs, token_logprobs
+from maskgate.worker.engine.batch import RowResult, RowWork
+from maskgate.worker.runner.mask_copy import MaskIdsCopy
+from maskgate.worker.runner.raw_logprobs import ids_logprobs, token_logprobs
 
 SampleFn = Callable[..., Any]  # kernels.sample or kernels.sample_sort_all_rows
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from maskgate.kernels import scaled_logits
-from maskgate.worker.batch import RowResult, RowWork
+from maskgate.worker.engine.batch import RowResult, RowWork
 
 FLOAT32_MIN = torch.finfo(torch.float32).min
 # Prompt positions scored per lm_head call: bounds the [positions, vocab] float32 logits

@@ -13,8 +13,8 @@ from typing import Any
 
 from maskgate.protocol.errors import ApiError
 from maskgate.protocol.fields import GREEDY_TEMPERATURE, Fields, float32, is_int, json_type
-from maskgate.worker.batch import SamplingParams
-from maskgate.worker.sequence import StopRule
+from maskgate.worker.engine.batch import SamplingParams
+from maskgate.worker.engine.sequence import StopRule
 
 DEFAULT_MAX_NEW_TOKENS = 128  # /generate default, as in SGLang
 MAX_SEED = 2**63 - 1
