@@ -12,11 +12,11 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
+from fakes.upstream import FakeUpstream
 
 from maskgate.worker.config import WorkerConfig
 from maskgate.worker.server import create_app as create_worker_app
 from maskgate.worker.server.backend import Backend, load_backend
-from tests.integration.conftest import FakeUpstream
 from tests.mask_formats import masks_of, sse_events
 
 pytestmark = pytest.mark.integration
