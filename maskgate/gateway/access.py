@@ -27,13 +27,27 @@ from enum import StrEnum
 from aiohttp import web
 
 from maskgate.gateway.auth import authenticate, bearer_token, check_admin
-from maskgate.gateway.forwarding import Network, is_trusted
 from maskgate.gateway.state import STATE
 from maskgate.protocol.errors import ApiError
 
 PEER_HEADER = "X-Maskgate-Peer"
 # A client row's key, set by its access check (None: no keys configured, or the admin key).
 API_KEY: web.RequestKey[str | None] = web.RequestKey("maskgate_api_key")
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def is_trusted(peer: str | None, networks: Sequence[Network]) -> bool:
+    if not networks or not peer:
+        return False
+    try:
+        addr = ipaddress.ip_address(peer.partition("%")[0])  # drop an IPv6 zone id
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return any(addr in net for net in networks)
 
 
 class Access(StrEnum):
