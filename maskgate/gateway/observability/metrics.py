@@ -38,7 +38,22 @@ class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
 
-        # --- requests (front door) ---
+        self._requests(r)
+        self._admission(r)
+        self._upstreams(r)
+        self._answers(r)
+        self._control(r)
+
+        self._versions: dict[tuple[str, str], str] = {}
+
+        # The request path looks labelled children up here: a dict hit instead of
+        # prometheus_client's lock-protected label resolution.
+        self._request_children: dict[tuple[str, str], tuple[HistogramChild, HistogramChild]] = {}
+        self._status_children: dict[tuple[str, str, int], CounterChild] = {}
+        self._resend_hooks: dict[str, Callable[[str], None]] = {}
+
+    def _requests(self, r: CollectorRegistry) -> None:
+        """The front door: requests, refusals, readiness and client connections."""
         # The per-request metrics are lock-free Loop* types (see loop_metrics.py).
         self.requests = LoopCounter(
             "maskgate_requests", "Answered requests.", ["route", "pool", "status"], registry=r
@@ -64,7 +79,7 @@ class GatewayMetrics:
             registry=r,
         )
         self.ready = Gauge("maskgate_ready", "1 while the gateway accepts traffic.", registry=r)
-        # --- client connections (connections.py) ---
+        # --- client connections (proxy/connections.py) ---
         self.client_connections = Gauge(
             "maskgate_client_connections", "Open client connections.", registry=r
         )
@@ -77,7 +92,8 @@ class GatewayMetrics:
             registry=r,
         )
 
-        # --- admission (per pool) ---
+    def _admission(self, r: CollectorRegistry) -> None:
+        """Per pool: admission permits and the queue."""
         self.inflight = Gauge(
             "maskgate_inflight_requests",
             "Requests holding an admission permit.",
@@ -98,7 +114,8 @@ class GatewayMetrics:
             registry=r,
         )
 
-        # --- upstreams (per endpoint) ---
+    def _upstreams(self, r: CollectorRegistry) -> None:
+        """Per endpoint: health, circuits, faults, retries and re-sends."""
         self.pool_endpoints = Gauge(
             "maskgate_pool_endpoints", "Endpoints known in the pool.", ["pool"], registry=r
         )
@@ -136,7 +153,8 @@ class GatewayMetrics:
             registry=r,
         )
 
-        # --- streams ---
+    def _answers(self, r: CollectorRegistry) -> None:
+        """What goes back: streams and mask responses."""
         self.stream_ttfb = LoopHistogram(
             "maskgate_stream_ttfb_seconds",
             "Request arrival to the first streamed chunk sent to the client.",
@@ -167,7 +185,8 @@ class GatewayMetrics:
             registry=r,
         )
 
-        # --- RL control plane (weight_sync.py) ---
+    def _control(self, r: CollectorRegistry) -> None:
+        """The RL control plane (rl/) and several processes on one port (cluster/)."""
         self.sync_duration = LoopHistogram(
             "maskgate_weight_sync_duration_seconds",
             "Fleet-wide weight syncs of the trained pool, pause to continue.",
@@ -215,7 +234,7 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
-        # --- several processes on one port (leader.py) ---
+        # --- several processes on one port (cluster/leader.py) ---
         self.control_barrier_timeouts = Counter(
             "maskgate_control_barrier_timeouts",
             "Control-state changes that some gateway process did not acknowledge in time.",
@@ -226,13 +245,6 @@ class GatewayMetrics:
             "Times this process lost the control leader long enough to release its holds.",
             registry=r,
         )
-        self._versions: dict[tuple[str, str], str] = {}
-
-        # The request path looks labelled children up here: a dict hit instead of
-        # prometheus_client's lock-protected label resolution.
-        self._request_children: dict[tuple[str, str], tuple[HistogramChild, HistogramChild]] = {}
-        self._status_children: dict[tuple[str, str, int], CounterChild] = {}
-        self._resend_hooks: dict[str, Callable[[str], None]] = {}
 
     def observe_request(
         self, route: str, pool: str, status: int, duration: float, overhead: float
