@@ -3,8 +3,8 @@
 An endpoint's first answer decides its state at once (so a gateway starting next to a dead
 endpoint never routes to it); after that it turns unhealthy after `unhealthy_threshold`
 failed checks in a row and healthy again after `healthy_threshold` passing ones. Passive
-ejection (a refused connection, see proxy.py) marks an endpoint unhealthy directly; these
-checks bring it back.
+ejection (a refused connection, see proxy/handler.py) marks an endpoint unhealthy directly;
+these checks bring it back.
 
 On the trained pool a passing check also polls the endpoint's weight version, through the
 `VersionPoll` hook the caller passes (the RL wing's `weight_sync.poll_version`).

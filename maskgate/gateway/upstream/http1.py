@@ -4,7 +4,7 @@ The status line and headers are parsed once they are complete (1xx interim answe
 skipped); the body is framed by Content-Length, chunked encoding or the connection's end,
 and handed to the reader piece by piece. Past `_HIGH_WATER` unread bytes the socket stops
 being read until the reader catches up, so a slow client slows the upstream (backpressure).
-The connection pool that owns connections is in upstream.py.
+The connection pool that owns connections is in client.py.
 
 Strict by design (RFC 9112): whatever is not a well-formed response is a MalformedError, the
 request fails with a clean 502, and the connection is closed, never reused. That covers
@@ -66,7 +66,7 @@ class ConnectError(UpstreamError):
 
 class DisconnectedError(UpstreamError):
     """The connection closed before any response byte: the upstream answered nothing.
-    (The only failure after which upstream.py sends a request again, and only on a reused
+    (The only failure after which client.py sends a request again, and only on a reused
     connection: a close after any response byte is a ProtocolError or a BodyError.)"""
 
 

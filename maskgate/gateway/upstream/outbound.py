@@ -1,4 +1,4 @@
-"""The one place that writes an upstream request head (upstream.py sends what this returns).
+"""The one place that writes an upstream request head (client.py sends what this returns).
 
 Whatever a client sent and the gateway passes on (a query, a header) is checked here, once,
 for every request the gateway makes: the proxied traffic, each control fan-out, the load and
