@@ -16,9 +16,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from maskgate.gateway.access import CHECKS, networks
 from maskgate.gateway.api import probes
 from maskgate.gateway.api.probes import OPENAPI_BODY
+from maskgate.gateway.clients.access import CHECKS, networks
+from maskgate.gateway.clients.connections import ConnectionGuard
 from maskgate.gateway.cluster import leader
 from maskgate.gateway.cluster.leader import Cluster, Leader
 from maskgate.gateway.cluster.leader_middleware import add_barrier, add_forwarding
@@ -28,7 +29,6 @@ from maskgate.gateway.openapi import openapi_spec
 from maskgate.gateway.pools import discovery, health
 from maskgate.gateway.pools.pool import Pool
 from maskgate.gateway.proxy.bodycheck import BodyChecker
-from maskgate.gateway.proxy.connections import ConnectionGuard
 from maskgate.gateway.rl import weight_sync
 from maskgate.gateway.rl.control import CONTROL, install_control
 from maskgate.gateway.routes import Row, admin_table, leader_paths, main_table, probe_table

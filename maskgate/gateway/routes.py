@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from maskgate.gateway.access import Access
 from maskgate.gateway.api import probes
+from maskgate.gateway.clients.access import Access
 from maskgate.gateway.cluster.leader_middleware import LeaderPaths
 from maskgate.gateway.config import GatewayConfig
 from maskgate.gateway.proxy.handler import proxied

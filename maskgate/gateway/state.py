@@ -19,10 +19,10 @@ from maskgate.gateway.config import GatewayConfig
 from maskgate.protocol.policy import PolicyConfig
 
 if TYPE_CHECKING:  # annotations only: the parts the state holds live in wings that import it
+    from maskgate.gateway.clients.connections import ConnectionGuard
     from maskgate.gateway.observability.metrics import GatewayMetrics
     from maskgate.gateway.pools.pool import Pool
     from maskgate.gateway.proxy.bodycheck import BodyChecker
-    from maskgate.gateway.proxy.connections import ConnectionGuard
     from maskgate.gateway.upstream.client import UpstreamClient
 
 # (host, port) -> the addresses it resolves to right now (IPv4 or IPv6 literals).

@@ -14,7 +14,7 @@ from aiohttp import web
 from local_site import serve_app
 
 from maskgate.gateway import GatewayConfig, create_app
-from maskgate.gateway.proxy.connections import GuardedRunner
+from maskgate.gateway.clients.connections import GuardedRunner
 from maskgate.gateway.state import STATE
 from maskgate.protocol.settings import load_settings
 

@@ -15,8 +15,8 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from maskgate.gateway.access import PEER_HEADER, client_address
-from maskgate.gateway.proxy.bodyread import read_body
+from maskgate.gateway.clients.access import PEER_HEADER, client_address
+from maskgate.gateway.clients.bodyread import read_body
 from maskgate.gateway.rl.holds import PoolControl
 from maskgate.gateway.state import STATE
 from maskgate.protocol.errors import ServerError

@@ -79,7 +79,7 @@ class GatewayMetrics:
             registry=r,
         )
         self.ready = Gauge("maskgate_ready", "1 while the gateway accepts traffic.", registry=r)
-        # --- client connections (proxy/connections.py) ---
+        # --- client connections (clients/connections.py) ---
         self.client_connections = Gauge(
             "maskgate_client_connections", "Open client connections.", registry=r
         )

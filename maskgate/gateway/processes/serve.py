@@ -20,9 +20,9 @@ from collections.abc import Callable
 from aiohttp import web
 
 from maskgate.gateway.app import LEADER, create_admin_app, create_app, create_probe_app
+from maskgate.gateway.clients.connections import GuardedRunner
 from maskgate.gateway.cluster.leader import Cluster, start_leader_sites
 from maskgate.gateway.config import GatewayConfig
-from maskgate.gateway.proxy.connections import GuardedRunner
 from maskgate.gateway.state import STATE, Resolver
 
 LOG = logging.getLogger("maskgate")

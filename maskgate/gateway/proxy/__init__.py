@@ -1,2 +1,1 @@
-"""The inference path: read and check a client body, send it upstream, check and relay the
-answer."""
+"""The inference path: check a client body, send it upstream, check and relay the answer."""

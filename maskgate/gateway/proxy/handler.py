@@ -17,12 +17,12 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from maskgate.gateway.access import API_KEY
+from maskgate.gateway.clients.access import API_KEY
+from maskgate.gateway.clients.bodyread import read_body
 from maskgate.gateway.observability.logs import log_access
 from maskgate.gateway.pools import versions
 from maskgate.gateway.pools.pool import Endpoint, Pool
 from maskgate.gateway.proxy.bodycheck import BodyJob
-from maskgate.gateway.proxy.bodyread import read_body
 from maskgate.gateway.proxy.encoding import codings, decode_body
 from maskgate.gateway.proxy.headers import upstream_headers
 from maskgate.gateway.proxy.relay import RequestCtx, record_status, relay

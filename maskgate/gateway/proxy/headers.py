@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from maskgate.gateway.access import is_trusted
+from maskgate.gateway.clients.access import is_trusted
 from maskgate.gateway.proxy.relay import HOP_BY_HOP
 from maskgate.gateway.state import GatewayState
 

@@ -19,10 +19,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from maskgate.gateway.clients.bodyread import read_body
 from maskgate.gateway.config import normalize_endpoint
 from maskgate.gateway.pools.health import check_endpoint
 from maskgate.gateway.pools.pool import Pool
-from maskgate.gateway.proxy.bodyread import read_body
 from maskgate.gateway.rl.admin_urls import check_endpoint_url
 from maskgate.gateway.rl.weight_sync import poll_version
 from maskgate.gateway.state import STATE, GatewayState

@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from maskgate.gateway.clients.bodyread import read_body
 from maskgate.gateway.pools.pool import Endpoint, Pool
 from maskgate.gateway.pools.versions import MIXED, pool_version, strict_version
-from maskgate.gateway.proxy.bodyread import read_body
 from maskgate.gateway.rl.fanout import answer, call, fan_out
 from maskgate.gateway.rl.holds import PoolControl
 from maskgate.gateway.rl.weight_sync import run_update, set_version

@@ -28,11 +28,11 @@ from urllib.parse import unquote
 import orjson
 from aiohttp import web
 
+from maskgate.gateway.clients.bodyread import read_body
 from maskgate.gateway.config import normalize_endpoint
 from maskgate.gateway.pools.health import check_endpoint
 from maskgate.gateway.pools.pool import Endpoint, Pool
 from maskgate.gateway.pools.versions import at_least
-from maskgate.gateway.proxy.bodyread import read_body
 from maskgate.gateway.rl.admin_urls import check_endpoint_url
 from maskgate.gateway.rl.fanout import fan_out
 from maskgate.gateway.rl.weight_sync import poll_version

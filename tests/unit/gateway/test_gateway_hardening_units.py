@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from maskgate.gateway.access import is_trusted
+from maskgate.gateway.clients.access import is_trusted
 from maskgate.gateway.config import GatewayConfig
 from maskgate.gateway.proxy.encoding import codings, decode_body
 from maskgate.gateway.proxy.headers import connection_listed

@@ -8,12 +8,11 @@ loads: at module level and in class bodies, but not inside functions and not und
 Wings, from the top (each may import only those below it; wings on one line never import
 each other):
 
-    cli -> processes -> app -> routes, openapi -> api -> cluster -> rl -> proxy -> access
+    cli -> processes -> app -> routes, openapi -> api -> cluster -> rl, proxy -> clients
         -> pools -> state -> upstream, observability, config, auth
 
-The RL wing sits above the proxy: it reads request bodies with the proxy's body reader and
-answers with its relay; the proxy never reaches into the RL wing. `access` (who may call a
-row) sits between them and the pools, as both the proxy and the cluster's middlewares ask it.
+`clients` (who may call a row, reading a request body, client connection bounds) sits below
+the RL wing and the proxy, as both of them and the cluster's middlewares use it.
 """
 
 from __future__ import annotations
@@ -33,9 +32,8 @@ ORDER: tuple[tuple[str, ...], ...] = (
     ("routes", "openapi"),
     ("api",),
     ("cluster",),
-    ("rl",),
-    ("proxy",),
-    ("access",),
+    ("rl", "proxy"),
+    ("clients",),
     ("pools",),
     ("state",),
     ("upstream", "observability", "config", "auth"),
