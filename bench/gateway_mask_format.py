@@ -37,9 +37,9 @@ import orjson
 
 from bench.gateway import procs
 from bench.gateway.machine import versions
-from maskgate.gateway import packed as packing
-from maskgate.gateway.maskcheck import finish_mask_response
-from maskgate.gateway.metrics import GatewayMetrics
+from maskgate.gateway.observability.metrics import GatewayMetrics
+from maskgate.gateway.proxy import packed as packing
+from maskgate.gateway.proxy.maskcheck import finish_mask_response
 
 TOKENS, IDS_PER_TOKEN, VOCAB = 64, 100, 151_936
 TARGET = 1.5

@@ -34,9 +34,9 @@ from typing import Any
 
 import orjson
 
-from maskgate.gateway.bodycheck import BodyChecker, BodyJob
 from maskgate.gateway.config import OffloadConfig
-from maskgate.gateway.encoding import codings, decode_body
+from maskgate.gateway.proxy.bodycheck import BodyChecker, BodyJob
+from maskgate.gateway.proxy.encoding import codings, decode_body
 from maskgate.protocol.errors import PolicyError
 from maskgate.protocol.policy import (
     PolicyConfig,

@@ -19,7 +19,8 @@ _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^:()]*)(?::\d+)?\)$")
 
 
 def _name(frame: str) -> str:
-    """`handle (maskgate/gateway/proxy.py:80)` -> `maskgate/gateway/proxy.py:handle` (line numbers dropped)."""
+    """`handle (maskgate/gateway/proxy/handler.py:80)` -> `maskgate/gateway/proxy/handler.py:handle`
+    (line numbers dropped)."""
     m = _FRAME.match(frame.strip())
     if not m:
         return frame.strip()
@@ -36,7 +37,10 @@ def _name(frame: str) -> str:
 # caller above them decides.
 OWNERS = (
     ("aiohttp client", ("aiohttp/client", "aiohttp/connector.py")),
-    ("gateway upstream client", ("maskgate/gateway/upstream.py", "gateway/http1.py")),
+    (
+        "gateway upstream client",
+        ("maskgate/gateway/upstream/client.py", "maskgate/gateway/upstream/http1"),
+    ),
     ("aiohttp server", ("aiohttp/web_",)),
     ("gateway logic", ("gateway/", "prometheus_client/", "logging/", "json/")),
     ("asyncio.timeout", ("asyncio/timeouts.py",)),

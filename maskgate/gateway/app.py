@@ -16,21 +16,24 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from maskgate.gateway import discovery, health, leader, probes
-from maskgate.gateway.access import CHECKS, networks
-from maskgate.gateway.bodycheck import BodyChecker
+from maskgate.gateway.api import probes
+from maskgate.gateway.api.probes import OPENAPI_BODY
+from maskgate.gateway.clients.access import CHECKS, networks
+from maskgate.gateway.clients.connections import ConnectionGuard
+from maskgate.gateway.cluster import leader
+from maskgate.gateway.cluster.leader import Cluster, Leader
+from maskgate.gateway.cluster.leader_middleware import add_barrier, add_forwarding
 from maskgate.gateway.config import POOL_NAMES, GatewayConfig
-from maskgate.gateway.connections import ConnectionGuard
-from maskgate.gateway.control import CONTROL, install_control
-from maskgate.gateway.forward import add_barrier, add_forwarding
-from maskgate.gateway.leader import Cluster, Leader
-from maskgate.gateway.metrics import GatewayMetrics
+from maskgate.gateway.observability.metrics import GatewayMetrics
 from maskgate.gateway.openapi import openapi_spec
-from maskgate.gateway.pool import Pool
-from maskgate.gateway.probes import OPENAPI_BODY
+from maskgate.gateway.pools import discovery, health
+from maskgate.gateway.pools.pool import Pool
+from maskgate.gateway.proxy.bodycheck import BodyChecker
+from maskgate.gateway.rl import weight_sync
+from maskgate.gateway.rl.control import CONTROL, install_control
 from maskgate.gateway.routes import Row, admin_table, leader_paths, main_table, probe_table
 from maskgate.gateway.state import STATE, GatewayState, Resolver
-from maskgate.gateway.upstream import UpstreamClient, UpstreamError
+from maskgate.gateway.upstream.client import UpstreamClient, UpstreamError
 from maskgate.protocol.errors import ApiError, ServerError
 from maskgate.protocol.responses import error_response
 
@@ -139,7 +142,11 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
             await asyncio.wait_for(discovery.refresh(pool, resolver), _FIRST_LOOKUP_S)
         except TimeoutError:
             LOG.warning("first lookup of %s timed out", pool.cfg.dns, extra={"pool": pool.name})
-    tasks = [asyncio.create_task(health.health_loop(state), name="maskgate-health")]
+    tasks = [
+        asyncio.create_task(
+            health.health_loop(state, weight_sync.poll_version), name="maskgate-health"
+        )
+    ]
     tasks += [
         asyncio.create_task(discovery.discovery_loop(p, resolver), name=f"maskgate-dns-{p.name}")
         for p in dns_pools

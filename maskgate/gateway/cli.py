@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from maskgate.gateway.config import GatewayConfig
+from maskgate.gateway.processes.cores import process_count
 from maskgate.protocol.settings import ConfigError, load_settings
 
 # The worker reads MASKGATE_WORKER_*; one environment may hold both configurations.
@@ -170,15 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         print(redacted_json(config))
         return 0
 
-    from maskgate.gateway.logs import configure_logging
+    from maskgate.gateway.observability.logs import configure_logging
 
     configure_logging(config.log_level, config.access_log)
-    processes = config.process_count()
+    processes = process_count(config)
     if processes > 1:
-        from maskgate.gateway.supervisor import run_workers
+        from maskgate.gateway.processes.supervisor import run_workers
 
         return run_workers(config, processes)
-    from maskgate.gateway.serve import run
+    from maskgate.gateway.processes.serve import run
 
     run(config)
     return 0

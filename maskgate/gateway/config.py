@@ -13,7 +13,6 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from maskgate.gateway.cores import available_cpus
 from maskgate.protocol.policy import PolicyConfig
 
 POOL_NAMES = ("general", "mask")
@@ -211,7 +210,7 @@ class GatewayConfig(StrictModel):
     # (probes answer on both).
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     # Processes sharing `port` (SO_REUSEPORT). `auto`: one per CPU this process may use, the
-    # cgroup CPU quota included (cores.py); one when `port` is 0 (nothing to share).
+    # cgroup CPU quota included (processes/cores.py); one when `port` is 0 (nothing to share).
     workers: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = "auto"
     api_keys: list[str] = Field(default_factory=list)  # empty: no client authentication
     # None: any authenticated caller may ask for masks. Else only these keys (rule 2).
@@ -302,11 +301,3 @@ class GatewayConfig(StrictModel):
         if self.control.enabled is not None:
             return self.control.enabled
         return self.control_securable() or self.insecure_control
-
-    def process_count(self) -> int:
-        """How many gateway processes `workers` asks for, with `auto` resolved."""
-        if self.workers != "auto":
-            return self.workers
-        if self.port == 0:
-            return 1  # an ephemeral port cannot be shared
-        return min(256, available_cpus())

@@ -18,8 +18,8 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from maskgate.gateway.control_openapi import CONTROL_CODES
-from maskgate.gateway.openapi_paths import DOCUMENTED, ENDPOINT_LIST, INVOCATIONS, error_ref
+from maskgate.gateway.api.control_paths import CONTROL_CODES
+from maskgate.gateway.api.paths import DOCUMENTED, ENDPOINT_LIST, INVOCATIONS, error_ref
 from maskgate.protocol.bounds import BOUNDS
 from maskgate.protocol.errors import GATEWAY_CODES
 from maskgate.protocol.policy import POLICY_CODES

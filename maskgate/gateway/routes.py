@@ -5,7 +5,7 @@ registers exactly the rows of its app and wraps each with its access group's che
 (access.py); any other path answers 404 `not_found` and any other method on a declared path
 405 `method_not_allowed`, from the gateway itself: nothing undeclared reaches an upstream.
 The OpenAPI document (openapi.py) and the paths a follower process forwards to the control
-leader (forward.py) are read from the same rows.
+leader (cluster/leader_middleware.py) are read from the same rows.
 
 Proxied rows send the row's own upstream path (never the client's spelling of it) and
 classify every body that carries sampling parameters with the mask policy, whatever the
@@ -20,10 +20,12 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from maskgate.gateway import admin, control, probes, registration
-from maskgate.gateway.access import Access
+from maskgate.gateway.api import probes
+from maskgate.gateway.clients.access import Access
+from maskgate.gateway.cluster.leader_middleware import LeaderPaths
 from maskgate.gateway.config import GatewayConfig
-from maskgate.gateway.proxy import proxied
+from maskgate.gateway.proxy.handler import proxied
+from maskgate.gateway.rl import admin, control, registration
 from maskgate.protocol.policy import Route
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -134,9 +136,10 @@ def admin_table() -> tuple[Row, ...]:
     return (*_ADMIN, *_REGISTRATION)
 
 
-def leader_paths(rows: tuple[Row, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
-    """(exact paths, path prefixes) of the rows forwarded to the control leader."""
+def leader_paths(rows: tuple[Row, ...]) -> LeaderPaths:
+    """The exact paths and path prefixes of the rows forwarded to the control leader, and
+    the control paths whose GET changes state too."""
     forwarded = [row.path for row in rows if row.forwarded_to_leader]
     exact = frozenset(p for p in forwarded if "{" not in p)
     prefixes = tuple(sorted({p.partition("{")[0] for p in forwarded if "{" in p}))
-    return exact, prefixes
+    return LeaderPaths(exact, prefixes, control.CHANGING_GET_PATHS)

@@ -11,16 +11,19 @@ import itertools
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from maskgate.gateway.bodycheck import BodyChecker
 from maskgate.gateway.config import GatewayConfig
-from maskgate.gateway.connections import ConnectionGuard
-from maskgate.gateway.metrics import GatewayMetrics
-from maskgate.gateway.pool import Pool
-from maskgate.gateway.upstream import UpstreamClient
 from maskgate.protocol.policy import PolicyConfig
+
+if TYPE_CHECKING:  # annotations only: the parts the state holds live in wings that import it
+    from maskgate.gateway.clients.connections import ConnectionGuard
+    from maskgate.gateway.observability.metrics import GatewayMetrics
+    from maskgate.gateway.pools.pool import Pool
+    from maskgate.gateway.proxy.bodycheck import BodyChecker
+    from maskgate.gateway.upstream.client import UpstreamClient
 
 # (host, port) -> the addresses it resolves to right now (IPv4 or IPv6 literals).
 Resolver = Callable[[str, int], Awaitable[list[str]]]

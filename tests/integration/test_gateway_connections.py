@@ -14,7 +14,7 @@ from aiohttp import web
 from fakes.serve import serve_app
 
 from maskgate.gateway import GatewayConfig, create_app
-from maskgate.gateway.connections import GuardedRunner
+from maskgate.gateway.clients.connections import GuardedRunner
 from maskgate.gateway.state import STATE
 from maskgate.protocol.settings import load_settings
 
@@ -214,7 +214,7 @@ async def test_pipelined_requests_are_all_answered():
 def test_the_cap_is_lowered_to_the_open_file_limit(monkeypatch):
     import resource
 
-    from maskgate.gateway import serve
+    from maskgate.gateway.processes import serve
 
     limits = {"now": (1024, 1024)}
     monkeypatch.setattr(resource, "getrlimit", lambda _: limits["now"])

@@ -73,7 +73,7 @@ async def test_discovery_follows_changed_records(upstreams, gateway, make_config
 
 
 async def test_ipv6_addresses_become_bracketed_urls():
-    from maskgate.gateway.discovery import endpoint_url
+    from maskgate.gateway.pools.discovery import endpoint_url
 
     assert endpoint_url("http", "fd00::7", 30000) == "http://[fd00::7]:30000"
     assert endpoint_url("https", "10.1.2.3", 8000) == "https://10.1.2.3:8000"

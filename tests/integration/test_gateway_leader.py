@@ -15,11 +15,11 @@ import pytest
 from aiohttp import web
 from fakes.bodies import MASK_GEN
 
-from maskgate.gateway import leader
 from maskgate.gateway.app import LEADER, create_app
+from maskgate.gateway.cluster import leader
+from maskgate.gateway.cluster.leader import Cluster, start_leader_sites
 from maskgate.gateway.config import GatewayConfig
-from maskgate.gateway.control import CONTROL
-from maskgate.gateway.leader import Cluster, start_leader_sites
+from maskgate.gateway.rl.control import CONTROL
 from maskgate.gateway.state import STATE, GatewayState
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from maskgate.gateway.bodycheck import BodyChecker, BodyJob, check_body
 from maskgate.gateway.config import OffloadConfig
+from maskgate.gateway.proxy.bodycheck import BodyChecker, BodyJob, check_body
 from maskgate.protocol.errors import PolicyError
 from maskgate.protocol.policy import PolicyConfig, Route
 

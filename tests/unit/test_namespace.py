@@ -193,8 +193,8 @@ def test_the_kernels_public_api_check_sees_each_way_past_it(tmp_path: Path) -> N
 # What `maskgate gateway` and `python -m maskgate.gateway` load before serving.
 _GATEWAY_IMPORTS = """
 import sys
-import maskgate.cli, maskgate.gateway, maskgate.gateway.cli, maskgate.gateway.serve
-import maskgate.gateway.supervisor, maskgate.protocol.policy
+import maskgate.cli, maskgate.gateway, maskgate.gateway.cli, maskgate.gateway.processes.serve
+import maskgate.gateway.processes.supervisor, maskgate.protocol.policy
 heavy = ("torch", "triton", "transformers", "maskgate.worker", "maskgate.kernels")
 print(sorted(m for m in sys.modules if m.startswith(heavy)))
 """

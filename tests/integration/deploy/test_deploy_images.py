@@ -137,7 +137,7 @@ from maskgate import gateway
 assert gateway.__file__.startswith(sys.argv[1]), gateway.__file__
 from maskgate.gateway.cli import main
 code = main(["--config", sys.argv[2], "--check-config"])
-import maskgate.gateway.serve, maskgate.gateway.supervisor
+import maskgate.gateway.processes.serve, maskgate.gateway.processes.supervisor
 heavy = ("torch", "triton", "transformers", "maskgate.worker", "maskgate.kernels")
 leaked = sorted(m for m in sys.modules if m.startswith(heavy))
 assert not leaked, leaked

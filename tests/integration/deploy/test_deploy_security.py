@@ -304,6 +304,7 @@ def test_gateway_ports_are_reachable_only_as_configured(overlay: str, render, ki
 
 def test_rl_overlay_runs_one_gateway_in_front_of_the_trained_pool(render, kit, tmp_path) -> None:
     from maskgate.gateway.config import GatewayConfig
+    from maskgate.gateway.processes.cores import process_count
     from maskgate.protocol.settings import load_settings
 
     docs = render("overlays/rl")
@@ -314,7 +315,7 @@ def test_rl_overlay_runs_one_gateway_in_front_of_the_trained_pool(render, kit, t
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump(gateway_file_config(docs, kit)))
     config = load_settings(GatewayConfig, file=path)
-    assert config.process_count() == 1
+    assert process_count(config) == 1
     trained = getattr(config.pools, config.control.trained_pool)
     assert trained.dns and trained.dns.split(".")[0] == "maskgate-mask-workers"
     assert config.pools.general.dns is None and not config.pools.general.endpoints

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from maskgate.gateway.admission import Admission
+from maskgate.gateway.pools.admission import Admission
 from maskgate.protocol.errors import PolicyError
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from maskgate.gateway.circuit import CircuitBreaker, CircuitState
+from maskgate.gateway.pools.circuit import CircuitBreaker, CircuitState
 
 
 class Clock:

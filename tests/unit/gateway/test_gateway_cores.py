@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from maskgate.gateway import GatewayConfig
-from maskgate.gateway.cores import available_cpus, cgroup_quota
+from maskgate.gateway.processes.cores import available_cpus, cgroup_quota, process_count
 from maskgate.protocol.settings import load_settings
 
 
@@ -63,10 +63,10 @@ def test_available_cpus_is_the_smaller_of_affinity_and_quota(tmp_path: Path):
 
 
 def test_workers_auto_is_the_default_and_an_integer_still_works(monkeypatch):
-    monkeypatch.setattr("maskgate.gateway.config.available_cpus", lambda: 3)
+    monkeypatch.setattr("maskgate.gateway.processes.cores.available_cpus", lambda: 3)
     assert load_settings(GatewayConfig).workers == "auto"
-    assert load_settings(GatewayConfig).process_count() == 3
-    assert load_settings(GatewayConfig, overrides={"port": 0}).process_count() == 1
-    assert load_settings(GatewayConfig, overrides={"workers": 5}).process_count() == 5
+    assert process_count(load_settings(GatewayConfig)) == 3
+    assert process_count(load_settings(GatewayConfig, overrides={"port": 0})) == 1
+    assert process_count(load_settings(GatewayConfig, overrides={"workers": 5})) == 5
     env = {"MASKGATE_WORKERS": "auto"}
     assert load_settings(GatewayConfig, env=env, env_prefix="MASKGATE_").workers == "auto"

@@ -7,8 +7,8 @@ from __future__ import annotations
 from aiohttp.test_utils import TestClient, TestServer
 
 from maskgate.gateway import GatewayConfig, create_app
-from maskgate.gateway import proxy as proxy_module
 from maskgate.gateway.app import create_admin_app, create_probe_app
+from maskgate.gateway.proxy import handler as proxy_module
 from maskgate.protocol.settings import load_settings
 
 

@@ -9,10 +9,11 @@ import zlib
 
 import pytest
 
-from maskgate.gateway.admin_urls import unsafe_address
+from maskgate.gateway.clients.access import is_trusted
 from maskgate.gateway.config import GatewayConfig
-from maskgate.gateway.encoding import codings, decode_body
-from maskgate.gateway.forwarding import connection_listed, is_trusted
+from maskgate.gateway.proxy.encoding import codings, decode_body
+from maskgate.gateway.proxy.headers import connection_listed
+from maskgate.gateway.rl.admin_urls import unsafe_address
 from maskgate.protocol.errors import ApiError
 from maskgate.protocol.settings import ConfigError, load_settings
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from maskgate.gateway.loop_metrics import LoopCounter, LoopHistogram
+from maskgate.gateway.observability.loop_metrics import LoopCounter, LoopHistogram
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
 VALUES = [0.0, 0.0005, 0.001, 0.002, 0.01, 0.5, 1.0, 7.0, 0.1]

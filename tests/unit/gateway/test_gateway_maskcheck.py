@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import orjson
 
-from maskgate.gateway.maskcheck import check_mask_response
-from maskgate.gateway.metrics import GatewayMetrics
+from maskgate.gateway.observability.metrics import GatewayMetrics
+from maskgate.gateway.proxy.maskcheck import check_mask_response
 
 
 def meta(masks, logprobs=None, length=None):

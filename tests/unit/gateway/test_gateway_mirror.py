@@ -8,12 +8,12 @@ import os
 
 import orjson
 
-from maskgate.gateway import leader, mirror
 from maskgate.gateway.app import create_app
+from maskgate.gateway.cluster import leader, mirror
+from maskgate.gateway.cluster.leader import Cluster, Leader
 from maskgate.gateway.config import GatewayConfig
-from maskgate.gateway.control import CONTROL
-from maskgate.gateway.holds import PoolControl
-from maskgate.gateway.leader import Cluster, Leader
+from maskgate.gateway.rl.control import CONTROL
+from maskgate.gateway.rl.holds import PoolControl
 from maskgate.gateway.state import STATE, GatewayState
 
 A, B, C = "http://10.0.0.1:30000", "http://10.0.0.2:30000", "http://10.0.0.3:30000"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from maskgate.gateway.outbound import UnsafeRequestError, request_head, target
+from maskgate.gateway.upstream.outbound import UnsafeRequestError, request_head, target
 
 
 def test_a_well_formed_head():

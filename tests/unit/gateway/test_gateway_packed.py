@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
-from maskgate.gateway import packed as packing
-from maskgate.gateway.maskcheck import finish_mask_response
-from maskgate.gateway.metrics import GatewayMetrics
+from maskgate.gateway.observability.metrics import GatewayMetrics
+from maskgate.gateway.proxy import packed as packing
+from maskgate.gateway.proxy.maskcheck import finish_mask_response
 from maskgate.protocol.engine_rules import check_engine
 from maskgate.protocol.errors import ApiError, PolicyError
 from maskgate.protocol.mask_format import answer_formats
@@ -181,7 +181,7 @@ def test_policy_checks_the_format(route: Route, extra: dict[str, Any], ok: bool)
 
 
 def test_stream_rewriter_events_split_anywhere_and_a_bounded_buffer() -> None:
-    from maskgate.gateway import sglang_answers
+    from maskgate.gateway.proxy import sglang_answers
 
     event = {"text": "x", "output_ids": [3], "meta_info": lists_meta([[9, 3]])}
     stream = b"data: " + orjson.dumps(event) + b"\n\n" + b'data: {"error": {"message": "no"}}\n\n'

@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 
 from maskgate.gateway.config import PoolConfig
-from maskgate.gateway.health import record_check
-from maskgate.gateway.metrics import GatewayMetrics
-from maskgate.gateway.pool import Pool, choose
-from maskgate.gateway.proxy import _backoff
+from maskgate.gateway.observability.metrics import GatewayMetrics
+from maskgate.gateway.pools.health import record_check
+from maskgate.gateway.pools.pool import Pool, choose
+from maskgate.gateway.proxy.handler import _backoff
 
 
 def make_pool(urls: list[str], **cfg) -> Pool:
@@ -88,8 +88,8 @@ def test_backoff_is_capped_exponential_with_jitter():
 def test_refused_connections_eject_but_connect_timeouts_only_count():
     from types import SimpleNamespace
 
-    from maskgate.gateway.http1 import ConnectError
-    from maskgate.gateway.proxy import _connect_failure
+    from maskgate.gateway.proxy.handler import _connect_failure
+    from maskgate.gateway.upstream.http1 import ConnectError
 
     pool = make_pool(["http://a:1", "http://b:1"])
     a, b = pool.endpoints

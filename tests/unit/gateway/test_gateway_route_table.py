@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from maskgate.gateway import GatewayConfig
-from maskgate.gateway.access import Access
-from maskgate.gateway.forward import leader_path
+from maskgate.gateway.clients.access import Access
+from maskgate.gateway.cluster.leader_middleware import leader_path
 from maskgate.gateway.openapi import openapi_spec
 from maskgate.gateway.routes import PROXIED, admin_table, leader_paths, main_table
 from maskgate.protocol.policy import Route

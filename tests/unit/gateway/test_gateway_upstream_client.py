@@ -17,7 +17,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from maskgate.gateway import GatewayConfig, create_app
-from maskgate.gateway.upstream import (
+from maskgate.gateway.upstream.client import (
     BodyError,
     ConnectError,
     DisconnectedError,

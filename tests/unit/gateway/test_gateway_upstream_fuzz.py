@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from maskgate.gateway import GatewayConfig, create_app
-from maskgate.gateway.relay import HOP_BY_HOP
-from maskgate.gateway.upstream import UpstreamClient, UpstreamError
+from maskgate.gateway.proxy.relay import HOP_BY_HOP
+from maskgate.gateway.upstream.client import UpstreamClient, UpstreamError
 from maskgate.protocol.settings import load_settings
 
 CANARY = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nX-Canary: 1\r\n\r\ncanary"

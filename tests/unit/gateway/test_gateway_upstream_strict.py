@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from fakes.raw_upstream import RawUpstream
 
 from maskgate.gateway import GatewayConfig, create_app
-from maskgate.gateway.http1 import _MAX_HEAD
-from maskgate.gateway.upstream import ProtocolError, UpstreamClient
+from maskgate.gateway.upstream.client import ProtocolError, UpstreamClient
+from maskgate.gateway.upstream.http1 import _MAX_HEAD
 from maskgate.protocol.settings import load_settings
 
 CANARY = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\ncanary"

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from maskgate.gateway.admission import Admission
-from maskgate.gateway.versions import MIXED, at_least, normalize, pool_version
+from maskgate.gateway.pools.admission import Admission
+from maskgate.gateway.pools.versions import MIXED, at_least, normalize, pool_version
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,2 @@
+"""Running gateway processes: one process (serve), N sharing a port (supervisor), and how many
+CPUs there are to use (cores)."""
