@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
+from maskgate.protocol.policy_settings import policy_from
 from maskgate.protocol.policy import (
     PolicyConfig,
     Route,
@@ -66,11 +67,7 @@ STATE = web.AppKey("state", StateRef)
 
 
 def policy_config(config: WorkerConfig) -> PolicyConfig:
-    return PolicyConfig(
-        max_mask_tokens=config.max_mask_tokens,
-        max_mask_ids_per_request=config.max_mask_ids_per_request,
-        reject_logit_transforms=config.reject_logit_transforms,
-    )
+    return policy_from(config)
 
 
 async def admit(request: web.Request, route: Route) -> tuple[WorkerState, dict[str, Any], bool]:
