@@ -52,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--general-dns", metavar="NAME", help="discover general upstreams by DNS")
     p.add_argument("--mask-dns", metavar="NAME", help="discover mask upstreams by DNS")
-    p.add_argument("--max-mask-tokens", type=int, metavar="N", help=f"mask cap (default {MAX_MASK_TOKENS})")
+    p.add_argument(
+        "--max-mask-tokens", type=int, metavar="N", help=f"mask cap (default {MAX_MASK_TOKENS})"
+    )
     p.add_argument("--api-key", action="append", metavar="KEY", help="client key (repeatable)")
     p.add_argument(
         "--mask-allow-key", action="append", metavar="KEY", help="key allowed masks (repeatable)"

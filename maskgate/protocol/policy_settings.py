@@ -47,4 +47,6 @@ def policy_from(config: BaseModel) -> PolicySettings:
     """The policy settings of a model that exposes some of their fields (the worker's): those
     it has, the defaults for the rest."""
     have = type(config).model_fields
-    return PolicySettings(**{k: getattr(config, k) for k in PolicySettings.model_fields if k in have})
+    return PolicySettings(
+        **{k: getattr(config, k) for k in PolicySettings.model_fields if k in have}
+    )

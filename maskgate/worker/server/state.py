@@ -11,7 +11,6 @@ from typing import Any
 from aiohttp import web
 
 from maskgate.protocol.errors import ApiError
-from maskgate.protocol.policy_settings import policy_from
 from maskgate.protocol.policy import (
     PolicyConfig,
     Route,
@@ -19,6 +18,7 @@ from maskgate.protocol.policy import (
     is_mask_request,
     parse_body,
 )
+from maskgate.protocol.policy_settings import policy_from
 from maskgate.worker.batch import Runner
 from maskgate.worker.config import WorkerConfig
 from maskgate.worker.engine import Engine
