@@ -49,10 +49,7 @@ class MaskView:
     items: list[MaskItem]
     shared: bool  # /generate: one sampling_params object for every prompt
     budget_param: str | None  # the param rule 9 names
-
-    @property
-    def openai(self) -> bool:
-        return self.route is not Route.GENERATE
+    openai: bool  # chat or completions (not /generate)
 
     def rewrite(self) -> dict[str, Any]:
         """The body to forward: the resolved sampling parameters written in explicitly (on a
@@ -103,7 +100,7 @@ def _openai(
     # Every prompt of a completions list is answered with its own choices.
     item = MaskItem("", body, params, prompts * max(n, best_of), max_tokens, True)
     param = "max_tokens" if route is Route.COMPLETIONS else None
-    return MaskView(route, body, cfg, vocab_size, None, [True], [item], False, param)
+    return MaskView(route, body, cfg, vocab_size, None, [True], [item], False, param, True)
 
 
 def _generate(body: Mapping[str, Any], cfg: PolicySettings, vocab_size: int | None) -> MaskView:
@@ -125,7 +122,7 @@ def _generate(body: Mapping[str, Any], cfg: PolicySettings, vocab_size: int | No
             for i, (item, flag) in enumerate(zip(_sampling_items(body, size), flags, strict=True))
         ]
     param = "sampling_params.max_new_tokens"
-    return MaskView(Route.GENERATE, body, cfg, vocab_size, size, flags, items, shared, param)
+    return MaskView(Route.GENERATE, body, cfg, vocab_size, size, flags, items, shared, param, False)
 
 
 def _generate_item(sp: Mapping[str, Any], where: str, prompts: int, masked: int) -> MaskItem:
