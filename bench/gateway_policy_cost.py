@@ -47,7 +47,7 @@ from maskgate.protocol.policy import (
 )
 
 LIMIT = 8 * 1024 * 1024  # max_body_bytes default
-CAP = 4096  # max_batch_items default
+CAP = PolicyConfig().max_batch_items  # the default, 4096
 TARGET_MS = 50.0
 CFG = PolicyConfig(max_batch_items=CAP, max_mask_ids_per_request=2**62)
 SP = {"top_k": 20, "top_p": 0.95, "temperature": 1.0, "max_new_tokens": 64}

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from maskgate.protocol.policy_settings import MAX_MASK_TOKENS
+
 READY_TIMEOUT_S = 600.0  # first run downloads and converts the model
 STOP_TIMEOUT_S = 15.0
 
@@ -76,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--general-port", type=int, default=0, help="general worker port (0: any)")
     p.add_argument("--mask-port", type=int, default=0, help="mask worker port (0: any)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
-    p.add_argument("--max-mask-tokens", type=int, default=4096, help="mask cap C")
+    p.add_argument("--max-mask-tokens", type=int, default=MAX_MASK_TOKENS, help="mask cap C")
     p.add_argument("--max-model-len", type=int, default=2048, help="tokens per sequence")
     p.add_argument("--max-num-seqs", type=int, default=16, help="sequences per worker")
     return p

@@ -15,6 +15,7 @@ from typing import Any
 
 from maskgate.gateway.config import GatewayConfig
 from maskgate.gateway.processes.cores import process_count
+from maskgate.protocol.policy_settings import MAX_MASK_TOKENS
 from maskgate.protocol.settings import ConfigError, load_settings
 
 # The worker reads MASKGATE_WORKER_*; one environment may hold both configurations.
@@ -52,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--general-dns", metavar="NAME", help="discover general upstreams by DNS")
     p.add_argument("--mask-dns", metavar="NAME", help="discover mask upstreams by DNS")
-    p.add_argument("--max-mask-tokens", type=int, metavar="N", help="mask cap (default 4096)")
+    p.add_argument(
+        "--max-mask-tokens", type=int, metavar="N", help=f"mask cap (default {MAX_MASK_TOKENS})"
+    )
     p.add_argument("--api-key", action="append", metavar="KEY", help="client key (repeatable)")
     p.add_argument(
         "--mask-allow-key", action="append", metavar="KEY", help="key allowed masks (repeatable)"

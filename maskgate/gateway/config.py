@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from maskgate.protocol.policy import PolicyConfig
+from maskgate.protocol.engine_rules import ENGINE_MASK_CAP
+from maskgate.protocol.policy_settings import PolicySettings
 
 POOL_NAMES = ("general", "mask")
 
@@ -108,7 +109,7 @@ class PoolConfig(StrictModel):
     # mask the policy admits; SGLang serves masks only with top_k <= sampling_mask_max_tokens
     # (SGLang's --sampling-mask-max-tokens) and answers them as lists.
     engine: Literal["maskgate", "sglang"] = "maskgate"
-    sampling_mask_max_tokens: int = Field(default=4096, ge=1)
+    sampling_mask_max_tokens: int = Field(default=ENGINE_MASK_CAP, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> PoolConfig:
@@ -151,24 +152,6 @@ class ControlSettings(StrictModel):
     # pool is released (holds.py). Longer than the trainer's longest step between a pause
     # or release and its continue or resume.
     hold_deadline_s: PositiveFloat = 3600.0
-
-
-class PolicySettings(StrictModel):
-    max_mask_tokens: int = Field(default=4096, ge=1)
-    max_mask_ids_per_request: int = Field(default=64 * 1024 * 1024, ge=1)
-    reject_logit_transforms: bool = True
-    default_max_tokens: int = Field(default=2048, ge=1)
-    # Most prompts in one mask request (413 sampling_mask_batch_too_large above it).
-    max_batch_items: int = Field(default=4096, ge=1)
-
-    def to_policy(self) -> PolicyConfig:
-        return PolicyConfig(
-            max_mask_tokens=self.max_mask_tokens,
-            max_mask_ids_per_request=self.max_mask_ids_per_request,
-            reject_logit_transforms=self.reject_logit_transforms,
-            default_max_tokens=self.default_max_tokens,
-            max_batch_items=self.max_batch_items,
-        )
 
 
 def _network(value: str) -> str:

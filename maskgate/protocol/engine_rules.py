@@ -17,6 +17,8 @@ from maskgate.protocol.errors import PolicyError
 from maskgate.protocol.policy import Route
 
 Engine = Literal["maskgate", "sglang"]
+# SGLang's --sampling-mask-max-tokens default: `pools.<name>.sampling_mask_max_tokens`.
+ENGINE_MASK_CAP = 4096
 CODE = "sampling_mask_engine_unsupported"
 _ELSEWHERE = "a pool of maskgate workers (engine: maskgate) serves it, top-p-only masks included"
 

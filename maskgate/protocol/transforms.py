@@ -24,9 +24,16 @@ GRAMMAR_FIELDS = (
 )
 MIN_TOKENS_FIELDS = ("min_tokens", "min_new_tokens")
 ADAPTER_FIELDS = ("lora_path", "lora_id", "lora_name")  # SGLang's adapter selection
+# Every field check_logit_transforms reads: a body with none of them passes at once.
+_TRANSFORM_FIELDS = frozenset(
+    [name for name, _ in PENALTIES]
+    + ["logit_bias", *GRAMMAR_FIELDS, *MIN_TOKENS_FIELDS, "custom_logit_processor"]
+)
 
 
 def check_logit_transforms(d: Mapping[str, Any], where: str) -> None:
+    if d.keys().isdisjoint(_TRANSFORM_FIELDS):
+        return
     for name, neutral in PENALTIES:
         value = d.get(name)
         if value is not None and value != neutral:
@@ -84,6 +91,8 @@ def check_adapter(body: Mapping[str, Any], flags: list[bool], openai: bool) -> N
     """An adapter (LoRA) changes the logits the trainer replays: rule 6."""
     for name in ADAPTER_FIELDS:
         value = body.get(name)
+        if value is None or value == "":
+            continue  # the common case, decided without building a list per prompt
         values = value if isinstance(value, list) else [value] * len(flags)
         if any(v not in (None, "") and f for v, f in zip(values, flags, strict=False)):
             raise transform(name, f"a LoRA adapter ({name})")

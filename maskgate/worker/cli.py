@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from maskgate.protocol.policy_settings import MAX_MASK_TOKENS
 from maskgate.protocol.settings import ConfigError
 
 log = logging.getLogger("maskgate.worker")
@@ -31,7 +32,9 @@ def build_worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="listen port (default 30000)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default auto")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--max-mask-tokens", type=int, metavar="N", help="mask cap C (default 4096)")
+    p.add_argument(
+        "--max-mask-tokens", type=int, metavar="N", help=f"mask cap C (default {MAX_MASK_TOKENS})"
+    )
     p.add_argument("--max-num-seqs", type=int, metavar="N", help="running sequences (64)")
     p.add_argument("--max-model-len", type=int, metavar="N", help="tokens per sequence")
     p.add_argument("--kv-memory-gb", type=float, metavar="GB", help="KV cache budget")

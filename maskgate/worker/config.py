@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from maskgate.protocol.policy_settings import policy_field
 from maskgate.protocol.settings import load_settings
 
 ENV_PREFIX = "MASKGATE_WORKER_"
@@ -57,9 +58,10 @@ class WorkerConfig(BaseModel):
     cpu_threads: int | None = Field(None, ge=1)
 
     # Masks (docs/design.md: Mask semantics, and the Policy the worker applies to its input).
-    max_mask_tokens: int = Field(4096, ge=1)  # cap C on |mask| per token
-    max_mask_ids_per_request: int = Field(64 * 1024 * 1024, ge=1)
-    reject_logit_transforms: bool = True
+    # The policy's own fields (protocol/policy_settings.py), read there by `policy_from`.
+    max_mask_tokens: int = policy_field("max_mask_tokens")  # cap C on |mask| per token
+    max_mask_ids_per_request: int = policy_field("max_mask_ids_per_request")
+    reject_logit_transforms: bool = policy_field("reject_logit_transforms")
     # kernel: the row-filtered kernels (kernels.sample). sort_all_rows: the benchmark baseline
     # (maskgate/kernels/sort_all.py), a full-vocabulary sort of every row whenever any row asks.
     mask_impl: Literal["kernel", "sort_all_rows"] = "kernel"

@@ -25,7 +25,7 @@ import orjson
 from maskgate.gateway.auth import check_mask_allowed
 from maskgate.gateway.config import OffloadConfig
 from maskgate.protocol import policy
-from maskgate.protocol.engine_rules import Engine, check_engine
+from maskgate.protocol.engine_rules import ENGINE_MASK_CAP, Engine, check_engine
 from maskgate.protocol.errors import ApiError
 from maskgate.protocol.mask_format import FIELD as FORMAT_FIELD
 from maskgate.protocol.mask_format import answer_formats
@@ -60,7 +60,7 @@ class BodyJob:
     key: str | None
     allow: frozenset[str] | None
     engine: Engine = "maskgate"  # the mask pool's engine (protocol/engine_rules.py)
-    engine_cap: int = 4096  # its sampling_mask_max_tokens
+    engine_cap: int = ENGINE_MASK_CAP  # its sampling_mask_max_tokens
 
 
 def check_body(job: BodyJob, raw: bytes) -> Checked:

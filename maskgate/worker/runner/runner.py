@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from maskgate import kernels
 from maskgate.kernels import sample_sort_all_rows
+from maskgate.protocol.policy_settings import MAX_MASK_TOKENS
 from maskgate.worker.engine.batch import PENDING, RowResult, RowWork, StepStats
 from maskgate.worker.engine.kv_cache import allocate_kv_cache, bytes_per_slot
 from maskgate.worker.model import LoadedModel, load
@@ -48,7 +49,7 @@ class ModelRunner:
         max_num_slots: int = 64,
         max_model_len: int | None = None,
         kv_cache_bytes: int | None = None,
-        max_mask_tokens: int = 4096,
+        max_mask_tokens: int = MAX_MASK_TOKENS,
         cuda_graphs: bool = True,
         progress: Callable[[str], None] | None = None,
         mask_impl: str = "kernel",

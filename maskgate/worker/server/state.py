@@ -18,6 +18,7 @@ from maskgate.protocol.policy import (
     is_mask_request,
     parse_body,
 )
+from maskgate.protocol.policy_settings import policy_from
 from maskgate.worker.config import WorkerConfig
 from maskgate.worker.engine.batch import Runner
 from maskgate.worker.engine.engine import Engine
@@ -66,11 +67,7 @@ STATE = web.AppKey("state", StateRef)
 
 
 def policy_config(config: WorkerConfig) -> PolicyConfig:
-    return PolicyConfig(
-        max_mask_tokens=config.max_mask_tokens,
-        max_mask_ids_per_request=config.max_mask_ids_per_request,
-        reject_logit_transforms=config.reject_logit_transforms,
-    )
+    return policy_from(config)
 
 
 async def admit(request: web.Request, route: Route) -> tuple[WorkerState, dict[str, Any], bool]:
