@@ -66,14 +66,14 @@ def check_ids(meta: dict[str, Any], offsets: array[int], vocab_size: int | None)
     size = len(data) // 4 * 3 - pads
     if size % 4 or size // 4 != offsets[-1]:
         raise PackedMaskError(f"{OFFSETS} ends at {offsets[-1]}, not the id count {size / 4:g}")
-    # Every character once: against the alphabet, or, where it holds id bits at or above
-    # the bound (the sign bit when the vocabulary is unknown), against the characters that
-    # leave those bits zero.
+    # The whole text against the alphabet in one pass; then only the characters that hold id
+    # bits at or above the bound (the sign bit when the vocabulary is unknown), against the
+    # characters that leave those bits zero.
+    if data.translate(None, _PADDED):
+        raise PackedMaskError(f"{IDS} is not valid base64")
     bits = 31 if vocab_size is None else max(1, (vocab_size - 1).bit_length())
     for pos, allowed in _allowed_chars(bits):
         if data[pos::16].translate(None, allowed):
-            if data[pos::16].translate(None, _ALPHABET + b"="):
-                raise PackedMaskError(f"{IDS} is not valid base64")
             raise PackedMaskError(f"an id of {IDS} is outside the vocabulary [0, {vocab_size})")
 
 
@@ -84,13 +84,16 @@ def check_vocab(ids: array[int], vocab_size: int | None) -> None:
 
 
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+_PADDED = _ALPHABET + b"="
 
 
 @cache
 def _allowed_chars(bits: int) -> tuple[tuple[int, bytes], ...]:
     """For ids below 2**bits: per character position of a 16-character period (12 bytes,
-    three little-endian int32), the base64 characters whose 6 bits leave every id bit >=
-    `bits` zero (the sign bit included). "=" is allowed everywhere: padding holds no bits."""
+    three little-endian int32) that holds an id bit >= `bits` (the sign bit included), the
+    base64 characters whose 6 bits leave those bits zero. Positions holding only lower bits
+    are left out: any base64 character is fine there. "=" is allowed everywhere: padding
+    holds no bits."""
     out = []
     for pos in range(16):
         forbidden = 0
@@ -100,8 +103,9 @@ def _allowed_chars(bits: int) -> tuple[tuple[int, bytes], ...]:
             id_bit = 8 * (byte % 4) + (7 - bit_in_byte)
             if id_bit >= bits:
                 forbidden |= 1 << (5 - i)
-        ok = bytes(c for v, c in enumerate(_ALPHABET) if not v & forbidden)
-        out.append((pos, ok + b"="))
+        if forbidden:
+            ok = bytes(c for v, c in enumerate(_ALPHABET) if not v & forbidden)
+            out.append((pos, ok + b"="))
     return tuple(out)
 
 
