@@ -7,6 +7,7 @@ from __future__ import annotations
 import pickle
 import struct
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +20,14 @@ from maskgate.worker.rl.tensor_decode import decode, scan
 from maskgate.worker.rl.tensor_rebuild import PayloadError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainer_payloads import (
+from fakes.trainer_payloads import (
     FlattenedTensorMetadata,
     LocalSerializedTensor,
     b64,
-    bucket,
-    forking,
-    sglang_modules,
+    sglang_names,
     shared,
 )
+from trainer_payloads import bucket, forking
 
 LIMIT = 1 << 26
 PATCHED = ("sglang.srt.utils.patch_torch", "_rebuild_cuda_tensor_modified")
@@ -66,8 +66,10 @@ def args_body(args: tuple[Any, ...]) -> bytes:
 
 
 @pytest.fixture(name="sglang_modules")
-def _sglang_modules(monkeypatch: pytest.MonkeyPatch) -> None:
-    sglang_modules(monkeypatch)
+def _sglang_modules() -> Iterator[None]:
+    """SGLang's module names for the two dataclasses, so pickle writes them as SGLang does."""
+    with sglang_names():
+        yield
 
 
 def test_direct_shared_memory_tensors() -> None:

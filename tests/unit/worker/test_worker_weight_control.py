@@ -24,7 +24,8 @@ from maskgate.worker.rl.weights import WeightMap, WeightUpdateError, apply, pars
 from maskgate.worker.server.backend import Backend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainer_payloads import b64, forking, shared
+from fakes.trainer_payloads import b64, shared
+from trainer_payloads import forking
 from worker_calls import GREEDY, greedy, post
 
 CONFIG = WorkerConfig(model="tiny-random", device="cpu", max_model_len=64, max_num_seqs=4)

@@ -10,6 +10,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +26,8 @@ from maskgate.worker.model.tiny_random import tiny_weights
 from maskgate.worker.server.backend import Backend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainer_payloads import (
-    LocalSerializedTensor,
-    b64,
-    bucket,
-    forking,
-    sglang_modules,
-    shared,
-)
+from fakes.trainer_payloads import LocalSerializedTensor, b64, sglang_names, shared
+from trainer_payloads import bucket, forking
 from worker_calls import GREEDY, greedy, post
 
 CONFIG = WorkerConfig(
@@ -48,8 +43,10 @@ def worker_config() -> WorkerConfig:
 
 
 @pytest.fixture(name="sglang_modules")
-def _sglang_modules(monkeypatch: pytest.MonkeyPatch) -> None:
-    sglang_modules(monkeypatch)
+def _sglang_modules() -> Iterator[None]:
+    """SGLang's module names for the two dataclasses, so pickle writes them as SGLang does."""
+    with sglang_names():
+        yield
 
 
 @pytest.fixture
