@@ -153,6 +153,19 @@ def started(call: tuple[Any, list[Any]], running: Callable[[], bool]) -> None:
     until(check, "the request running")
 
 
+def finished(call: tuple[Any, list[Any]], timeout_s: float = 180) -> Any:
+    """What a call started with `in_thread` returned, once its thread ended."""
+    thread, box = call
+    thread.join(timeout_s)
+    assert box, "the in-flight request raised"
+    return box[0]
+
+
+def running(url: str) -> int:
+    """The requests an engine holds now, as slime reads them from /v1/loads."""
+    return requests_in_load(ok("GET", url + "/v1/loads?include=core"))
+
+
 def status_is_200(method: str, url: str, headers: dict[str, str] | None = None) -> bool:
     try:
         return http(method, url, headers=headers, timeout=10)[0] == 200

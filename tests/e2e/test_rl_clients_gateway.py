@@ -24,14 +24,15 @@ from child_env import free_port
 from rl_client_sync import RankZero, slime_sync_distributed
 from rl_clients import (
     Sample,
+    finished,
     http,
     miles_generate,
     miles_list_workers,
     miles_register,
     miles_unregister,
     ok,
-    requests_in_load,
     router_workers,
+    running,
     slime_abort,
     slime_generate,
     slime_register,
@@ -121,17 +122,6 @@ def in_flight(router: Router) -> tuple[Any, list[Any]]:
     call = in_thread(lambda: slime_generate(router.url, PROMPT, params))
     started(call, lambda: sum(running(e) for e in router.engines) > 0)
     return call
-
-
-def running(url: str) -> int:
-    return requests_in_load(ok("GET", url + "/v1/loads?include=core"))
-
-
-def finished(call: tuple[Any, list[Any]]) -> Sample:
-    thread, box = call
-    thread.join(180)
-    assert box, "the in-flight request raised"
-    return box[0]
 
 
 def test_registration(router: Router) -> None:

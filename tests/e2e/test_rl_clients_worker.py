@@ -29,10 +29,11 @@ from rl_client_sync import (
 from rl_clients import (
     Sample,
     abort_until_idle,
+    finished,
     http,
     miles_generate,
     ok,
-    requests_in_load,
+    running,
     slime_discover,
     slime_generate,
     slime_sampling_params,
@@ -112,17 +113,6 @@ def in_flight(engine: Engine) -> tuple[Any, list[Any]]:
     call = in_thread(lambda: slime_generate(engine.url, PROMPT, params))
     started(call, lambda: running(engine.url) > 0)
     return call
-
-
-def running(url: str) -> int:
-    return requests_in_load(ok("GET", url + "/v1/loads?include=core"))
-
-
-def finished(call: tuple[Any, list[Any]]) -> Sample:
-    thread, box = call
-    thread.join(120)
-    assert box, "the in-flight request raised"
-    return box[0]
 
 
 def test_startup_and_discovery(engine: Engine) -> None:
