@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 import torch
+from row_results import ListedSampler
 
 from maskgate import kernels
 from maskgate.worker.engine.batch import RowResult, RowWork, SamplingParams
 from maskgate.worker.model import load
-from maskgate.worker.runner.row_sampling import RowSampler
 from maskgate.worker.runner.runner import ModelRunner
 
 # The plain_sample fixture (tests/conftest.py): kernels.sample called the plain way.
@@ -105,7 +105,7 @@ def test_cuda_row_sampler_matches_a_plain_sampler_call(plain_sample: PlainSample
         spied.update((k, v) for k, v in kw.items() if isinstance(v, torch.Tensor))
         return kernels.sample(*args, **kw)
 
-    sampler = RowSampler(spy, torch.device("cuda"), cap)
+    sampler = ListedSampler(spy, torch.device("cuda"), cap)
     gen = torch.Generator(device="cuda").manual_seed(0)
     for step, n in enumerate([1, 3, 16, 64, 128, 2, 128, 17, 1]):
         logits = torch.randn(n, 151936, device="cuda", generator=gen) * 3.0

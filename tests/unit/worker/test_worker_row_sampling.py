@@ -10,33 +10,19 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
+from row_results import ListedSampler
 
 from maskgate import kernels
 from maskgate.kernels.result import STATUS_OVERFLOW
 from maskgate.worker.engine.batch import RowResult, RowWork, SamplingParams
-from maskgate.worker.runner.row_sampling import RowSampler
 
 VOCAB = 300
 CAP = 64  # max_mask_tokens: small enough that wide rows overflow
 CPU = torch.device("cpu")
 # The plain_sample fixture (tests/conftest.py): kernels.sample called the plain way.
 PlainSample = Callable[..., list[RowResult]]
-
-
-class ListedSampler(RowSampler):
-    """RowSampler with each mask as a list, to compare whole RowResults with the reference
-    (RowSampler's masks are int32 views of the step's host id array)."""
-
-    def sample(self, logits: torch.Tensor, rows: list[RowWork]) -> Any:
-        results, seconds, fallback = super().sample(logits, rows)
-        for r in results:
-            if r.mask is not None:
-                assert isinstance(r.mask, np.ndarray) and r.mask.dtype == np.int32
-                r.mask = r.mask.tolist()
-        return results, seconds, fallback
 
 
 # (params, want_mask, bounded): greedy, each filter alone and combined, wide rows that
