@@ -166,6 +166,25 @@ def running(url: str) -> int:
     return requests_in_load(ok("GET", url + "/v1/loads?include=core"))
 
 
+def check_greedy(sample: Sample, ref: list[int], n: int, version: str) -> None:
+    """A greedy answer of n tokens: the reference's tokens (to a stop token, which slime
+    keeps with no_stop_trim) at the given weight version."""
+    assert sample.tokens == ref[: len(sample.tokens)], (sample.tokens, ref)
+    assert len(sample.tokens) == n or sample.status == "completed"
+    assert sample.weight_versions == [version]
+
+
+def long_request(url: str, prompt: list[int], tokens: int, engines: list[str]) -> Any:
+    """A slime request of `tokens` tokens (eos ignored) to `url`, running on one of `engines`
+    when this returns: the (thread, box) of `in_thread`, for `finished`."""
+    from rl_trainer import in_thread
+
+    params = {**slime_sampling_params(0.0, max_new_tokens=tokens), "ignore_eos": True}
+    call = in_thread(lambda: slime_generate(url, prompt, params))
+    started(call, lambda: sum(running(e) for e in engines) > 0)
+    return call
+
+
 def status_is_200(method: str, url: str, headers: dict[str, str] | None = None) -> bool:
     try:
         return http(method, url, headers=headers, timeout=10)[0] == 200

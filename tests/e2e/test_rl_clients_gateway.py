@@ -24,21 +24,21 @@ from child_env import free_port
 from rl_client_sync import RankZero, slime_sync_distributed
 from rl_clients import (
     Sample,
+    check_greedy,
     finished,
     http,
+    long_request,
     miles_generate,
     miles_list_workers,
     miles_register,
     miles_unregister,
     ok,
     router_workers,
-    running,
     slime_abort,
     slime_generate,
     slime_register,
     slime_sampling_params,
     slime_unregister,
-    started,
     until,
     verl_generate,
     wait_server_healthy,
@@ -106,10 +106,7 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
 
 
 def check(router: Router, sample: Sample) -> None:
-    ref = router.expected()
-    assert sample.tokens == ref[: len(sample.tokens)], (sample.tokens, ref)
-    assert len(sample.tokens) == N or sample.status == "completed"
-    assert sample.weight_versions == [router.version]
+    check_greedy(sample, router.expected(), N, router.version)
 
 
 def greedy(router: Router) -> Sample:
@@ -118,10 +115,7 @@ def greedy(router: Router) -> Sample:
 
 def in_flight(router: Router) -> tuple[Any, list[Any]]:
     """A slime request of LONG tokens through the gateway, running when this returns."""
-    params = {**slime_sampling_params(0.0, max_new_tokens=LONG), "ignore_eos": True}
-    call = in_thread(lambda: slime_generate(router.url, PROMPT, params))
-    started(call, lambda: sum(running(e) for e in router.engines) > 0)
-    return call
+    return long_request(router.url, PROMPT, LONG, router.engines)
 
 
 def test_registration(router: Router) -> None:

@@ -29,21 +29,22 @@ from rl_client_sync import (
 from rl_clients import (
     Sample,
     abort_until_idle,
+    check_greedy,
     finished,
     http,
+    long_request,
     miles_generate,
     ok,
     running,
     slime_discover,
     slime_generate,
     slime_sampling_params,
-    started,
     verl_generate,
     wait_server_healthy,
 )
 from rl_payloads import safetensors_entry
 from rl_procs import Processes
-from rl_trainer import in_thread, offline_greedy, perturbed_weights, save_checkpoint
+from rl_trainer import offline_greedy, perturbed_weights, save_checkpoint
 
 pytestmark = pytest.mark.e2e
 
@@ -95,12 +96,7 @@ def serving(engine: Engine) -> Iterator[None]:
 
 
 def check_serving(engine: Engine, sample: Sample) -> None:
-    """A greedy answer of N tokens: the reference's tokens (to a stop token, which slime
-    keeps with no_stop_trim) at the engine's version."""
-    ref = engine.expected()
-    assert sample.tokens == ref[: len(sample.tokens)], (sample.tokens, ref)
-    assert len(sample.tokens) == N or sample.status == "completed"
-    assert sample.weight_versions == [engine.version]
+    check_greedy(sample, engine.expected(), N, engine.version)
 
 
 def greedy(engine: Engine) -> Sample:
@@ -109,10 +105,7 @@ def greedy(engine: Engine) -> Sample:
 
 def in_flight(engine: Engine) -> tuple[Any, list[Any]]:
     """A slime request of LONG tokens, running on the engine when this returns."""
-    params = {**slime_sampling_params(0.0, max_new_tokens=LONG), "ignore_eos": True}
-    call = in_thread(lambda: slime_generate(engine.url, PROMPT, params))
-    started(call, lambda: running(engine.url) > 0)
-    return call
+    return long_request(engine.url, PROMPT, LONG, [engine.url])
 
 
 def test_startup_and_discovery(engine: Engine) -> None:

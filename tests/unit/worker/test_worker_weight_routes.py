@@ -191,7 +191,7 @@ async def test_begin_and_end_weight_update(client: TestClient) -> None:
 
 async def test_update_weights_from_ipc_answers_as_a_failed_update(client: TestClient) -> None:
     before = await greedy(client)
-    body = {"zmq_handles": {"GPU-0": "ipc:///tmp/x"}, "flush_cache": True}
+    body = {"zmq_handles": {"GPU-0": "ipc://engine-0"}, "flush_cache": True}
     status, reply = await post(client, "/update_weights_from_ipc", body)
     assert status == 400 and reply["success"] is False and "not supported" in reply["message"]
     status, reply = await post(client, "/update_weights_from_ipc", {"zmq_handles": ["x"]})
