@@ -40,7 +40,8 @@ settings above, into worker_decode_logprobs.{json,md,png}:
 `--engine` measures the whole engine loop instead (Scheduler + Engine.step + ModelRunner, as
 the server runs it, without the HTTP layer): the overlap schedule off and on (docs/worker.md,
 "Overlap"), masks off and top-p 0.9 masks, into worker_decode_overlap.{json,md,png}. The
-rate counts the tokens the engine committed during the timed steps:
+rate counts the tokens the engine committed during the timed steps; each row also has the
+sampler's device time per step and its fallback rows per step, from the engine's metrics:
 
     python -m bench.worker_decode --engine --models llama-3.2-1b,qwen2.5-1.5b --batches 1,64,128
     python -m bench.worker_decode --engine --device cpu --models smoke --batches 1,4 --steps 4 \
@@ -232,7 +233,8 @@ def engine_decode(runner: ModelRunner, batch: int, setting: str, args: argparse.
         max_prefill_tokens=batch * args.prompt_len,
         max_mask_tokens=runner.max_mask_tokens,
     )
-    engine = Engine(runner, sched, WorkerMetrics(), overlap=overlap)
+    metrics = WorkerMetrics()
+    engine = Engine(runner, sched, metrics, overlap=overlap)
     gen = torch.Generator().manual_seed(batch)
     prompts = torch.randint(10, 1000, (batch, args.prompt_len), generator=gen).tolist()
     params = SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p)
@@ -244,12 +246,14 @@ def engine_decode(runner: ModelRunner, batch: int, setting: str, args: argparse.
         engine.step()
     sync(args.device)
     before = sum(len(s.output_ids) for s in seqs)
+    sampler0 = _sampler_totals(metrics)
     t0 = time.perf_counter()
     for _ in range(args.steps):
         engine.step()
     wall = time.perf_counter() - t0
     tokens = sum(len(s.output_ids) for s in seqs) - before
     engine.finish_step()
+    mask_s, fallbacks = (b - a for a, b in zip(sampler0, _sampler_totals(metrics), strict=True))
     for s in seqs:  # free the slots for the next measurement
         sched.abort(s)
     context = args.prompt_len + args.warmup + args.steps // 2
@@ -258,9 +262,23 @@ def engine_decode(runner: ModelRunner, batch: int, setting: str, args: argparse.
     return {
         "tokens_per_s": tokens / wall,
         "step_ms": step_ms,
+        # The sampler's device time per step with mask rows (CUDA events; 0 with masks off)
+        # and the rows it could not decide in its band, per step: where mask cost comes from
+        # once overlap hides the host work.
+        "sampler_ms": 1000 * mask_s / args.steps,
+        "fallback_rows_per_step": fallbacks / args.steps,
         "floor_ms": floor_ms,
         "step_over_floor": step_ms / floor_ms,
     }
+
+
+def _sampler_totals(metrics: Any) -> tuple[float, float]:
+    """(sampler seconds of the steps with mask rows, fallback rows) the engine recorded."""
+    get = metrics.registry.get_sample_value
+    return (
+        get("maskgate_worker_mask_kernel_seconds_sum") or 0.0,
+        get("maskgate_worker_sampler_fallback_rows_total") or 0.0,
+    )
 
 
 def hf_decode(hf: Any, batch: int, setting: str, args: argparse.Namespace) -> dict:
@@ -481,8 +499,9 @@ def summarize_engine(rows: list[dict]) -> list[str]:
         "| model | batch | masks off (overlap off / on) | top-p masks (overlap off / on) "
         "| overlap gain (masks off / top-p masks) | top-p mask cost (overlap off / on) "
         "| step ms, overlap on (masks off / top-p masks) | memory floor ms "
-        "| step / floor, overlap on (masks off / top-p masks) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| step / floor, overlap on (masks off / top-p masks) "
+        "| top-p masks, overlap on: sampler ms / fallback rows per step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for model in dict.fromkeys(r["model"] for r in rows):
         for batch in sorted({r["batch"] for r in rows if r["model"] == model}):
@@ -509,9 +528,17 @@ def summarize_engine(rows: list[dict]) -> list[str]:
                 f"| {pair('overlap_off_top_p_masks', 'overlap_on_top_p_masks')} | {gain} | {cost} "
                 f"| {pair('overlap_on_masks_off', 'overlap_on_top_p_masks', 'step_ms', '{:.2f}')} "
                 f"| {'-' if floor is None else f'{floor:.2f}'} "
-                f"| {pair('overlap_on_masks_off', 'overlap_on_top_p_masks', 'step_over_floor', '{:.2f}x')} |"
+                f"| {pair('overlap_on_masks_off', 'overlap_on_top_p_masks', 'step_over_floor', '{:.2f}x')} "
+                f"| {sampler(r['overlap_on_top_p_masks'])} |"
             )
     return lines
+
+
+def sampler(row: dict) -> str:
+    """An engine row's sampler time and fallback rows per step ("-" where not recorded)."""
+    if "sampler_ms" not in row:
+        return "-"
+    return f"{row['sampler_ms']:.3f} / {row['fallback_rows_per_step']:.2f}"
 
 
 def summarize_logprobs(rows: list[dict]) -> list[str]:
