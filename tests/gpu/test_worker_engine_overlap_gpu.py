@@ -8,13 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from maskgate.worker.engine.engine import Engine
-from maskgate.worker.engine.scheduler import Scheduler
 from maskgate.worker.engine.sequence import Sequence
-from maskgate.worker.metrics import WorkerMetrics
 from maskgate.worker.model import load
-from maskgate.worker.runner.runner import ModelRunner
-from tests.unit.worker.test_worker_engine_overlap import drive, workload
+from tests.unit.worker.test_worker_engine_overlap import run_engine
 
 pytestmark = [
     pytest.mark.gpu,
@@ -24,16 +20,9 @@ pytestmark = [
 
 def run(kv_bytes: int, *, overlap: bool, cache: bool, graphs: bool) -> list[Sequence]:
     loaded = load("tiny-random", "cuda", torch.float32)
-    runner = ModelRunner(
-        loaded, max_num_slots=4, max_model_len=64, kv_cache_bytes=kv_bytes, cuda_graphs=graphs
+    return run_engine(
+        loaded, overlap=overlap, cache=cache, kv_cache_bytes=kv_bytes, cuda_graphs=graphs
     )
-    sched = Scheduler(
-        runner, max_num_seqs=4, max_prefill_tokens=32, max_mask_tokens=4096, prefix_cache=cache
-    )
-    engine = Engine(runner, sched, WorkerMetrics(), overlap=overlap)
-    seqs = workload()
-    drive(engine, seqs)
-    return seqs
 
 
 @pytest.mark.parametrize("graphs", [True, False])

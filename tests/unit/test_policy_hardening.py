@@ -10,27 +10,10 @@ import pytest
 from maskgate.protocol.errors import PolicyError
 from maskgate.protocol.fields import float32
 from maskgate.protocol.policy import PolicyConfig, Route, check_mask_request
+from tests.fakes.bodies import chat_body as chat
+from tests.fakes.bodies import completion_body as completion
 
 CFG = PolicyConfig()
-
-
-def completion(**fields):
-    body = {
-        "model": "m",
-        "prompt": "hi",
-        "return_sampling_mask": True,
-        "return_meta_info": True,
-        "top_k": 10,
-        "max_tokens": 100,
-    }
-    body.update(fields)
-    return {k: v for k, v in body.items() if v is not ...}
-
-
-def chat(**fields):
-    body = {**completion(**fields), "messages": [{"role": "user", "content": "hi"}]}
-    body.pop("prompt")
-    return body
 
 
 def reject(route, body, *, cfg=CFG, vocab_size=None) -> PolicyError:

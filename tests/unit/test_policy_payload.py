@@ -8,37 +8,11 @@ import pytest
 
 from maskgate.protocol.errors import PolicyError
 from maskgate.protocol.policy import PolicyConfig, Route, check_mask_request
+from tests.fakes.bodies import chat_body as chat
+from tests.fakes.bodies import completion_body as completion
+from tests.fakes.bodies import generate_body as generate
 
 CFG = PolicyConfig(max_mask_ids_per_request=100_000)
-
-
-def generate(**fields):
-    body = {
-        "text": "hi",
-        "return_sampling_mask": True,
-        "sampling_params": {"top_k": 10, "max_new_tokens": 100},
-    }
-    body.update(fields)
-    return body
-
-
-def completion(**fields):
-    body = {
-        "model": "m",
-        "prompt": "hi",
-        "return_sampling_mask": True,
-        "return_meta_info": True,
-        "top_k": 10,
-        "max_tokens": 100,
-    }
-    body.update(fields)
-    return body
-
-
-def chat(**fields):
-    body = {**completion(**fields), "messages": [{"role": "user", "content": "hi"}]}
-    body.pop("prompt")
-    return body
 
 
 BODIES = {Route.GENERATE: generate, Route.COMPLETIONS: completion, Route.CHAT: chat}

@@ -6,6 +6,8 @@ PENDING tokens come from the previous launch."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from maskgate.worker.engine.batch import PENDING, RowWork, SamplingParams
@@ -53,8 +55,11 @@ def workload() -> list[Sequence]:
     return seqs
 
 
-def run_engine(tiny: LoadedModel, *, overlap: bool, cache: bool) -> list[Sequence]:
-    runner = ModelRunner(tiny, max_num_slots=4, max_model_len=64)
+def run_engine(
+    tiny: LoadedModel, *, overlap: bool, cache: bool, **runner_kwargs: Any
+) -> list[Sequence]:
+    """The workload through the engine; `runner_kwargs` go to the ModelRunner."""
+    runner = ModelRunner(tiny, max_num_slots=4, max_model_len=64, **runner_kwargs)
     sched = Scheduler(
         runner, max_num_seqs=4, max_prefill_tokens=32, max_mask_tokens=4096, prefix_cache=cache
     )

@@ -13,6 +13,7 @@ import dataclasses
 from maskgate.worker.engine.batch import RowResult, RowWork, SamplingParams, StepStats
 from maskgate.worker.engine.scheduler import Scheduler
 from maskgate.worker.engine.sequence import Sequence, StopRule
+from tests.unit.worker.test_worker_scheduler_prefix import finish
 
 
 class ScoringRunner:
@@ -48,16 +49,6 @@ class ScoringRunner:
         pass
 
 
-def run_to_end(sched: Scheduler, runner: ScoringRunner) -> None:
-    for _ in range(50):
-        if not sched.has_work():
-            return
-        batch = sched.schedule()
-        results, _ = runner.run([row for _, row in batch])
-        sched.postprocess(batch, results)
-    raise AssertionError("did not finish")
-
-
 def seq(prompt: list[int], max_new: int, *, start: int, top: int = 0) -> Sequence:
     return Sequence(
         rid="r",
@@ -81,7 +72,7 @@ def test_chunked_prefill_scores_every_prompt_position_once() -> None:
     sched, runner = make(budget=4)  # chunks [0, 4), [4, 8), [8, 10)
     s = seq(prompt, 3, start=2, top=2)
     sched.add(s)
-    run_to_end(sched, runner)
+    finish(sched, runner)
     # Positions 2..8 score tokens 3..9; position 9 (the last) scores the first output token.
     assert s.input_logprobs == [-float(t) for t in prompt[3:]]
     assert len(s.input_top) == len(prompt) - 3
@@ -100,7 +91,7 @@ def test_output_only_requests_score_no_prompt() -> None:
     sched, runner = make(budget=16)
     s = seq([5, 6, 7], 2, start=-1)
     sched.add(s)
-    run_to_end(sched, runner)
+    finish(sched, runner)
     assert s.input_logprobs == [] and s.top == []
     assert all(r.prompt_targets is None for step in runner.steps for r in step)
     assert len(s.raw_logprobs) == 2
@@ -111,7 +102,7 @@ def test_max_new_tokens_zero_scores_the_prompt_only() -> None:
     s = seq([5, 6, 7, 8], 0, start=0)
     sched.add(s)
     assert not s.is_finished  # it must prefill to be scored
-    run_to_end(sched, runner)
+    finish(sched, runner)
     assert s.finish_reason == "length" and s.output_ids == [] and s.raw_logprobs == []
     assert s.input_logprobs == [-6.0, -7.0, -8.0]
     plain = seq([5, 6], 0, start=-1)

@@ -6,6 +6,8 @@ the cache's bookkeeping end to end."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from maskgate.worker.engine.batch import RowResult, RowWork, SamplingParams, StepStats
 from maskgate.worker.engine.scheduler import Scheduler
 from maskgate.worker.engine.sequence import Sequence, StopRule
@@ -79,7 +81,8 @@ def run(
     return seqs, runner
 
 
-def finish(sched: Scheduler, runner: KVRunner) -> None:
+def finish(sched: Scheduler, runner: Any) -> None:
+    """Step `sched` with `runner` until every sequence is done."""
     for _ in range(500):
         if not sched.has_work():
             return
