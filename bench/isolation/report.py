@@ -144,10 +144,10 @@ def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.8))
     for ax, (name, series, kind) in zip(axes, panels, strict=True):
         width = 0.8 / len(series)
-        for i, (field, label) in enumerate(series):
+        for i, (field, legend) in enumerate(series):
             vals = [results[k][kind][field] or 0 for k in keys]
             xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(keys))]
-            bars = ax.bar(xs, vals, width, label=label or None)
+            bars = ax.bar(xs, vals, width, label=legend or None)
             ax.bar_label(bars, fmt="%.0f" if max(vals, default=0) >= 100 else "%.1f", fontsize=8)
         ax.set_title(name)
         ax.set_xticks(range(len(keys)), labels, fontsize=8)
