@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.plotting import pyplot, save
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 
@@ -68,10 +70,9 @@ def run(examples: int) -> dict[str, Any]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     items = sorted(result["outcomes"].items(), key=lambda kv: -kv[1])
     fig, ax = plt.subplots(figsize=(9, 4))
@@ -80,8 +81,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.invert_yaxis()
     verdict = "all properties held" if result["passed"] else "FAILED"
     ax.set(xlabel="cases", title=f"fuzz: {result['cases']} cases, {verdict}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save(fig, path, dpi=100)
 
 
 def main() -> None:

@@ -37,6 +37,7 @@ import orjson
 
 from bench.gateway import procs
 from bench.gateway.machine import versions
+from bench.plotting import pyplot, save
 from maskgate.gateway.observability.metrics import GatewayMetrics
 from maskgate.gateway.proxy import packed as packing
 from maskgate.gateway.proxy.maskcheck import finish_mask_response
@@ -306,10 +307,9 @@ def print_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
 
 
 def plot(summary: dict[str, Any], title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
     panels = (
@@ -324,10 +324,7 @@ def plot(summary: dict[str, Any], title: str, path: Path) -> None:
     axes[2].bar(FORMATS, [cost[f] for f in FORMATS], color=["tab:gray", "tab:blue"])
     axes[2].set_title("answer check (us per answer, in-process)", fontsize=9)
     axes[2].grid(axis="y", alpha=0.3)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, title, dpi=110)
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from bench.plotting import pyplot, save
 from maskgate.gateway.config import OffloadConfig
 from maskgate.gateway.proxy.bodycheck import BodyChecker, BodyJob
 from maskgate.gateway.proxy.encoding import codings, decode_body
@@ -237,10 +238,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     fig, ax = plt.subplots(figsize=(11, 0.6 * len(rows) + 1.5))
     names = [r["case"] for r in rows][::-1]
@@ -257,8 +257,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_xlabel("ms (inline stages: best of repeats)")
     ax.set_title("Gateway policy path: cost of one request at the body and item limits")
     ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)
 
 
 def main() -> None:

@@ -39,6 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
+from bench.plotting import pyplot, save
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 151936
 ALPHA = 1.6
@@ -275,13 +277,8 @@ def print_table(summary: list[dict]) -> None:
 
 def plot(summary: list[dict], path: pathlib.Path) -> None:
     """Steady us per B, one bar per tree, the floor and 1.5x the floor as lines."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing (the bench extra): no plot")
+    plt = pyplot()
+    if plt is None:
         return
     batches = sorted({s["B"] for s in summary})
     trees = list(dict.fromkeys(s["tree"] for s in summary))
@@ -296,8 +293,7 @@ def plot(summary: list[dict], path: pathlib.Path) -> None:
         ax.set_title(f"B = {batch}, V = {VOCAB}, fp32")
         ax.set_ylabel("kernels.sample steady us")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> None:

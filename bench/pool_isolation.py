@@ -344,10 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table(results))
     if results:
         title = plot_title(payload["config"], facts)
-        try:
-            report.plot(results, args.out_dir / f"{args.stem}.png", title)
-        except ImportError as e:  # the JSON is the result; the plot can be redrawn from it
-            print(f"no plot: {e}")
+        report.plot(results, args.out_dir / f"{args.stem}.png", title)
     print(f"wrote {json_path} in {payload['total_s']} s")
     return 0
 

@@ -40,6 +40,8 @@ from typing import Any
 import aiohttp
 import psutil
 
+from bench.plotting import pyplot, save
+
 REPO = Path(__file__).resolve().parents[1]
 UPSTREAM_PATH = "tests/fakes/fault_upstream.py"
 GATEWAY_PATHS = ("maskgate/__init__.py", "maskgate/gateway", "maskgate/protocol")
@@ -436,10 +438,9 @@ def summarize(
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     m = result["per_minute"]
@@ -458,8 +459,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax3 = ax2.twinx()
     ax3.plot([r["t_s"] for r in res], [r["fds"] for r in res], color="tab:red", label="fds")
     ax3.set_ylabel("open fds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save(fig, path, dpi=100)
 
 
 def main() -> None:

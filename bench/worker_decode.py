@@ -65,6 +65,7 @@ from typing import Any
 
 import torch
 
+from bench.plotting import pyplot, save
 from bench.shapes import LLAMA32_1B, LOGIT_STD, QWEN25_15B
 from maskgate.worker.engine.batch import RowWork, SamplingParams
 from maskgate.worker.model import ModelConfig, load
@@ -567,14 +568,9 @@ def summarize_logprobs(rows: list[dict]) -> list[str]:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib is not installed: no plot", flush=True)
+    plt = pyplot()
+    if plt is None:
         return
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
@@ -606,8 +602,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)
 
 
 def main() -> None:

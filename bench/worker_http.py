@@ -41,6 +41,7 @@ import orjson
 
 from bench.isolation import checkpoint
 from bench.isolation.procs import worker
+from bench.plotting import pyplot, save
 
 MODELS = {"qwen2.5-1.5b": checkpoint.QWEN25_15B, "llama-3.2-1b": checkpoint.LLAMA32_1B}
 SETTINGS = ("off", "lists", "packed")
@@ -166,10 +167,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     groups = sorted({(r["model"], r["batch"]) for r in rows})
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
@@ -186,10 +186,7 @@ def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
         ax.set_title(name, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, title, dpi=110)
 
 
 def main() -> None:

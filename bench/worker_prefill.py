@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from bench.plotting import pyplot, save
 from bench.worker_decode import make_model, sync
 from maskgate.worker.engine.batch import SamplingParams
 from maskgate.worker.engine.scheduler import Scheduler
@@ -124,13 +125,9 @@ def summarize(rows: list[dict], args: argparse.Namespace) -> list[str]:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib is not installed: no plot", flush=True)
+    plt = pyplot()
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, ax = plt.subplots(figsize=(2.5 + 2 * len(models), 4))
@@ -144,8 +141,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_xticks(range(len(models)), models)
     ax.set(ylabel="time to all first tokens (ms)", title="GRPO-like prefill")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)
 
 
 def main() -> None:

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from bench.plotting import pyplot, save
 from bench.shapes import LOGIT_STD, QWEN25_15B
 from maskgate.worker.model import ModelConfig
 from maskgate.worker.model.random_weights import random_hf_weights
@@ -261,13 +262,8 @@ def report(rows: list[dict[str, Any]], name: str, args: argparse.Namespace, devi
               "device": device, "gpu": gpu, "bytes": nbytes, "reps": args.reps,
               "torch": torch.__version__, "consistent": consistent, "rows": rows}  # fmt: skip
     (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.bar([r["source"] for r in rows], [r["median_s"] for r in rows], color="tab:blue")
@@ -275,8 +271,7 @@ def report(rows: list[dict[str, Any]], name: str, args: argparse.Namespace, devi
         ax.text(i, r["median_s"], f"{r['median_s']:.3g} s", ha="center", va="bottom")
     ax.set_ylabel("seconds per full sync (median)")
     ax.set_title(f"{result['model_shape']} bf16 ({nbytes / 2**30:.2f} GiB), {gpu or device}")
-    fig.tight_layout()
-    fig.savefig(out / f"{name}.png", dpi=120)
+    save(fig, out / f"{name}.png", dpi=120)
     print(f"wrote {out / name}.json and .png")
 
 

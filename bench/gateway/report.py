@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from bench.plotting import pyplot, save
+
 Run = dict[str, Any]
 
 # Shared layout: defaults at least the router's peak throughput; added p50 at c=1 within 0.1 ms
@@ -161,10 +163,9 @@ def write(out_dir: Path, stem: str, result: dict[str, Any]) -> list[Path]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     runs: list[Run] = result["runs"]
     rss = result.get("rss")
@@ -222,7 +223,4 @@ def plot(result: dict[str, Any], path: Path) -> None:
         )
         axes[2].set_ylim(0, max(ms) * 1.2)
         axes[2].grid(alpha=0.3)
-    fig.suptitle(result["meta"]["title"], fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, result["meta"]["title"], dpi=110)

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.plotting import pyplot, save
+
 LAYOUTS = {
     "sort_all_rows": "1. co-batched, sort-all-rows baseline",
     "kernel": "2. co-batched, row-filtered kernel",
@@ -124,10 +126,9 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
 
 
 def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     keys = [k for k in results if results[k]["general"]["tok_s"]]  # a failed layout: no bars
     missing = [label(k) for k in results if k not in keys]
@@ -143,16 +144,13 @@ def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.8))
     for ax, (name, series, kind) in zip(axes, panels, strict=True):
         width = 0.8 / len(series)
-        for i, (field, label) in enumerate(series):
+        for i, (field, legend) in enumerate(series):
             vals = [results[k][kind][field] or 0 for k in keys]
             xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(keys))]
-            bars = ax.bar(xs, vals, width, label=label or None)
+            bars = ax.bar(xs, vals, width, label=legend or None)
             ax.bar_label(bars, fmt="%.0f" if max(vals, default=0) >= 100 else "%.1f", fontsize=8)
         ax.set_title(name)
         ax.set_xticks(range(len(keys)), labels, fontsize=8)
         if len(series) > 1:
             ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, title, dpi=110, title_size=10)
