@@ -18,6 +18,7 @@ from maskgate.worker.config import WorkerConfig
 from maskgate.worker.engine.engine import Event
 from maskgate.worker.server.backend import Backend
 from maskgate.worker.server.output import SeqOutput
+from tests.unit.worker.worker_calls import post
 
 # top lists over the whole tiny-random vocabulary (512 ids) are the token_ids_logprob oracle
 CONFIG = WorkerConfig(
@@ -33,11 +34,6 @@ LONG = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def worker_config() -> WorkerConfig:
     return CONFIG
-
-
-async def post(client: TestClient, path: str, body: Any, **kw: Any) -> tuple[int, Any]:
-    r = await client.post(path, json=body, **kw)
-    return r.status, await r.json()
 
 
 def events(text: str) -> list[Any]:

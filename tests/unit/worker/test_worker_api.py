@@ -10,6 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from maskgate.worker.config import WorkerConfig
+from tests.unit.worker.worker_calls import post
 
 CONFIG = WorkerConfig(
     model="tiny-random", device="cpu", max_model_len=64, max_num_seqs=4, max_body_bytes=4096
@@ -20,11 +21,6 @@ GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def worker_config() -> WorkerConfig:
     return CONFIG
-
-
-async def post(client: TestClient, path: str, body: Any) -> tuple[int, Any]:
-    r = await client.post(path, json=body)
-    return r.status, await r.json()
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,6 @@ OpenAI usage, /flush_cache emptying it, and `disable_radix_cache` turning it off
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -12,6 +10,7 @@ from maskgate.worker.config import WorkerConfig
 from maskgate.worker.server import create_app
 from maskgate.worker.server.backend import Backend
 from tests.unit.worker.test_worker_weight_control import payload
+from tests.unit.worker.worker_calls import post_ok as post
 
 CONFIG = WorkerConfig(model="tiny-random", device="cpu", max_model_len=96, max_num_seqs=4)
 PROMPT = [(i * 13) % 400 + 5 for i in range(40)]
@@ -21,12 +20,6 @@ SP = {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 4, "sampling_seed": 5,
 @pytest.fixture(scope="module")
 def worker_config() -> WorkerConfig:
     return CONFIG
-
-
-async def post(client: TestClient, path: str, body: Any) -> Any:
-    r = await client.post(path, json=body)
-    assert r.status == 200, await r.text()
-    return await r.json()
 
 
 async def test_generate_reports_cached_tokens_and_flush_empties_the_cache(

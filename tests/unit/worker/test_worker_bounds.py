@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from maskgate.worker.config import WorkerConfig
 from maskgate.worker.server import create_app
 from maskgate.worker.server.backend import Backend
+from tests.unit.worker.worker_calls import post
 
 CONFIG = WorkerConfig(
     model="tiny-random",
@@ -32,11 +33,6 @@ GREEDY = {"temperature": 0, "max_new_tokens": 2}
 @pytest.fixture(scope="module")
 def worker_config() -> WorkerConfig:
     return CONFIG
-
-
-async def post(client: TestClient, path: str, body: Any) -> tuple[int, Any]:
-    r = await client.post(path, json=body)
-    return r.status, await r.json()
 
 
 async def prompt_tokens_seen(client: TestClient) -> str:

@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient
 
 from maskgate.worker.config import WorkerConfig
 from maskgate.worker.server.backend import Backend
+from tests.unit.worker.worker_calls import post
 
 CONFIG = WorkerConfig(
     model="tiny-random", device="cpu", max_model_len=2048, max_num_seqs=4, weight_version="v7"
@@ -28,11 +29,6 @@ def worker_config() -> WorkerConfig:
 
 async def get(client: TestClient, path: str) -> tuple[int, Any]:
     r = await client.get(path)
-    return r.status, await r.json()
-
-
-async def post(client: TestClient, path: str, body: Any) -> tuple[int, Any]:
-    r = await client.post(path, json=body)
     return r.status, await r.json()
 
 

@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestClient
 from examples.unpack_masks import dense, unpack
 from maskgate.worker.config import WorkerConfig
 from tests.mask_formats import masks_of, sse_events
+from tests.unit.worker.worker_calls import post_ok as post
 
 CONFIG = WorkerConfig(model="tiny-random", device="cpu", max_model_len=64, max_num_seqs=8)
 SAMPLING = {"temperature": 1.0, "top_p": 0.9, "top_k": 40, "sampling_seed": 7}
@@ -29,12 +30,6 @@ def generate(fmt: Any, **extra: Any) -> dict[str, Any]:
     if fmt is not None:
         body["sampling_mask_format"] = fmt
     return body
-
-
-async def post(client: TestClient, path: str, body: Any) -> Any:
-    r = await client.post(path, json=body)
-    assert r.status == 200, await r.text()
-    return await r.json()
 
 
 async def test_generate_single_lists_and_packed_carry_the_same_masks(client: TestClient) -> None:
