@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import logging
 import queue
 import threading
@@ -374,6 +375,17 @@ class Engine:
         self.metrics.waiting.set(self.scheduler.num_waiting)
         self.metrics.running.set(self.scheduler.num_running)
         self.metrics.kv_usage.set(self.scheduler.kv_usage)
+
+
+def freeze_heap() -> None:
+    """Collect once, then move every object alive now (the model, the tokenizer, the modules
+    of torch and the other libraries) to the collector's permanent generation. A full
+    collection while serving then walks only what requests created, not the hundreds of
+    thousands of objects a loaded worker holds, so it no longer stalls a step for the time of
+    that walk (SGLang freezes its scheduler's heap the same way). Called once the worker is
+    ready, before its first step; docs/worker.md, "Garbage collection"."""
+    gc.collect()
+    gc.freeze()
 
 
 def _deliver(events: list[tuple[RequestHandle, Event]]) -> None:

@@ -368,11 +368,7 @@ def _to_rows(
             r.support_size = sizes[row]
             # A copy, not a view: a view would keep the whole step's ids alive for as long
             # as its longest sequence runs.
-            # A copy, not a view: a view would keep the whole step's ids alive for as long
-            # as its longest sequence runs.
-            r.mask = (
-                None if st == STATUS_OVERFLOW else ids[offsets[j] : offsets[j + 1]].copy().copy()
-            )
+            r.mask = None if st == STATUS_OVERFLOW else ids[offsets[j] : offsets[j + 1]].copy()
     return results, num_fallback
 
 

@@ -9,6 +9,7 @@ OpenAI-style body of `gateway.errors.ApiError`.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,7 +20,7 @@ from aiohttp import web
 from maskgate.protocol.errors import ApiError
 from maskgate.protocol.responses import error_response
 from maskgate.worker.config import WorkerConfig
-from maskgate.worker.engine.engine import Engine
+from maskgate.worker.engine.engine import Engine, freeze_heap
 from maskgate.worker.engine.scheduler import Scheduler
 from maskgate.worker.metrics import WorkerMetrics
 from maskgate.worker.server import routes
@@ -67,6 +68,8 @@ def _engine_ctx(
         )
         engine.weight_version = config.weight_version
         sync = _weight_sync(loaded, engine, config)
+        if backend is None:  # this process loaded the model: its heap is now the server's
+            freeze_heap()
         engine.start()
         app[STATE].state = WorkerState(
             config=config,
@@ -83,6 +86,7 @@ def _engine_ctx(
             yield
         finally:
             await engine.stop()
+            gc.unfreeze()  # so exit can finalise those objects (extensions report leaks)
 
     return ctx
 
