@@ -40,8 +40,11 @@ settings above, into worker_decode_logprobs.{json,md,png}:
 `--engine` measures the whole engine loop instead (Scheduler + Engine.step + ModelRunner, as
 the server runs it, without the HTTP layer): the overlap schedule off and on (docs/worker.md,
 "Overlap"), masks off and top-p 0.9 masks, into worker_decode_overlap.{json,md,png}. The
-rate counts the tokens the engine committed during the timed steps; each row also has the
-sampler's device time per step and its fallback rows per step, from the engine's metrics:
+rate counts the tokens the engine committed during the timed steps; each row also has, from
+the engine's metrics, the sampler's device time per step, its fallback rows per step, and the
+engine thread's time per step split into its own work (`host_ms`) and its wait for the
+device's results (`wait_ms`; near 0 when the host sets the pace). Once the runner is ready
+the heap is frozen, as the worker does (docs/worker.md, "Garbage collection"):
 
     python -m bench.worker_decode --engine --models llama-3.2-1b,qwen2.5-1.5b --batches 1,64,128
     python -m bench.worker_decode --engine --device cpu --models smoke --batches 1,4 --steps 4 \
@@ -55,6 +58,7 @@ bandwidth (`floor_ms`, `step_over_floor`).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -68,6 +72,7 @@ import torch
 from bench.plotting import pyplot, save
 from bench.shapes import LLAMA32_1B, LOGIT_STD, QWEN25_15B
 from maskgate.worker.engine.batch import RowWork, SamplingParams
+from maskgate.worker.engine.engine import freeze_heap
 from maskgate.worker.model import ModelConfig, load
 from maskgate.worker.model.loader import build
 from maskgate.worker.model.random_weights import random_hf_weights
@@ -247,14 +252,16 @@ def engine_decode(runner: ModelRunner, batch: int, setting: str, args: argparse.
         engine.step()
     sync(args.device)
     before = sum(len(s.output_ids) for s in seqs)
-    sampler0 = _sampler_totals(metrics)
+    totals0 = _engine_totals(metrics)
     t0 = time.perf_counter()
     for _ in range(args.steps):
         engine.step()
     wall = time.perf_counter() - t0
     tokens = sum(len(s.output_ids) for s in seqs) - before
     engine.finish_step()
-    mask_s, fallbacks = (b - a for a, b in zip(sampler0, _sampler_totals(metrics), strict=True))
+    mask_s, fallbacks, step_s, wait_s = (
+        b - a for a, b in zip(totals0, _engine_totals(metrics), strict=True)
+    )
     for s in seqs:  # free the slots for the next measurement
         sched.abort(s)
     context = args.prompt_len + args.warmup + args.steps // 2
@@ -268,18 +275,26 @@ def engine_decode(runner: ModelRunner, batch: int, setting: str, args: argparse.
         # once overlap hides the host work.
         "sampler_ms": 1000 * mask_s / args.steps,
         "fallback_rows_per_step": fallbacks / args.steps,
+        # The engine thread's time per step, apart from (host_ms) and waiting for (wait_ms)
+        # the device's results: wait_ms near 0 means the host, not the GPU, sets the pace.
+        "host_ms": 1000 * (step_s - wait_s) / args.steps,
+        "wait_ms": 1000 * wait_s / args.steps,
         "floor_ms": floor_ms,
         "step_over_floor": step_ms / floor_ms,
     }
 
 
-def _sampler_totals(metrics: Any) -> tuple[float, float]:
-    """(sampler seconds of the steps with mask rows, fallback rows) the engine recorded."""
+def _engine_totals(metrics: Any) -> tuple[float, ...]:
+    """(sampler seconds of the steps with mask rows, fallback rows, step seconds, device-wait
+    seconds) the engine recorded."""
     get = metrics.registry.get_sample_value
-    return (
-        get("maskgate_worker_mask_kernel_seconds_sum") or 0.0,
-        get("maskgate_worker_sampler_fallback_rows_total") or 0.0,
+    names = (
+        "mask_kernel_seconds_sum",
+        "sampler_fallback_rows_total",
+        "step_seconds_sum",
+        "step_device_wait_seconds_sum",
     )
+    return tuple(get(f"maskgate_worker_{n}") or 0.0 for n in names)
 
 
 def hf_decode(hf: Any, batch: int, setting: str, args: argparse.Namespace) -> dict:
@@ -388,6 +403,8 @@ def bench_model(name: str, args: argparse.Namespace, out: list[dict]) -> None:
         )
         # The runner compiles every sampler and model kernel variant before its first step.
         print(f"[{name}] {impl} runner ready in {time.perf_counter() - t0:.1f} s", flush=True)
+        if args.engine:
+            freeze_heap()  # as the worker does once it is ready (docs/worker.md)
         fn = engine_decode if args.engine else decode
         for batch in args.batches:
             for setting, result in measure(fn, runner, batch, args.settings, args).items():
@@ -396,6 +413,7 @@ def bench_model(name: str, args: argparse.Namespace, out: list[dict]) -> None:
                 out.append({**row, **result})
                 print(json.dumps(out[-1]), flush=True)
         del runner
+        gc.unfreeze()
     if args.eager:
         # The effect of decode CUDA graphs: the same runner code with graphs off.
         eager = ModelRunner(
@@ -501,8 +519,9 @@ def summarize_engine(rows: list[dict]) -> list[str]:
         "| overlap gain (masks off / top-p masks) | top-p mask cost (overlap off / on) "
         "| step ms, overlap on (masks off / top-p masks) | memory floor ms "
         "| step / floor, overlap on (masks off / top-p masks) "
-        "| top-p masks, overlap on: sampler ms / fallback rows per step |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| top-p masks, overlap on: sampler ms / fallback rows per step "
+        "| overlap on, host / device-wait ms per step (masks off; top-p masks) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for model in dict.fromkeys(r["model"] for r in rows):
         for batch in sorted({r["batch"] for r in rows if r["model"] == model}):
@@ -530,7 +549,8 @@ def summarize_engine(rows: list[dict]) -> list[str]:
                 f"| {pair('overlap_on_masks_off', 'overlap_on_top_p_masks', 'step_ms', '{:.2f}')} "
                 f"| {'-' if floor is None else f'{floor:.2f}'} "
                 f"| {pair('overlap_on_masks_off', 'overlap_on_top_p_masks', 'step_over_floor', '{:.2f}x')} "
-                f"| {sampler(r['overlap_on_top_p_masks'])} |"
+                f"| {sampler(r['overlap_on_top_p_masks'])} "
+                f"| {host(r['overlap_on_masks_off'])}; {host(r['overlap_on_top_p_masks'])} |"
             )
     return lines
 
@@ -540,6 +560,13 @@ def sampler(row: dict) -> str:
     if "sampler_ms" not in row:
         return "-"
     return f"{row['sampler_ms']:.3f} / {row['fallback_rows_per_step']:.2f}"
+
+
+def host(row: dict) -> str:
+    """An engine row's host and device-wait time per step ("-" where not recorded)."""
+    if "host_ms" not in row:
+        return "-"
+    return f"{row['host_ms']:.2f} / {row['wait_ms']:.2f}"
 
 
 def summarize_logprobs(rows: list[dict]) -> list[str]:

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_STEP_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 0.01, 0.025, 0.05, 0.1, 0.5)
 _KERNEL_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.05, 0.25)
 
 
@@ -60,6 +61,21 @@ class WorkerMetrics:
             "maskgate_worker_mask_kernel_seconds",
             "Sampler (mask kernel) time per step that had mask rows",
             buckets=_KERNEL_BUCKETS,
+            registry=r,
+        )
+        # Host-bound or device-bound: their ratio (docs/worker.md, "Step time and device wait").
+        self.step_seconds = Histogram(
+            "maskgate_worker_step_seconds",
+            "Engine step time on its thread: schedule and launch a step, collect and"
+            " post-process the step before it (overlap) or this one",
+            buckets=_STEP_BUCKETS,
+            registry=r,
+        )
+        self.device_wait_seconds = Histogram(
+            "maskgate_worker_step_device_wait_seconds",
+            "Of a step, the time the engine thread waited for the device's results (near 0"
+            " when the host is the bottleneck, and on the CPU, which computes at launch)",
+            buckets=_STEP_BUCKETS,
             registry=r,
         )
         self.sampler_fallback_rows = Counter(

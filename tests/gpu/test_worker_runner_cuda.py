@@ -72,6 +72,8 @@ def test_cuda_sampling_masks_follow_the_semantics(kv_bytes: int) -> None:
         assert r is not None and r.mask is not None and r.mask_status == 0
         assert r.token in r.mask and r.mask[0] == greedy.token and r.logprob <= 0
     assert stats.mask_seconds > 0
+    # collect() waited for the copies back (results, then the mask ids): on CUDA, never 0.
+    assert 0 < stats.device_wait_seconds < 10
 
 
 def _seeded_rows(n: int, salt: int) -> list[RowWork]:

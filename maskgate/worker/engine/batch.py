@@ -93,6 +93,8 @@ class StepStats:
     num_tokens: int = 0
     mask_seconds: float = 0.0  # time in the sampler for this step (mask kernel time)
     num_fallback_rows: int = 0
+    # The host blocked on the device for this step's results (the copies back, CUDA only).
+    device_wait_seconds: float = 0.0
 
 
 class Launch(Protocol):

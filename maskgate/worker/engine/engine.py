@@ -27,6 +27,7 @@ import gc
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -259,6 +260,7 @@ class Engine:
 
     def step(self) -> None:
         """Schedule and launch one step; collect it now, or (overlap) the one before it."""
+        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
             self.finish_step()
@@ -274,6 +276,7 @@ class Engine:
             self._complete(*previous)
         if not self.overlap:
             self.finish_step()
+        self.metrics.step_seconds.observe(time.perf_counter() - t0)
 
     def finish_step(self) -> None:
         """Collect and post-process the step in flight, if any."""
@@ -358,6 +361,7 @@ class Engine:
             m.ttft.observe(t)
         for t in out.itl:
             m.itl.observe(t)
+        m.device_wait_seconds.observe(stats.device_wait_seconds)
         if masks:
             m.mask_kernel_seconds.observe(stats.mask_seconds)
         if stats.num_fallback_rows:

@@ -314,6 +314,7 @@ class SampledRows:
         torch.cat(parts, out=block)
         self.cuda = block.device.type == "cuda"
         self.host = block
+        self.wait_seconds = 0.0  # the host blocked on the device in collect()
         self.done: torch.cuda.Event | None = None
         if self.cuda:
             self.host = torch.empty(size, dtype=torch.float64, pin_memory=True)
@@ -324,14 +325,20 @@ class SampledRows:
     def collect(self) -> tuple[list[RowResult], float, int]:
         """Per-row results, the sampler's seconds and its slow-pass row count (as `sample`)."""
         if self.done is not None:
+            t0 = time.perf_counter()
             self.done.synchronize()
+            self.wait_seconds += time.perf_counter() - t0
         results, num_fallback = _to_rows(self, self.rows, self.raw)
         return results, self.timer.seconds(), num_fallback
 
     def mask_ids(self, count: int) -> np.ndarray:
         """The first `count` mask ids, int32 on the host: on CUDA copied on a side stream
         that waits only for this step's results (mask_copy.py), not for a later step."""
-        return self.mask_copy.copy(self.res.mask_ids, count, after=self.done)
+        t0 = time.perf_counter()
+        ids = self.mask_copy.copy(self.res.mask_ids, count, after=self.done)
+        if self.cuda:
+            self.wait_seconds += time.perf_counter() - t0
+        return ids
 
 
 def _to_rows(

@@ -359,6 +359,7 @@ class Launched:
         out: list[RowResult | None] = [None] * len(rows)
         if self.sampled is not None:
             results, stats.mask_seconds, stats.num_fallback_rows = self.sampled.collect()
+            stats.device_wait_seconds = self.sampled.wait_seconds
             for i, res in zip(self.sampling, results, strict=True):
                 out[i] = res
                 if res.nan:

@@ -40,6 +40,7 @@ PANELS = {
     "Tokens/s",
     "KV cache usage",
     "Sampler fallback rows",
+    "Engine step time and device wait",
     "Weight sync duration",
     "Endpoint weight versions",
 }

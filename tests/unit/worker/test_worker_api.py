@@ -167,6 +167,8 @@ async def test_info_endpoints_and_metric_names(client: TestClient) -> None:
         "maskgate_worker_mask_overflows_total",
         "maskgate_worker_mask_kernel_seconds_bucket",
         "maskgate_worker_sampler_fallback_rows_total",
+        "maskgate_worker_step_seconds_bucket",
+        "maskgate_worker_step_device_wait_seconds_bucket",
         "maskgate_worker_kv_usage_ratio",
     ):
         assert f"\n{name}" in text, name

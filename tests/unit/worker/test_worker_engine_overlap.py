@@ -175,3 +175,37 @@ def test_a_failed_launch_fails_its_rows_after_the_step_in_flight_is_collected() 
     assert seq.error is not None and seq.error.code == "worker_error"
     sched = engine.scheduler
     assert sched.owner == {} and sorted(sched.free_slots) == [0, 1]
+
+
+class WaitingRunner(FakeRunner):
+    """A runner whose every step reports 2 ms waited for the device."""
+
+    def launch(self, rows: list[RowWork]) -> Done:
+        done = super().launch(rows)
+        done.out[1].device_wait_seconds = 0.002
+        return done
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_step_time_and_device_wait_are_recorded_per_step(overlap: bool) -> None:
+    runner = WaitingRunner(slots=2)
+    metrics = WorkerMetrics()
+    engine = Engine(runner, make_sched(runner), metrics, overlap=overlap)
+    drive(engine, [make_seq("a", [5, 6], max_new=4), make_seq("b", [7], max_new=3)])
+    get = metrics.registry.get_sample_value
+    launched = len(runner.steps)
+    # One step-time sample per launch, one device wait per collected step: the same steps.
+    assert get("maskgate_worker_step_seconds_count") == launched
+    assert get("maskgate_worker_step_device_wait_seconds_count") == launched
+    assert get("maskgate_worker_step_device_wait_seconds_sum") == pytest.approx(0.002 * launched)
+    assert get("maskgate_worker_step_seconds_sum") > 0
+
+
+def test_the_cpu_runner_never_waits_for_a_device(tiny: LoadedModel) -> None:
+    runner = ModelRunner(tiny, max_num_slots=4, max_model_len=64)
+    sched = Scheduler(runner, max_num_seqs=4, max_prefill_tokens=32, max_mask_tokens=4096)
+    metrics = WorkerMetrics()
+    drive(Engine(runner, sched, metrics, overlap=True), workload())
+    get = metrics.registry.get_sample_value
+    assert get("maskgate_worker_step_device_wait_seconds_count") > 0
+    assert get("maskgate_worker_step_device_wait_seconds_sum") == 0.0  # it computes at launch
