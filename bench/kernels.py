@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from bench.plotting import pyplot, save
+from maskgate.kernels.triton.config import FP_FUSION
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 151936
@@ -69,7 +70,7 @@ def floor_pass(x: torch.Tensor, chunk: int) -> None:
     m = torch.empty(batch, n_chunks, device=x.device)
     s = torch.empty_like(m)
     _floor_kernel[(batch, n_chunks)](
-        x, m, s, x.stride(0), vocab, n_chunks, CHUNK=chunk, num_warps=8
+        x, m, s, x.stride(0), vocab, n_chunks, CHUNK=chunk, num_warps=8, enable_fp_fusion=FP_FUSION
     )
 
 

@@ -71,10 +71,13 @@ def sm90_compile() -> Sm90Compile:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from maskgate.kernels.triton.config import FP_FUSION
+
     target = GPUTarget("cuda", 90, 32)
 
     def compile_for_sm90(fn: object, types: dict, const: dict, **options: object) -> object:
         signature = {p: "constexpr" if p in const else types[p] for p in fn.arg_names}  # type: ignore[attr-defined]
+        options.setdefault("enable_fp_fusion", FP_FUSION)  # as every launch sets it
         try:
             compiled = triton.compile(
                 ASTSource(fn, signature, const), target=target, options=options

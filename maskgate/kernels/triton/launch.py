@@ -23,6 +23,7 @@ from maskgate.kernels.triton.config import (
     BAND_WARPS,
     DELTA,
     FB_BLOCK,
+    FP_FUSION,
     MAX_CAP,
     NBISECT,
     RESCUE_ROUNDS,
@@ -110,6 +111,7 @@ def launch_band(
         LOOK=cfg.look,
         **(race or {}),
         num_warps=BAND_WARPS,
+        enable_fp_fusion=FP_FUSION,
         **({"maxnreg": cfg.regs} if cfg.regs else {}),
         **({"launch_pdl": True} if pdl else {}),
     )
@@ -302,6 +304,7 @@ def sample_triton(
             BLOCK=1024,
             PDL=pdl,
             num_warps=4,
+            enable_fp_fusion=FP_FUSION,
             **({"launch_pdl": True} if pdl else {}),
         )
     return SampleResult(
@@ -397,6 +400,7 @@ def launch_resolve(
         w_ptr=race_w,
         raced=int(raced),
         num_warps=8 if run.meta["CAND_BLOCK"] >= 2048 else 4,
+        enable_fp_fusion=FP_FUSION,
         **({"maxnreg": cfg.resolve_regs} if cfg.resolve_regs else {}),
         **({"launch_pdl": True} if pdl else {}),
     )

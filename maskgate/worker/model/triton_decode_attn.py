@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from maskgate.kernels import FP_FUSION
+
 BLOCK_N = 64  # keys per inner iteration
 MIN_SPLIT_KEYS = 256  # never split below this many keys per program
 MAX_SPLITS = 32
@@ -212,9 +214,19 @@ def decode_attention(
         # float32 models: exact products (the default would round them to TF32).
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4,
+        enable_fp_fusion=FP_FUSION,
     )
     if splits > 1:
         _combine_kernel[(rows * heads,)](
-            m, lsum, acc, out, splits, D=dim, BLOCK_S=MAX_SPLITS, BLOCK_D=block_d, num_warps=4
+            m,
+            lsum,
+            acc,
+            out,
+            splits,
+            D=dim,
+            BLOCK_S=MAX_SPLITS,
+            BLOCK_D=block_d,
+            num_warps=4,
+            enable_fp_fusion=FP_FUSION,
         )
     return out

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from maskgate.kernels import FP_FUSION
+
 # One program normalises one row of at most this many columns (hidden sizes reach ~16k).
 MAX_NORM_COLS = 65536
 SILU_BLOCK = 1024
@@ -103,6 +105,7 @@ def add_rms_norm(
         HAS_RES=residual is not None,
         BLOCK=block,
         num_warps=min(16, max(1, block // 256)),
+        enable_fp_fusion=FP_FUSION,
     )
     return out
 
@@ -119,6 +122,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return out
     grid = (n, triton.cdiv(cols, SILU_BLOCK))
     _silu_mul_kernel[grid](
-        gate_up, out, gate_up.stride(0), out.stride(0), cols, BLOCK=SILU_BLOCK, num_warps=4
+        gate_up,
+        out,
+        gate_up.stride(0),
+        out.stride(0),
+        cols,
+        BLOCK=SILU_BLOCK,
+        num_warps=4,
+        enable_fp_fusion=FP_FUSION,
     )
     return out

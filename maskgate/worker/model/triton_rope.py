@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from maskgate.kernels import FP_FUSION
+
 
 @triton.jit
 def _rope_store_kernel(
@@ -169,5 +171,6 @@ def rope_and_store(
         BLOCK_HALF=triton.next_power_of_2(half),
         QK_NORM=norm,
         num_warps=4,
+        enable_fp_fusion=FP_FUSION,
     )
     return q
