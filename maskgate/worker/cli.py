@@ -64,11 +64,18 @@ def build_worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-grace-s", type=float, metavar="S", help="drain time (60)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--check-config", action="store_true", help="print the config and exit")
+    p.add_argument(
+        "--warm-up-only",
+        action="store_true",
+        help="load the model and compile every kernel variant (into TRITON_CACHE_DIR), then "
+        "exit without serving: fills a kernel cache for later workers",
+    )
     return p
 
 
 def worker_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    out = {k: v for k, v in vars(args).items() if k not in ("config", "check_config")}
+    actions = ("config", "check_config", "warm_up_only")
+    out = {k: v for k, v in vars(args).items() if k not in actions}
     if out.pop("no_cuda_graphs", False):
         out["cuda_graphs"] = False
     if out.pop("no_fused_kernels", False):
@@ -93,6 +100,8 @@ def main(argv: Sequence[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if getattr(args, "warm_up_only", False):
+        return _warm_up(config)
     try:
         asyncio.run(_serve(config))
     except Exception as e:  # a start-up failure: say what, not a traceback wall
@@ -104,6 +113,31 @@ def main(argv: Sequence[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _warm_up(config: Any) -> int:
+    """What a worker does before it serves (load the model, build the runner, which on CUDA
+    compiles every sampler and model-kernel variant into Triton's cache), then exit: a job
+    that runs this with the pool's settings fills a cache that later workers start from
+    (docs/deploy.md, "Kernel cache")."""
+    import time
+
+    from maskgate.worker.server.backend import load_backend
+
+    t0 = time.monotonic()
+    try:
+        backend = load_backend(config)
+    except Exception as e:
+        log.error("warm-up failed: %s", e, exc_info=config.log_level == "debug")
+        return 1
+    cache = os.environ.get("TRITON_CACHE_DIR", "Triton's default cache directory")
+    log.info(
+        "warm-up done in %.1f s on %s (kernel cache: %s); exiting without serving",
+        time.monotonic() - t0,
+        getattr(backend.runner, "device", config.device),
+        cache,
+    )
+    return 0
 
 
 async def _serve(config: Any) -> None:

@@ -101,3 +101,18 @@ def runner_arguments(monkeypatch: pytest.MonkeyPatch, setting: str, argument: st
 
 def test_fused_kernels_reaches_the_model_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     assert runner_arguments(monkeypatch, "fused_kernels", "fused_kernels") == [False, True]
+
+
+def test_warm_up_only_loads_the_model_and_exits(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    caplog.set_level("INFO", logger="maskgate.worker")
+    argv = ["worker", "--model", "tiny-random", "--device", "cpu", "--max-model-len", "64"]
+    assert main([*argv, "--warm-up-only"]) == 0
+    assert "warm-up done" in caplog.text and "exiting without serving" in caplog.text
+    # The action is no config key: it never reaches the config or --check-config's output.
+    capsys.readouterr()
+    assert main([*argv, "--warm-up-only", "--check-config"]) == 0
+    assert "warm_up" not in capsys.readouterr().out
+    assert main(["worker", "--model", "/nonexistent/model", "--warm-up-only"]) == 1
+    assert "warm-up failed" in caplog.text
