@@ -124,12 +124,17 @@ def test_the_seed_command_copies_into_an_existing_cache(
     shared, own = tmp_path / "kernel-cache", tmp_path / "cache" / "triton"
     (shared / "abc").mkdir(parents=True)
     (shared / "abc" / "k.cubin").write_bytes(b"\x7fELF")
+    (shared / "abc" / "k.cubin").chmod(0o444)  # as a volume may hold it
     (own / "old").mkdir(parents=True)  # a restarted container keeps its emptyDir
     (own / "old" / "k.json").write_text("{}")
     code = code.replace("/kernel-cache", str(shared)).replace("/cache/triton", str(own))
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
     assert (own / "abc" / "k.cubin").read_bytes() == b"\x7fELF"
     assert (own / "old" / "k.json").exists()
+    # Contents only: the copy is this process's own file, writable, so a restarted container
+    # copies over it again.
+    assert (own / "abc" / "k.cubin").stat().st_mode & 0o200
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
     # An empty volume (the Job has not run yet) copies nothing and succeeds.
     empty = tmp_path / "empty"
     empty.mkdir()
