@@ -43,7 +43,9 @@ the server runs it, without the HTTP layer): the overlap schedule off and on (do
 rate counts the tokens the engine committed during the timed steps; each row also has, from
 the engine's metrics, the sampler's device time per step, its fallback rows per step, and the
 engine thread's time per step split into its own work (`host_ms`) and its wait for the
-device's results (`wait_ms`; near 0 when the host sets the pace). Once the runner is ready
+device's results (`wait_ms`; near 0 when the host sets the pace), and the run's median, 90th
+percentile and longest step (`step_p50_ms`, `step_p90_ms`, `step_max_ms`: a run slow in every
+step against one with a few stalls). Once the runner is ready
 the heap is frozen, as the worker does (docs/worker.md, "Garbage collection"):
 
     python -m bench.worker_decode --engine --models llama-3.2-1b,qwen2.5-1.5b --batches 1,64,128
@@ -253,10 +255,13 @@ def engine_decode(runner: ModelRunner, batch: int, setting: str, args: argparse.
     sync(args.device)
     before = sum(len(s.output_ids) for s in seqs)
     totals0 = _engine_totals(metrics)
+    ends = []
     t0 = time.perf_counter()
     for _ in range(args.steps):
         engine.step()
-    wall = time.perf_counter() - t0
+        ends.append(time.perf_counter())
+    wall = ends[-1] - t0
+    steps_ms = sorted(1000 * (b - a) for a, b in zip([t0, *ends], ends, strict=False))
     tokens = sum(len(s.output_ids) for s in seqs) - before
     engine.finish_step()
     mask_s, fallbacks, step_s, wait_s = (
@@ -279,6 +284,11 @@ def engine_decode(runner: ModelRunner, batch: int, setting: str, args: argparse.
         # the device's results: wait_ms near 0 means the host, not the GPU, sets the pace.
         "host_ms": 1000 * (step_s - wait_s) / args.steps,
         "wait_ms": 1000 * wait_s / args.steps,
+        # The run's step times: a run slow in every step moves the median, a few stalls only
+        # the maximum.
+        "step_p50_ms": steps_ms[len(steps_ms) // 2],
+        "step_p90_ms": steps_ms[int(0.9 * (len(steps_ms) - 1))],
+        "step_max_ms": steps_ms[-1],
         "floor_ms": floor_ms,
         "step_over_floor": step_ms / floor_ms,
     }
