@@ -35,6 +35,12 @@ RULE_TESTS = DEPLOY / "prometheus" / "rules-test.yaml"
 DASHBOARD = DEPLOY / "grafana" / "maskgate-dashboard.json"
 # Names in PromQL that are ours: everything the gateway and the workers export starts so.
 METRIC_NAME = re.compile(r"\bmaskgate_[a-z0-9_]+\b")
+# Kubernetes versions the manifests are validated against (kubernetes-validate's schemas): the
+# oldest the docs promise and a current one.
+K8S_VERSIONS = ("1.25.0", "1.32.0")
+# Served by the Prometheus Operator, whose CRD schemas are not in kubernetes-validate; they are
+# checked structurally (ServiceMonitor) and by promtool (PrometheusRule's spec).
+OPERATOR_GROUP = "monitoring.coreos.com/"
 # kustomize v4 is the first with the `labels` field and JSON-patch `test` ops used here.
 MIN_KUSTOMIZE_MAJOR = 4
 
@@ -202,6 +208,22 @@ def rule_exprs(groups: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def validate_schemas(docs: list[Doc], target: str) -> None:
+    """Strict schema validation of every object but the operator's, against K8S_VERSIONS."""
+    kubernetes_validate = pytest.importorskip(
+        "kubernetes_validate", reason="pip install kubernetes-validate"
+    )
+    for doc in docs:
+        if doc["apiVersion"].startswith(OPERATOR_GROUP):
+            continue
+        for version in K8S_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                where = f"{target}: {doc['kind']}/{doc['metadata']['name']} (Kubernetes {version})"
+                pytest.fail(f"{where}: {e.message} at {list(e.path)}")
+
+
 def metric_names(expr: str) -> set[str]:
     return set(METRIC_NAME.findall(expr))
 
@@ -225,4 +247,6 @@ def kit() -> SimpleNamespace:
         dashboard_exprs=dashboard_exprs,
         rule_exprs=rule_exprs,
         metric_names=metric_names,
+        validate_schemas=validate_schemas,
+        OPERATOR_GROUP=OPERATOR_GROUP,
     )

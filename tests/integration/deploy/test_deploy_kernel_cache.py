@@ -142,12 +142,5 @@ def test_the_seed_command_copies_into_an_existing_cache(
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
 
 
-def test_the_overlay_with_the_component_passes_schema_validation(docs: list[Doc]) -> None:
-    kubernetes_validate = pytest.importorskip(
-        "kubernetes_validate", reason="pip install kubernetes-validate"
-    )
-    for doc in docs:
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue
-        for version in ("1.25.0", "1.32.0"):
-            kubernetes_validate.validate(doc, version, strict=True)
+def test_the_overlay_with_the_component_passes_schema_validation(docs: list[Doc], kit) -> None:
+    kit.validate_schemas(docs, "gpu + kernel-cache")

@@ -12,12 +12,6 @@ import yaml
 
 pytestmark = pytest.mark.integration
 
-# Kubernetes versions the manifests are validated against (kubernetes-validate's schemas): the
-# oldest the docs promise and a current one.
-K8S_VERSIONS = ("1.25.0", "1.32.0")
-# Served by the Prometheus Operator, whose CRD schemas are not in kubernetes-validate; they are
-# checked structurally below (ServiceMonitor) and by promtool (PrometheusRule's spec).
-OPERATOR_GROUP = "monitoring.coreos.com/"
 # Buffer the timeline keeps between the drain deadline and SIGKILL, seconds.
 MIN_SHUTDOWN_BUFFER_S = 5
 
@@ -75,10 +69,10 @@ def test_overlay_renders_with_what_it_promises(overlay: str, render, kit) -> Non
         assert ("NetworkPolicy", "maskgate-workers") in kinds
     if overlay == "cpu-demo":
         # Runs on any cluster: nothing that needs an operator's CRDs, no GPU.
-        assert not [d for d in docs if d["apiVersion"].startswith(OPERATOR_GROUP)]
+        assert not [d for d in docs if d["apiVersion"].startswith(kit.OPERATOR_GROUP)]
         assert "nvidia.com/gpu" not in yaml.safe_dump(docs)
     else:
-        monitors = {d["kind"] for d in docs if d["apiVersion"].startswith(OPERATOR_GROUP)}
+        monitors = {d["kind"] for d in docs if d["apiVersion"].startswith(kit.OPERATOR_GROUP)}
         assert monitors == {"ServiceMonitor", "PrometheusRule"}
     if overlay in ("gpu", "rl"):
         assert ("PersistentVolumeClaim", "maskgate-models") in kinds
@@ -99,21 +93,10 @@ def test_overlay_renders_with_what_it_promises(overlay: str, render, kit) -> Non
         "grafana",
     ],
 )
-def test_manifests_pass_schema_validation(target: str, render) -> None:
-    kubernetes_validate = pytest.importorskip(
-        "kubernetes_validate", reason="pip install kubernetes-validate"
-    )
+def test_manifests_pass_schema_validation(target: str, render, kit) -> None:
     docs = render(target)
     assert docs
-    for doc in docs:
-        if doc["apiVersion"].startswith(OPERATOR_GROUP):
-            continue
-        for version in K8S_VERSIONS:
-            try:
-                kubernetes_validate.validate(doc, version, strict=True)
-            except kubernetes_validate.ValidationError as e:
-                where = f"{target}: {doc['kind']}/{doc['metadata']['name']} (Kubernetes {version})"
-                pytest.fail(f"{where}: {e.message} at {list(e.path)}")
+    kit.validate_schemas(docs, target)
 
 
 @pytest.mark.parametrize("overlay", ["gpu", "external-upstreams", "rl"])
